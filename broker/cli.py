@@ -1,0 +1,48 @@
+"""The ``copyless`` console script: one entry point whose subcommands live with the code they drive.
+
+Each area registers its own subcommands through an ``add_parsers(subparsers)`` function and sets
+``func`` on its parsers; modules are imported lazily so ``copyless produce`` never loads the broker.
+
+    copyless serve ...                     broker.server.cli
+    copyless groups list|describe ...      broker.groups.cli
+    copyless produce|consume|topics ...    client.cli
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module, required): a module that is not there yet is skipped, so a partial checkout still runs.
+_COMMAND_MODULES = (
+    "broker.server.cli",
+    "broker.groups.cli",
+    "client.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="copyless", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.add_parsers(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""copyless client: an asyncio Kafka producer, consumer and admin client, and the kcat-like CLI."""

@@ -1,0 +1,77 @@
+"""Kafka's size-delimited framing: every request and response is ``int32 size`` followed by ``size`` bytes.
+
+Sans-IO (h11 style): feed bytes as they arrive, take whole frames out. Shared by the broker (requests) and
+the client (responses). ``FrameBuffer`` owns one growable buffer and compacts it lazily, so a stream of
+small frames costs one memmove per buffer's worth of data rather than one per frame.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["FrameBuffer", "FrameTooLargeError", "NEED_DATA"]
+
+_SIZE = struct.Struct(">i")
+
+NEED_DATA = None
+
+
+class FrameTooLargeError(ValueError):
+    """The peer announced a frame over the limit (or a negative size): the connection must be closed."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class FrameBuffer:
+    """Accumulates stream bytes and yields complete frames (without their 4-byte size prefix).
+
+    Args:
+        max_frame_bytes: frames announcing more are refused with ``FrameTooLargeError`` before any of
+            their body is buffered, which bounds memory per connection (Kafka ``socket.request.max.bytes``).
+    """
+
+    __slots__ = ("_buffer", "_start", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = 100 * 1024 * 1024) -> None:
+        self._buffer = bytearray()
+        self._start = 0
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, data) -> None:
+        """Append received bytes."""
+        self._buffer += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer) - self._start
+
+    def next_frame(self) -> bytes | None:
+        """The next complete frame's body, or ``NEED_DATA`` (None).
+
+        Raises:
+            FrameTooLargeError: the next frame's size is negative or over ``max_frame_bytes``.
+        """
+        buffer = self._buffer
+        start = self._start
+        available = len(buffer) - start
+        if available < 4:
+            return NEED_DATA
+        (size,) = _SIZE.unpack_from(buffer, start)
+        if size < 0 or size > self.max_frame_bytes:
+            raise FrameTooLargeError(size, self.max_frame_bytes)
+        if available < 4 + size:
+            return NEED_DATA
+        frame = bytes(buffer[start + 4 : start + 4 + size])
+        start += 4 + size
+        # Compact once the consumed prefix dominates; avoids O(n^2) memmoves on pipelined small frames.
+        if start == len(buffer):
+            buffer.clear()
+            start = 0
+        elif start > 65536 and start * 2 > len(buffer):
+            del buffer[:start]
+            start = 0
+        self._start = start
+        return frame
