@@ -1,1 +1,53 @@
-"""copyless client: an asyncio Kafka producer, consumer and admin client, and the kcat-like CLI."""
+"""copyless client: an asyncio Kafka producer, consumer and admin client, and the kcat-like CLI.
+
+    from client import Producer, Consumer, Admin
+
+    async with Producer("127.0.0.1:9092") as producer:
+        delivery = await producer.send("events", b"value", key=b"key")
+        metadata = await delivery                     # RecordMetadata(topic, partition, offset, ...)
+
+    async with Consumer("events", bootstrap_servers="127.0.0.1:9092", group_id="g",
+                        auto_offset_reset="earliest") as consumer:
+        async for record in consumer:                 # ConsumerRecord(topic, partition, offset, ...)
+            ...
+
+Layout: ``protocol/`` is the pure core (framing, RecordBatch, batch building, lazy fetch parsing, gathered
+write planning, request codecs, partitioner); ``conn``/``cluster`` are the asyncio shell; ``producer``,
+``consumer``, ``admin`` the public API; ``cli`` the ``copyless produce|consume|topics`` commands.
+"""
+
+from client.admin import Admin, PartitionDescription, TopicDescription
+from client.assignors import TopicPartition
+from client.consumer import Consumer, OffsetOutOfRangeError, RecordTooLargeError
+from client.errors import (
+    BufferFullError,
+    ClientError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerClosedError,
+    UnsupportedVersionError,
+)
+from client.producer import DeliveryFuture, Producer, RecordMetadata
+from client.protocol.fetch_records import ConsumerRecord
+
+__all__ = [
+    "Admin",
+    "BufferFullError",
+    "ClientError",
+    "Consumer",
+    "ConsumerRecord",
+    "DeliveryFuture",
+    "KafkaConnectionError",
+    "KafkaError",
+    "KafkaTimeoutError",
+    "OffsetOutOfRangeError",
+    "PartitionDescription",
+    "Producer",
+    "ProducerClosedError",
+    "RecordMetadata",
+    "RecordTooLargeError",
+    "TopicDescription",
+    "TopicPartition",
+    "UnsupportedVersionError",
+]

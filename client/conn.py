@@ -1,0 +1,390 @@
+"""One TCP connection to a Kafka-protocol broker: the client's asyncio shell over the pure wire pieces.
+
+Owns: the non-blocking socket, gathered writes (``socket.sendmsg`` of ``SendQueue.iov()``; partial writes
+and EAGAIN resume from ``loop.add_writer``), reads straight into the ``ReceiveBuffer``'s reusable buffers
+(``recv_into`` from a ``loop.add_reader`` callback: no per-read coroutine, no intermediate ``bytes``), the
+FIFO of in-flight requests matched by correlation id, request timeouts, and the ApiVersions handshake.
+
+A raw socket rather than an asyncio transport: transports do not expose partial-write control, and
+stdlib 3.11's ``writelines`` joins the buffers into one copy (reference §3.5), which is what gathering
+avoids. Works under the stdlib loop and uvloop (both implement ``add_reader``/``add_writer``).
+
+Responses arrive in request order (Kafka processes one request per connection at a time); a correlation
+id that does not match the oldest in-flight request means the stream is broken and the connection closes,
+failing every in-flight request with ``KafkaConnectionError`` (as aiokafka and kafka-python do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import struct
+import time
+
+from client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, UnsupportedVersionError
+from client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from client.protocol.framing import FrameTooLargeError
+from client.protocol.gather import SendQueue
+from client.protocol.messages import API_VERSIONS, encode_request_header, kio_decoder
+from client.protocol.receive import LeasedFrame, ReceiveBuffer
+
+__all__ = ["Connection", "DEFAULT_REQUEST_TIMEOUT_MS"]
+
+log = logging.getLogger("copyless.client.conn")
+
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+_CORRELATION = struct.Struct(">i")
+_SIZE = struct.Struct(">i")
+# Queued-but-unsent bytes above which writers should await ``drain()`` (back-pressure to the producer).
+WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
+
+
+class _InFlight:
+    __slots__ = ("correlation_id", "future", "decoder", "wants_lease", "deadline", "api_key")
+
+    def __init__(self, correlation_id, future, decoder, wants_lease, deadline, api_key):
+        self.correlation_id = correlation_id
+        self.future = future
+        self.decoder = decoder
+        self.wants_lease = wants_lease
+        self.deadline = deadline
+        self.api_key = api_key
+
+
+class Connection:
+    """A connection to ``host:port``. Create with ``await Connection.open(...)``.
+
+    All methods: loop thread only.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        client_id: str = "copyless",
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        gather_min_bytes: int = GATHER_MIN_VALUE_BYTES,
+        node_id: int | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.client_id = client_id
+        self.request_timeout_ms = request_timeout_ms
+        self._loop = asyncio.get_running_loop()
+        self._sock: socket.socket | None = None
+        self._send_queue = SendQueue(gather_min_bytes)
+        self._receive = ReceiveBuffer()
+        self._in_flight: collections.deque[_InFlight] = collections.deque()
+        self._correlation_id = 0
+        self._writer_registered = False
+        self._drain_waiters: list[asyncio.Future] = []
+        self._timeout_handle: asyncio.TimerHandle | None = None
+        self.closed_error: BaseException | None = None
+        self.api_versions: dict[int, tuple[int, int]] = {}
+
+    @classmethod
+    async def open(cls, host: str, port: int, **kwargs) -> "Connection":
+        """Connect and run the ApiVersions v0 handshake.
+
+        Raises:
+            KafkaConnectionError: the connection failed or the handshake did not complete.
+        """
+        connection = cls(host, port, **kwargs)
+        await connection._connect()
+        return connection
+
+    async def _connect(self) -> None:
+        loop = self._loop
+        try:
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise KafkaConnectionError(f"cannot resolve {self.host}:{self.port}: {exc}") from exc
+        last: OSError | None = None
+        for family, kind, proto, _name, address in infos:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(sock, address), self.request_timeout_ms / 1000)
+            except (OSError, asyncio.TimeoutError) as exc:
+                sock.close()
+                last = exc if isinstance(exc, OSError) else OSError(str(exc) or "connect timed out")
+                continue
+            self._sock = sock
+            break
+        if self._sock is None:
+            raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {last}")
+        sock = self._sock
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Large socket buffers let one sendmsg take a whole produce request and one recv_into a large part
+        # of a fetch response (the kernel doubles the value and caps it at net.core.*mem_max).
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, 4 * 1024 * 1024)
+            except OSError:
+                pass
+        loop.add_reader(sock.fileno(), self._on_readable)
+        from kio.schema.api_versions.v0.request import ApiVersionsRequest
+        from kio.schema.api_versions.v0.response import ApiVersionsResponse
+
+        try:
+            response = await self.request_kio(ApiVersionsRequest(), ApiVersionsResponse, check_version=False)
+        except Exception:
+            self.close(KafkaConnectionError(f"ApiVersions handshake with {self.host}:{self.port} failed"))
+            raise
+        if response.error_code != 0:
+            self.close()
+            raise KafkaError(int(response.error_code), "ApiVersions")
+        self.api_versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys}
+
+    # --- state ----------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_error is not None
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._send_queue.queued_bytes
+
+    def supports(self, api_key: int, version: int) -> bool:
+        low_high = self.api_versions.get(api_key)
+        return low_high is not None and low_high[0] <= version <= low_high[1]
+
+    def check_version(self, api_key: int) -> int:
+        version = API_VERSIONS[api_key]
+        if self.api_versions and not self.supports(api_key, version):
+            raise UnsupportedVersionError(
+                f"broker {self.host}:{self.port} does not support api {api_key} v{version} "
+                f"(it supports {self.api_versions.get(api_key)})"
+            )
+        return version
+
+    # --- sending ----------------------------------------------------------------------------------------
+
+    def send(
+        self,
+        api_key: int,
+        body: list,
+        decoder=None,
+        *,
+        expect_response: bool = True,
+        wants_lease: bool = False,
+        check_version: bool = True,
+    ) -> asyncio.Future | None:
+        """Queue one request (``body`` = list of buffers) and try to write it now.
+
+        Returns a future resolved with ``decoder(frame, 4)`` (``frame`` is bytes, or a ``LeasedFrame``
+        when ``wants_lease``; the decoder then owns the lease), or None when no response is expected
+        (Produce with acks=0).
+
+        Raises:
+            KafkaConnectionError: the connection is closed.
+        """
+        if self.closed_error is not None:
+            raise KafkaConnectionError(f"connection to {self.host}:{self.port} is closed: {self.closed_error}")
+        version = self.check_version(api_key) if check_version else API_VERSIONS[api_key]
+        self._correlation_id = correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
+        header = encode_request_header(api_key, version, correlation_id, self.client_id)
+        size = len(header)
+        for buffer in body:
+            size += len(buffer)
+        queue = self._send_queue
+        queue.extend((_SIZE.pack(size) + header,))
+        queue.extend(body)
+        future = None
+        if expect_response:
+            future = self._loop.create_future()
+            deadline = time.monotonic() + self.request_timeout_ms / 1000
+            self._in_flight.append(_InFlight(correlation_id, future, decoder, wants_lease, deadline, api_key))
+            if self._timeout_handle is None:
+                self._timeout_handle = self._loop.call_later(
+                    self.request_timeout_ms / 1000 + 0.05, self._check_timeouts
+                )
+        if not self._writer_registered:
+            self._flush()
+        return future
+
+    async def request(self, api_key: int, body: list, decoder, **kwargs):
+        """Send a request and await its decoded response."""
+        return await self.send(api_key, body, decoder, **kwargs)
+
+    async def request_kio(self, request, response_cls, *, check_version: bool = True):
+        """Send a kio request entity and await the decoded kio response entity."""
+        from client.protocol.messages import encode_kio
+
+        api_key = int(request.__api_key__)
+        return await self.send(api_key, [encode_kio(request)], kio_decoder(response_cls), check_version=check_version)
+
+    async def drain(self) -> None:
+        """Wait until queued bytes fall below the high-water mark (back-pressure for big producers)."""
+        while self._send_queue.queued_bytes > WRITE_HIGH_WATER_BYTES and self.closed_error is None:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+        if self.closed_error is not None:
+            raise KafkaConnectionError(str(self.closed_error))
+
+    def _flush(self) -> None:
+        queue = self._send_queue
+        sock = self._sock
+        while queue.queued_bytes:
+            iov = queue.iov()
+            try:
+                sent = sock.sendmsg(iov)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self.close(KafkaConnectionError(f"write to {self.host}:{self.port} failed: {exc}"))
+                return
+            queue.advance(sent)
+            if queue.queued_bytes and (sent == 0 or len(iov) < queue.iov_max):
+                # Partial write or EAGAIN: the socket buffer is full; resume when it is writable.
+                if not self._writer_registered:
+                    self._loop.add_writer(sock.fileno(), self._on_writable)
+                    self._writer_registered = True
+                return
+        if self._writer_registered:
+            self._loop.remove_writer(sock.fileno())
+            self._writer_registered = False
+        self._wake_drain_waiters()
+
+    def _on_writable(self) -> None:
+        if self._sock is None:
+            return
+        self._flush()
+        if self._send_queue.queued_bytes <= WRITE_HIGH_WATER_BYTES:
+            self._wake_drain_waiters()
+
+    def _wake_drain_waiters(self) -> None:
+        if self._drain_waiters:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    # --- receiving --------------------------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        receive = self._receive
+        try:
+            while True:
+                target = receive.get_buffer()
+                wanted = len(target)
+                try:
+                    count = sock.recv_into(target)
+                except (BlockingIOError, InterruptedError):
+                    break
+                finally:
+                    target.release()
+                if count == 0:
+                    self.close(KafkaConnectionError(f"{self.host}:{self.port} closed the connection"))
+                    return
+                receive.buffer_updated(count)
+                while (frame := receive.next_frame()) is not None:
+                    self._dispatch(frame)
+                    if self._sock is None:
+                        return
+                if count < wanted:
+                    break
+        except FrameTooLargeError as exc:
+            self.close(KafkaConnectionError(f"{self.host}:{self.port}: {exc}"))
+        except OSError as exc:
+            self.close(KafkaConnectionError(f"read from {self.host}:{self.port} failed: {exc}"))
+
+    def _dispatch(self, frame) -> None:
+        leased = isinstance(frame, LeasedFrame)
+        data = frame.view if leased else frame
+        if len(data) < 4:
+            if leased:
+                frame.release()
+            self.close(KafkaConnectionError(f"{self.host}:{self.port} sent a {len(data)}-byte response"))
+            return
+        (correlation_id,) = _CORRELATION.unpack_from(data, 0)
+        if not self._in_flight or self._in_flight[0].correlation_id != correlation_id:
+            if leased:
+                frame.release()
+            expected = self._in_flight[0].correlation_id if self._in_flight else None
+            self.close(
+                KafkaConnectionError(
+                    f"{self.host}:{self.port} answered correlation id {correlation_id}, expected {expected}"
+                )
+            )
+            return
+        entry = self._in_flight.popleft()
+        future = entry.future
+        try:
+            if entry.wants_lease:
+                result = entry.decoder(frame, 4)
+            else:
+                try:
+                    result = entry.decoder(data, 4) if entry.decoder is not None else data
+                finally:
+                    if leased:
+                        del data
+                        frame.release()
+        except Exception as exc:  # a response we cannot decode: the stream is unusable
+            log.warning("undecodable response to api %s from %s:%s: %r", entry.api_key, self.host, self.port, exc)
+            if not future.done():
+                future.set_exception(KafkaConnectionError(f"undecodable response: {exc!r}"))
+            self.close(KafkaConnectionError(f"undecodable response: {exc!r}"))
+            return
+        if not future.done():
+            future.set_result(result)
+        elif entry.wants_lease and hasattr(result, "release"):
+            result.release()
+
+    def _check_timeouts(self) -> None:
+        self._timeout_handle = None
+        if not self._in_flight or self._sock is None:
+            return
+        now = time.monotonic()
+        head = self._in_flight[0]
+        if head.deadline <= now:
+            self.close(
+                KafkaTimeoutError(
+                    f"request (api {head.api_key}) to {self.host}:{self.port} timed out after "
+                    f"{self.request_timeout_ms} ms"
+                )
+            )
+            return
+        self._timeout_handle = self._loop.call_later(head.deadline - now + 0.05, self._check_timeouts)
+
+    # --- closing ----------------------------------------------------------------------------------------
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Close the socket; fail every in-flight request with ``error`` (default KafkaConnectionError)."""
+        if self.closed_error is not None:
+            return
+        self.closed_error = error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed")
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                self._loop.remove_reader(sock.fileno())
+                if self._writer_registered:
+                    self._loop.remove_writer(sock.fileno())
+            except (ValueError, OSError, RuntimeError):
+                pass
+            sock.close()
+        self._writer_registered = False
+        if self._timeout_handle is not None:
+            self._timeout_handle.cancel()
+            self._timeout_handle = None
+        in_flight, self._in_flight = self._in_flight, collections.deque()
+        for entry in in_flight:
+            if not entry.future.done():
+                entry.future.set_exception(self.closed_error)
+                # Mark retrieved: callers that stopped waiting must not trigger "exception never retrieved".
+                entry.future.exception()
+        self._wake_drain_waiters()
+

@@ -1,0 +1,119 @@
+"""Batch building: round-trips through records.decode_records and kafka-python's own batch parser; the
+gathered buffer layout (large values by reference, small ones coalesced); compression; CRC rewrites."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch
+
+from client.protocol import records
+from client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES, BatchBuilder, record_size
+
+header_lists = st.lists(
+    st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=16))), max_size=3
+)
+record_lists = st.lists(
+    st.tuples(
+        st.integers(min_value=-(10**6), max_value=10**6),  # timestamp delta from a base
+        st.one_of(st.none(), st.binary(max_size=40)),
+        st.one_of(st.none(), st.binary(max_size=300), st.binary(min_size=2048, max_size=5000)),
+        header_lists,
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def _build(items, gather_min_bytes=64, codec=0, producer=(-1, -1, -1)):
+    builder = BatchBuilder(batch_size=1 << 30, gather_min_bytes=gather_min_bytes, codec=codec)
+    base = 1_700_000_000_000
+    for delta, key, value, headers in items:
+        assert builder.append(base + delta, key, value, headers) >= 0
+    return builder.build(*producer)
+
+
+@settings(max_examples=60, deadline=None)
+@given(record_lists, st.integers(min_value=1, max_value=4096))
+def test_round_trip_through_decode_records_and_kafka_python(items, gather_min_bytes):
+    built = _build(items, gather_min_bytes, producer=(77, 3, 1000))
+    data = built.to_bytes()
+    assert len(data) == built.size_bytes
+    header = records.validate_batch(data)  # framing, magic, CRC-32C over the gathered pieces, count
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (77, 3, 1000)
+    assert header.records_count == len(items)
+    base = 1_700_000_000_000
+    expected = [
+        (i, base + delta, key, value, tuple((name, hv) for name, hv in headers))
+        for i, (delta, key, value, headers) in enumerate(items)
+    ]
+    decoded = records.decode_records(data)
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in decoded] == expected
+    assert header.max_timestamp == max(t for _, t, *_ in expected)
+    theirs = DefaultRecordBatch(bytearray(data))
+    assert theirs.validate_crc()
+    assert [
+        (r.offset, r.timestamp, r.key, r.value, tuple(tuple(h) for h in r.headers)) for r in theirs
+    ] == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.binary(max_size=5000), min_size=1, max_size=20), st.integers(min_value=1, max_value=3000))
+def test_values_at_or_above_the_crossover_are_their_own_buffers(values, gather_min_bytes):
+    builder = BatchBuilder(batch_size=1 << 30, gather_min_bytes=gather_min_bytes)
+    for value in values:
+        builder.append(0, None, value)
+    built = builder.build()
+    large = [v for v in values if len(v) >= gather_min_bytes]
+    referenced = [b for b in built.buffers if isinstance(b, bytes)]
+    # Every large value is passed by reference (the very object), in order; nothing else is.
+    assert len(referenced) == len(large)
+    assert all(a is b for a, b in zip(referenced, large))
+    # Between two large values there is exactly one coalesced piece: 2 * large + 1 buffers.
+    assert len(built.buffers) == 2 * len(large) + 1
+    records.validate_batch(built.to_bytes())
+
+
+def test_default_crossover_is_the_measured_socket_value():
+    assert GATHER_MIN_VALUE_BYTES == 2048
+    builder = BatchBuilder()
+    builder.append(0, None, b"x" * 100)
+    builder.append(0, None, b"y" * 4096)
+    assert len(builder.build().buffers) == 3
+
+
+@pytest.mark.parametrize("codec", [records.CODEC_GZIP, records.CODEC_SNAPPY, records.CODEC_LZ4, records.CODEC_ZSTD])
+def test_compressed_batches_round_trip(codec):
+    items = [(i, b"key%d" % i, b"value %d " % i * 50, [("h", b"%d" % i)]) for i in range(200)]
+    built = _build(items, codec=codec)
+    data = built.to_bytes()
+    header = records.validate_batch(data)
+    assert header.codec == codec
+    assert len(data) < sum(len(v) for _, _, v, _ in items)  # it really compressed
+    decoded = records.decode_records(data)
+    assert [(r.key, r.value) for r in decoded] == [(k, v) for _, k, v, _ in items]
+    theirs = DefaultRecordBatch(bytearray(data))
+    assert [r.value for r in theirs] == [v for _, _, v, _ in items]
+
+
+def test_batch_size_is_a_soft_cap():
+    builder = BatchBuilder(batch_size=1000)
+    assert builder.append(0, None, b"x" * 5000) == 0  # the first record always fits
+    assert builder.append(0, None, b"x") == -1
+    builder = BatchBuilder(batch_size=1000)
+    count = 0
+    while builder.append(0, None, b"x" * 100) >= 0:
+        count += 1
+    assert builder.size_bytes <= 1000
+    assert builder.size_bytes + record_size(count, 0, None, b"x" * 100) > 1000
+
+
+def test_set_producer_state_rewrites_and_rechecksums():
+    built = _build([(0, None, b"a" * 3000, []), (1, b"k", b"b", [])], gather_min_bytes=100, producer=(1, 0, 0))
+    built.set_producer_state(99, 7, 12345)
+    header = records.validate_batch(built.to_bytes())
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (99, 7, 12345)
+
+
+def test_empty_batch_is_refused():
+    with pytest.raises(ValueError):
+        BatchBuilder().build()

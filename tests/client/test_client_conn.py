@@ -1,0 +1,105 @@
+"""The connection shell on real sockets, under uvloop and the stdlib loop: a large gathered request into a
+slowly-reading peer (partial writes, EAGAIN, add_writer resumption, more buffers than IOV_MAX), FIFO
+response matching, and every in-flight request failing when the peer goes away."""
+
+import asyncio
+import hashlib
+import struct
+
+import pytest
+
+from client.conn import Connection
+from client.errors import KafkaConnectionError
+from client.protocol.messages import ApiKey
+
+
+async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:
+    """A peer speaking just enough Kafka framing: ApiVersions v0 -> empty list; anything else -> sha256
+    of the request body, read in small slices with pauses so the client's socket buffer fills up."""
+    try:
+        while True:
+            (size,) = struct.unpack(">i", await reader.readexactly(4))
+            request = bytearray()
+            while len(request) < size:
+                request += await reader.read(min(65536, size - len(request)))
+                if slow:
+                    await asyncio.sleep(0.001)
+            api_key, _version, correlation_id, client_id_length = struct.unpack_from(">hhih", request)
+            body = bytes(request[10 + client_id_length :])
+            if api_key == ApiKey.API_VERSIONS:
+                payload = struct.pack(">ihi", correlation_id, 0, 0)
+            elif api_key == ApiKey.METADATA and body == b"close":
+                writer.close()
+                return
+            else:
+                payload = struct.pack(">i", correlation_id) + hashlib.sha256(body).digest()
+            writer.write(struct.pack(">i", len(payload)) + payload)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+def _run(loop_name, coroutine):
+    if loop_name == "uvloop":
+        import uvloop
+
+        return uvloop.run(coroutine)
+    return asyncio.run(coroutine)
+
+
+@pytest.mark.parametrize("loop_name", ["uvloop", "asyncio"])
+def test_large_gathered_requests_survive_partial_writes(loop_name):
+    async def scenario():
+        server = await asyncio.start_server(lambda r, w: _serve(r, w, slow=True), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = await Connection.open("127.0.0.1", port)
+        try:
+            # 3000 separate 4 KiB buffers (> IOV_MAX per sendmsg, 12 MiB: far beyond the socket buffer)
+            # plus small pieces to coalesce, pipelined with two small requests behind it.
+            big = []
+            for i in range(3000):
+                big.append(bytes([i % 256]) * 4096)
+                big.append(b"%d," % i)
+            expected_big = hashlib.sha256(b"".join(big)).digest()
+
+            def digest(frame, offset):
+                return bytes(frame[offset:])
+
+            first = connection.send(ApiKey.PRODUCE, big, digest, check_version=False)
+            assert connection.queued_bytes > 0  # the socket could not take it all at once
+            second = connection.send(ApiKey.PRODUCE, [b"small"], digest, check_version=False)
+            third = connection.send(ApiKey.PRODUCE, [b"tiny", b"er"], digest, check_version=False)
+            results = await asyncio.wait_for(asyncio.gather(first, second, third), 60)
+            assert results == [expected_big, hashlib.sha256(b"small").digest(), hashlib.sha256(b"tinyer").digest()]
+            assert connection.queued_bytes == 0
+        finally:
+            connection.close()
+            server.close()
+            await server.wait_closed()
+
+    _run(loop_name, scenario())
+
+
+@pytest.mark.parametrize("loop_name", ["uvloop", "asyncio"])
+def test_in_flight_requests_fail_when_the_peer_closes(loop_name):
+    async def scenario():
+        server = await asyncio.start_server(lambda r, w: _serve(r, w, slow=False), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = await Connection.open("127.0.0.1", port)
+        try:
+            ok = connection.send(ApiKey.PRODUCE, [b"a"], lambda f, o: bytes(f[o:]), check_version=False)
+            doomed = connection.send(ApiKey.METADATA, [b"close"], lambda f, o: bytes(f[o:]), check_version=False)
+            after = connection.send(ApiKey.PRODUCE, [b"b"], lambda f, o: bytes(f[o:]), check_version=False)
+            assert await ok == hashlib.sha256(b"a").digest()
+            for future in (doomed, after):
+                with pytest.raises(KafkaConnectionError):
+                    await asyncio.wait_for(future, 30)
+            assert connection.closed
+            with pytest.raises(KafkaConnectionError):
+                connection.send(ApiKey.PRODUCE, [b"c"], None, check_version=False)
+        finally:
+            connection.close()
+            server.close()
+            await server.wait_closed()
+
+    _run(loop_name, scenario())
