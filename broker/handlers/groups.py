@@ -1,0 +1,285 @@
+"""Consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
+OffsetFetch, DescribeGroups, ListGroups.
+
+Each handler translates one kio request into a call on ``broker.groups`` (``broker.groups.service``), which
+owns the coordinator and the offsets store, and builds the response for the request's version. Versions
+(``kafka-protocol.md`` §1.2/1.4): JoinGroup 0-5 and SyncGroup 0-3 include aiokafka's {0,1,2,5} / {0,1,3};
+everything stays below the first flexible version, and below the versions that would make kafka-python
+infer a broker newer than 2.4 (trap T3).
+
+A JoinGroup or SyncGroup that the coordinator parks keeps its connection busy until it completes, as in
+Kafka (requests on one connection are answered in order; clients give the coordinator its own connection).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from broker.groups.coordinator import GroupState
+from broker.groups.offsets import MAX_METADATA_BYTES, CommittedOffset
+from broker.groups.service import GroupService, now_ms
+from broker.handlers.context import RequestContext
+from broker.wire.codecs import NO_THROTTLE, build, response_module
+
+__all__ = ["HANDLERS", "startup", "shutdown"]
+
+log = logging.getLogger("copyless.groups")
+
+FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
+OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 8, 9, 15, 16
+# DescribeGroups v3+: "authorized operations not requested" (Kafka's Integer.MIN_VALUE sentinel).
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+KEY_TYPE_GROUP = 0
+
+
+def _ms(value) -> int:
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return int(value)
+
+
+async def startup(broker) -> None:
+    broker.groups = GroupService(broker)
+    await broker.groups.start()
+
+
+async def shutdown(broker) -> None:
+    if broker.groups is not None:
+        await broker.groups.stop()
+
+
+# --- FindCoordinator ---------------------------------------------------------------------------------------
+
+
+async def find_coordinator(ctx: RequestContext, request):
+    module = response_module(FIND_COORDINATOR, ctx.api_version)
+    broker = ctx.broker
+    key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
+    if key_type != KEY_TYPE_GROUP:
+        # Transactions are not served: no transaction coordinator exists.
+        return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.coordinator_not_available,
+                     error_message="this broker has no transaction coordinator", node_id=-1, host="", port=-1)
+    if broker.groups is None or broker.groups.coordinator.status == "inactive":
+        return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.coordinator_not_available,
+                     error_message="the group coordinator is not running", node_id=-1, host="", port=-1)
+    config = broker.config
+    return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                 error_message=None, node_id=broker.node_id, host=config.advertised_host,
+                 port=config.advertised_port)
+
+
+# --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ---------------------------------------------------------
+
+
+async def join_group(ctx: RequestContext, request):
+    module = response_module(JOIN_GROUP, ctx.api_version)
+    session_timeout_ms = _ms(request.session_timeout)
+    rebalance_timeout_ms = _ms(getattr(request, "rebalance_timeout", request.session_timeout))
+    if ctx.api_version == 0 or rebalance_timeout_ms < 0:
+        rebalance_timeout_ms = session_timeout_ms  # v0 has none: Kafka uses the session timeout
+    result = await ctx.broker.groups.join_group(
+        group_id=request.group_id,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+        protocol_type=request.protocol_type,
+        protocols=[(p.name, p.metadata) for p in request.protocols],
+        session_timeout_ms=session_timeout_ms,
+        rebalance_timeout_ms=rebalance_timeout_ms,
+        require_known_member_id=ctx.api_version >= 4,
+        client_id=ctx.client_id or "",
+        client_host=ctx.client_host,
+    )
+    members = tuple(
+        build(module.JoinGroupResponseMember, member_id=member_id, group_instance_id=instance_id, metadata=metadata)
+        for member_id, instance_id, metadata in result.members
+    )
+    return build(module.JoinGroupResponse, throttle_time=NO_THROTTLE, error_code=result.error,
+                 generation_id=result.generation_id, protocol_name=result.protocol_name or "",
+                 leader=result.leader_id, member_id=result.member_id, members=members)
+
+
+async def sync_group(ctx: RequestContext, request):
+    module = response_module(SYNC_GROUP, ctx.api_version)
+    result = await ctx.broker.groups.sync_group(
+        group_id=request.group_id,
+        generation_id=request.generation_id,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+        assignments=[(a.member_id, a.assignment) for a in request.assignments],
+    )
+    return build(module.SyncGroupResponse, throttle_time=NO_THROTTLE, error_code=result.error,
+                 assignment=result.assignment)
+
+
+async def heartbeat(ctx: RequestContext, request):
+    module = response_module(HEARTBEAT, ctx.api_version)
+    error = ctx.broker.groups.heartbeat(
+        group_id=request.group_id,
+        generation_id=request.generation_id,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+    )
+    return build(module.HeartbeatResponse, throttle_time=NO_THROTTLE, error_code=error)
+
+
+async def leave_group(ctx: RequestContext, request):
+    module = response_module(LEAVE_GROUP, ctx.api_version)
+    if ctx.api_version >= 3:
+        leaving = [(m.member_id, m.group_instance_id) for m in request.members]
+    else:
+        leaving = [(request.member_id, None)]
+    result = ctx.broker.groups.leave_group(group_id=request.group_id, members=leaving)
+    if ctx.api_version >= 3:
+        members = tuple(
+            build(module.MemberResponse, member_id=member_id, group_instance_id=instance_id, error_code=error)
+            for member_id, instance_id, error in result.members
+        )
+        return build(module.LeaveGroupResponse, throttle_time=NO_THROTTLE, error_code=result.error,
+                     members=members)
+    # v0-2: one member; its error is the response's.
+    error = result.error if result.error != ErrorCode.none else result.members[0][2]
+    return build(module.LeaveGroupResponse, throttle_time=NO_THROTTLE, error_code=error)
+
+
+# --- OffsetCommit / OffsetFetch ------------------------------------------------------------------------------
+
+
+async def offset_commit(ctx: RequestContext, request):
+    module = response_module(OFFSET_COMMIT, ctx.api_version)
+    broker = ctx.broker
+    groups: GroupService = broker.groups
+    error = groups.validate_commit(
+        group_id=request.group_id,
+        generation_id=request.generation_id_or_member_epoch,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+    )
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    commits: dict[tuple[str, int], CommittedOffset] = {}
+    timestamp_ms = now_ms()
+    for topic in request.topics:
+        for partition in topic.partitions:
+            key = (topic.name, partition.partition_index)
+            if error != ErrorCode.none:
+                errors[key] = error
+            elif broker.get_log(topic.name, partition.partition_index) is None:
+                errors[key] = ErrorCode.unknown_topic_or_partition
+            elif partition.committed_metadata is not None and \
+                    len(partition.committed_metadata.encode("utf-8")) > MAX_METADATA_BYTES:
+                errors[key] = ErrorCode.offset_metadata_too_large
+            else:
+                commits[key] = CommittedOffset(
+                    partition.committed_offset, getattr(partition, "committed_leader_epoch", -1),
+                    partition.committed_metadata or "", timestamp_ms)
+                errors[key] = ErrorCode.none
+    if commits:
+        try:
+            await groups.commit_offsets(request.group_id, commits)
+        except Exception as exc:  # StorageError (disk full, I/O): the commit did not happen
+            log.error("offset commit of group %s failed: %s", request.group_id, exc)
+            for key in commits:
+                errors[key] = ErrorCode.coordinator_not_available
+    topics = tuple(
+        build(module.OffsetCommitResponseTopic, name=topic.name, partitions=tuple(
+            build(module.OffsetCommitResponsePartition, partition_index=p.partition_index,
+                  error_code=errors[(topic.name, p.partition_index)])
+            for p in topic.partitions))
+        for topic in request.topics
+    )
+    return build(module.OffsetCommitResponse, throttle_time=NO_THROTTLE, topics=topics)
+
+
+async def offset_fetch(ctx: RequestContext, request):
+    module = response_module(OFFSET_FETCH, ctx.api_version)
+    groups: GroupService = ctx.broker.groups
+    status = groups.coordinator.status
+    group_error = ErrorCode.none
+    if status == "loading":
+        group_error = ErrorCode.coordinator_load_in_progress
+    elif status != "active":
+        group_error = ErrorCode.coordinator_not_available
+    committed = groups.store.committed(request.group_id) if group_error == ErrorCode.none else {}
+    if request.topics is None:
+        wanted: dict[str, list[int]] = {}
+        for topic, partition in sorted(committed):
+            wanted.setdefault(topic, []).append(partition)
+    else:
+        wanted = {t.name: list(t.partition_indexes) for t in request.topics}
+    # v1 has no top-level error: the group's error goes on every partition.
+    partition_error = group_error if ctx.api_version < 2 else ErrorCode.none
+    topics = []
+    for topic, partitions in wanted.items():
+        items = []
+        for partition in partitions:
+            found = committed.get((topic, partition))
+            items.append(build(
+                module.OffsetFetchResponsePartition, partition_index=partition,
+                committed_offset=found.offset if found else -1,
+                committed_leader_epoch=found.leader_epoch if found else -1,
+                metadata=found.metadata if found else "", error_code=partition_error))
+        topics.append(build(module.OffsetFetchResponseTopic, name=topic, partitions=tuple(items)))
+    return build(module.OffsetFetchResponse, throttle_time=NO_THROTTLE, topics=tuple(topics),
+                 error_code=group_error)
+
+
+# --- DescribeGroups / ListGroups -------------------------------------------------------------------------------
+
+
+async def describe_groups(ctx: RequestContext, request):
+    module = response_module(DESCRIBE_GROUPS, ctx.api_version)
+    coordinator = ctx.broker.groups.coordinator
+    status_error = {"loading": ErrorCode.coordinator_load_in_progress,
+                    "inactive": ErrorCode.coordinator_not_available}.get(coordinator.status, ErrorCode.none)
+    described = []
+    for group_id in request.groups:
+        snapshot = coordinator.describe(group_id)
+        stable = snapshot.state is GroupState.STABLE
+        members = tuple(
+            build(module.DescribedGroupMember, member_id=m.member_id, group_instance_id=m.group_instance_id,
+                  client_id=m.client_id, client_host=m.client_host,
+                  # Kafka shows metadata and assignment only for a Stable group (``GroupMetadata.summary``).
+                  member_metadata=m.metadata if stable else b"",
+                  member_assignment=m.assignment if stable else b"")
+            for m in snapshot.members
+        )
+        described.append(build(
+            module.DescribedGroup, error_code=status_error, group_id=group_id,
+            group_state=snapshot.state.value if status_error == ErrorCode.none else "",
+            protocol_type=snapshot.protocol_type or "",
+            protocol_data=(snapshot.protocol_name or "") if stable else "",
+            members=members if status_error == ErrorCode.none else (),
+            authorized_operations=AUTHORIZED_OPERATIONS_OMITTED))
+    return build(module.DescribeGroupsResponse, throttle_time=NO_THROTTLE, groups=tuple(described))
+
+
+async def list_groups(ctx: RequestContext, request):
+    module = response_module(LIST_GROUPS, ctx.api_version)
+    coordinator = ctx.broker.groups.coordinator
+    if coordinator.status != "active":
+        code = ErrorCode.coordinator_load_in_progress if coordinator.status == "loading" \
+            else ErrorCode.coordinator_not_available
+        return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=code, groups=())
+    groups = tuple(
+        build(module.ListedGroup, group_id=group_id,
+              protocol_type=coordinator.describe(group_id).protocol_type or "")
+        for group_id in sorted(coordinator.group_ids())
+    )
+    return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=groups)
+
+
+HANDLERS = {
+    OFFSET_COMMIT: (2, 7, offset_commit),
+    OFFSET_FETCH: (1, 5, offset_fetch),
+    FIND_COORDINATOR: (0, 2, find_coordinator),
+    JOIN_GROUP: (0, 5, join_group),
+    HEARTBEAT: (0, 3, heartbeat),
+    LEAVE_GROUP: (0, 3, leave_group),
+    SYNC_GROUP: (0, 3, sync_group),
+    DESCRIBE_GROUPS: (0, 4, describe_groups),
+    LIST_GROUPS: (0, 2, list_groups),
+}

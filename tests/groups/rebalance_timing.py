@@ -1,0 +1,135 @@
+"""Measure how long a consumer group stops consuming a member's partitions when the member dies or leaves.
+
+    python -m tests.groups.rebalance_timing [--rounds 3] [--session-ms 3000 6000]
+
+Not a test (no assertions; timings belong in reports, not in timed tests). Starts a broker subprocess, a
+producer writing to all 6 partitions every 20 ms, and three members (kafka-python, aiokafka, confluent-kafka,
+``_member.py``). Then, per round, it removes one member (SIGKILL for "death", SIGTERM for "leave") and
+reports the time from that moment to the first record of one of the removed member's partitions, produced
+after the removal, being consumed by another member; and the longest pause of the whole group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kafka import KafkaProducer
+
+from tests.groups._helpers import GROUP_CONFIG, Member, create_topic, read_events, wait_for
+
+PARTITIONS = 6
+CLIENTS = ("kafka-python", "aiokafka", "confluent")
+
+
+def start_broker(workdir: Path) -> tuple[subprocess.Popen, str]:
+    config = workdir / "broker.toml"
+    config.write_text(GROUP_CONFIG)
+    log = open(workdir / "broker.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "broker", "serve", "--data-dir", str(workdir / "data"),
+                                "--listen", "127.0.0.1:0", "--config", str(config)], stdout=log,
+                               stderr=subprocess.STDOUT)
+    address = wait_for(lambda: re.search(r"listening on (127\.0\.0\.1:\d+)",
+                                         (workdir / "broker.log").read_text()), 60, "the broker")
+    return process, address.group(1)
+
+
+def produce_forever(bootstrap: str, topic: str, stop: threading.Event) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=0)
+    sequence = 0
+    while not stop.is_set():
+        for partition in range(PARTITIONS):
+            producer.send(topic, f"{time.monotonic():.6f}-{sequence}".encode(), partition=partition)
+        sequence += 1
+        time.sleep(0.02)
+    producer.close()
+
+
+def one_round(bootstrap: str, workdir: Path, round_id: str, mode: str, victim: str, session_ms: int) -> dict:
+    topic, group = f"timing-{round_id}", f"timing-group-{round_id}"
+    create_topic(bootstrap, topic, PARTITIONS)
+    stop = threading.Event()
+    producer = threading.Thread(target=produce_forever, args=(bootstrap, topic, stop), daemon=True)
+    producer.start()
+    paths = {c: workdir / f"{round_id}-{c}.jsonl" for c in CLIENTS}
+    members = {c: Member(c, bootstrap, topic, group, paths[c], session_ms) for c in CLIENTS}
+    try:
+        def assignments():
+            latest = {}
+            for e in read_events(paths.values()):
+                if e["event"] == "assigned":
+                    latest[e["client"]] = e["partitions"]
+            return latest
+
+        wait_for(lambda: len(assignments()) == 3 and all(assignments().values())
+                 and sorted(sum(assignments().values(), [])) == list(range(PARTITIONS)), 90, "a stable group")
+        time.sleep(2.0)  # steady state
+        owned = assignments()[victim]
+        removed_at = time.monotonic()
+        if mode == "death":
+            members[victim].kill()
+        else:
+            members[victim].leave()
+
+        def resumed():
+            for e in read_events(p for c, p in paths.items() if c != victim):
+                produced_at = float(e["value"].split("-")[0]) if e["event"] == "consumed" else 0
+                if e["event"] == "consumed" and e["partition"] in owned and produced_at > removed_at:
+                    return e["t"]
+            return None
+
+        resumed_at = wait_for(resumed, 120, "the victim's partitions to be consumed again")
+        time.sleep(1.0)
+        consumed_times = [e["t"] for e in read_events(paths.values()) if e["event"] == "consumed"
+                          and removed_at - 1 <= e["t"]]
+        gaps = [b - a for a, b in zip(consumed_times, consumed_times[1:])]
+        return {"mode": mode, "victim": victim, "session_ms": session_ms,
+                "resume_s": resumed_at - removed_at, "longest_group_pause_s": max(gaps, default=0.0)}
+    finally:
+        stop.set()
+        producer.join(5)
+        for member in members.values():
+            member.stop_quietly()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--session-ms", type=int, nargs="+", default=[3000, 6000])
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        broker, bootstrap = start_broker(workdir)
+        results = []
+        try:
+            n = 0
+            for session_ms in args.session_ms:
+                for mode in ("death", "leave"):
+                    for r in range(args.rounds):
+                        victim = CLIENTS[(n + r) % 3]
+                        result = one_round(bootstrap, workdir, f"{n}", mode, victim, session_ms)
+                        n += 1
+                        results.append(result)
+                        print(f"{mode:5} of {victim:12} session={session_ms} ms: partitions consumed again after "
+                              f"{result['resume_s'] * 1000:.0f} ms; longest group pause "
+                              f"{result['longest_group_pause_s'] * 1000:.0f} ms", flush=True)
+        finally:
+            broker.terminate()
+            broker.wait(30)
+        for session_ms in args.session_ms:
+            for mode in ("death", "leave"):
+                values = [r["resume_s"] * 1000 for r in results if r["mode"] == mode and r["session_ms"] == session_ms]
+                print(f"summary {mode:5} session={session_ms} ms: median {statistics.median(values):.0f} ms, "
+                      f"min {min(values):.0f}, max {max(values):.0f} (n={len(values)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The group state machine, scenario by scenario, with an injected clock (no sockets, no asyncio)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupState
+
+PROTOCOLS = (("range", b"r"), ("roundrobin", b"rr"))
+SESSION_MS, REBALANCE_MS, DELAY_MS = 10_000, 20_000, 3_000
+
+
+@pytest.fixture
+def coordinator():
+    counter = itertools.count()
+    return GroupCoordinator(GroupConfig(initial_rebalance_delay_ms=DELAY_MS),
+                            member_id_factory=lambda prefix: f"{prefix}-{next(counter)}")
+
+
+def join(c, now, member_id="", *, waiter=None, protocols=PROTOCOLS, v4=True, instance=None, client="c",
+         session=SESSION_MS, group="g"):
+    return c.join_group(now, group_id=group, member_id=member_id, group_instance_id=instance,
+                        protocol_type="consumer", protocols=protocols, session_timeout_ms=session,
+                        rebalance_timeout_ms=REBALANCE_MS, require_known_member_id=v4,
+                        waiter=waiter or object(), client_id=client)
+
+
+def join_new(c, now, waiter, **kwargs):
+    """The v4+ round trip: MEMBER_ID_REQUIRED, then the real join (parked)."""
+    first = join(c, now, **kwargs)
+    assert first.error == ErrorCode.member_id_required
+    assert join(c, now, first.member_id, waiter=waiter, **kwargs) is None
+    return first.member_id
+
+
+def completions(c):
+    return dict(c.take_completions())
+
+
+def sync(c, now, member_id, generation, assignments=(), waiter=None, instance=None):
+    return c.sync_group(now, group_id="g", generation_id=generation, member_id=member_id,
+                        group_instance_id=instance, assignments=assignments, waiter=waiter or object())
+
+
+def test_member_id_required_then_join_window_then_generation_one(coordinator):
+    a = join_new(coordinator, 0, "wa", client="a")
+    assert coordinator.describe("g").state is GroupState.PREPARING_REBALANCE
+    assert coordinator.next_deadline_ms() == DELAY_MS
+    coordinator.tick(DELAY_MS - 1)
+    assert completions(coordinator) == {}
+    coordinator.tick(DELAY_MS)
+    result = completions(coordinator)["wa"]
+    assert result.error == ErrorCode.none and result.generation_id == 1 and result.leader_id == a
+    assert result.protocol_name == "range" and result.members == ((a, None, b"r"),)
+    assert coordinator.describe("g").state is GroupState.COMPLETING_REBALANCE
+
+
+def test_join_window_extends_for_each_new_member_up_to_rebalance_timeout(coordinator):
+    join_new(coordinator, 0, "w0", client="a")
+    join_new(coordinator, 2_000, "w1", client="b")
+    coordinator.tick(3_000)  # a member arrived during the window: wait another window
+    assert completions(coordinator) == {}
+    coordinator.tick(6_000)
+    done = completions(coordinator)
+    assert set(done) == {"w0", "w1"} and {r.generation_id for r in done.values()} == {1}
+    leader = [r for r in done.values() if r.members]
+    assert len(leader) == 1 and len(leader[0].members) == 2
+
+
+def test_v3_join_without_member_id_joins_directly(coordinator):
+    assert join(coordinator, 0, waiter="w", v4=False) is None
+    coordinator.tick(DELAY_MS)
+    assert completions(coordinator)["w"].error == ErrorCode.none
+
+
+def stable_group(c, clients=("a", "b")):
+    ids = [join_new(c, 0, f"w-{name}", client=name) for name in clients]
+    c.tick(DELAY_MS * (len(clients) + 1))
+    done = completions(c)
+    leader = next(r for r in done.values() if r.members)
+    generation = leader.generation_id
+    assignments = [(m, f"P{i}".encode()) for i, (m, _, _) in enumerate(leader.members)]
+    followers = [m for m in ids if m != leader.member_id]
+    for m in followers:
+        assert sync(c, DELAY_MS * 4, m, generation, waiter=f"s-{m}") is None
+    assert sync(c, DELAY_MS * 4, leader.member_id, generation, assignments, waiter="s-leader") is None
+    synced = completions(c)
+    assert all(r.error == ErrorCode.none for r in synced.values()) and len(synced) == len(ids)
+    assert c.describe("g").state is GroupState.STABLE
+    return ids, leader.member_id, generation, dict(assignments)
+
+
+def test_sync_hands_each_member_the_leaders_assignment(coordinator):
+    ids, leader, generation, assignments = stable_group(coordinator)
+    for m in ids:
+        assert sync(coordinator, 13_000, m, generation).assignment == assignments[m]
+    assert sync(coordinator, 13_000, ids[0], generation - 1).error == ErrorCode.illegal_generation
+
+
+def test_new_member_triggers_rebalance_seen_by_heartbeats(coordinator):
+    ids, leader, generation, _ = stable_group(coordinator)
+    c_id = join_new(coordinator, 13_000, "w-c", client="c")
+    assert coordinator.heartbeat(13_001, group_id="g", generation_id=generation, member_id=ids[0]) \
+        == ErrorCode.rebalance_in_progress
+    # Commits of the current generation are still accepted while members rejoin.
+    assert coordinator.validate_offset_commit(13_001, group_id="g", generation_id=generation,
+                                              member_id=ids[0]) == ErrorCode.none
+    for m in ids:
+        assert join(coordinator, 13_002, m, waiter=f"re-{m}") is None
+    done = completions(coordinator)  # everyone known has rejoined: no need to wait for the timeout
+    assert {r.generation_id for r in done.values()} == {generation + 1} and c_id in {r.member_id for r in done.values()}
+
+
+def test_session_expiry_removes_a_silent_member_and_rebalances(coordinator):
+    ids, leader, generation, _ = stable_group(coordinator)
+    live, silent = ids[0], ids[1]
+    now = 12_000
+    for step in range(1, 4):
+        assert coordinator.heartbeat(now + step * 3_000, group_id="g", generation_id=generation,
+                                     member_id=live) == ErrorCode.none
+    # The silent member last spoke at 12,000 (its SyncGroup): gone at 22,000.
+    coordinator.tick(12_000 + SESSION_MS)
+    snapshot = coordinator.describe("g")
+    assert silent not in {m.member_id for m in snapshot.members}
+    assert snapshot.state is GroupState.PREPARING_REBALANCE
+    assert join(coordinator, 22_001, live, waiter="again") is None
+    result = completions(coordinator)["again"]
+    assert result.generation_id == generation + 1 and result.leader_id == live
+
+
+def test_rebalance_timeout_removes_members_that_do_not_rejoin(coordinator):
+    ids, leader, generation, _ = stable_group(coordinator)
+    c_id = join_new(coordinator, 12_000, "w-c", client="c")
+    # Nobody else rejoins, but they keep heartbeating (so only the rebalance timeout can decide).
+    for t in range(13_000, 12_000 + REBALANCE_MS, 3_000):
+        for m in ids:
+            coordinator.heartbeat(t, group_id="g", generation_id=generation, member_id=m)
+    coordinator.tick(12_000 + REBALANCE_MS)
+    result = completions(coordinator)["w-c"]
+    assert result.error == ErrorCode.none and result.members == ((c_id, None, b"r"),)
+    assert {m.member_id for m in coordinator.describe("g").members} == {c_id}
+
+
+def test_member_that_never_syncs_is_removed_after_the_rebalance_timeout(coordinator):
+    join_new(coordinator, 0, "wa", client="a")
+    b = join_new(coordinator, 0, "wb", client="b")
+    coordinator.tick(2 * DELAY_MS)
+    done = completions(coordinator)
+    leader = next(r for r in done.values() if r.members)
+    assert sync(coordinator, 6_100, leader.member_id, 1, [(m, b"x") for m, _, _ in leader.members]) is None
+    completions(coordinator)
+    other = b if leader.member_id != b else next(r.member_id for r in done.values() if r.member_id != b)
+    # The other member heartbeats but never sends SyncGroup: it cannot have its assignment, so it goes.
+    for t in range(7_000, 6_000 + REBALANCE_MS, 2_000):
+        coordinator.heartbeat(t, group_id="g", generation_id=1, member_id=other)
+        coordinator.heartbeat(t, group_id="g", generation_id=1, member_id=leader.member_id)
+    coordinator.tick(6_000 + REBALANCE_MS)
+    assert other not in {m.member_id for m in coordinator.describe("g").members}
+    assert coordinator.describe("g").state is GroupState.PREPARING_REBALANCE
+
+
+def test_leave_group_batch_and_last_member_leaving_empties_the_group(coordinator):
+    ids, leader, generation, _ = stable_group(coordinator)
+    result = coordinator.leave_group(13_000, group_id="g", members=[(ids[0], None), ("nobody", None)])
+    assert [e for _, _, e in result.members] == [ErrorCode.none, ErrorCode.unknown_member_id]
+    assert coordinator.describe("g").state is GroupState.PREPARING_REBALANCE
+    coordinator.leave_group(13_001, group_id="g", members=[(ids[1], None)])
+    snapshot = coordinator.describe("g")
+    assert snapshot.state is GroupState.EMPTY and not snapshot.members
+    assert snapshot.generation_id == generation + 1 and snapshot.protocol_type == "consumer"
+    assert coordinator.take_changed_groups()[-1].state is GroupState.EMPTY
+
+
+def test_inconsistent_protocol_and_session_bounds(coordinator):
+    join_new(coordinator, 0, "wa", client="a")
+    other = join(coordinator, 1, protocols=(("cooperative-sticky", b""),))
+    assert other.error == ErrorCode.inconsistent_group_protocol
+    assert join(coordinator, 1, session=5_999).error == ErrorCode.invalid_session_timeout
+    assert join(coordinator, 1, session=1_800_001).error == ErrorCode.invalid_session_timeout
+    assert join(coordinator, 1, protocols=()).error == ErrorCode.inconsistent_group_protocol
+
+
+def test_protocol_every_member_supports_wins(coordinator):
+    join_new(coordinator, 0, "wa", protocols=(("range", b""), ("roundrobin", b"")))
+    join_new(coordinator, 0, "wb", protocols=(("roundrobin", b""),))
+    coordinator.tick(2 * DELAY_MS)
+    assert {r.protocol_name for r in completions(coordinator).values()} == {"roundrobin"}
+
+
+def test_sync_and_heartbeat_before_join_are_unknown_members(coordinator):
+    assert sync(coordinator, 0, "x", 1).error == ErrorCode.unknown_member_id
+    assert coordinator.heartbeat(0, group_id="g", generation_id=1, member_id="x") == ErrorCode.unknown_member_id
+    pending = join(coordinator, 0)
+    # A member id handed out with MEMBER_ID_REQUIRED is not a member until it joins with it.
+    assert sync(coordinator, 1, pending.member_id, 0).error == ErrorCode.unknown_member_id
+    assert join(coordinator, 1, "forged").error == ErrorCode.unknown_member_id
+
+
+def test_standalone_commits_need_an_empty_group(coordinator):
+    assert coordinator.validate_offset_commit(0, group_id="solo", generation_id=-1, member_id="") == ErrorCode.none
+    assert coordinator.validate_offset_commit(0, group_id="ghost", generation_id=3, member_id="m") \
+        == ErrorCode.illegal_generation
+    ids, _, generation, _ = stable_group(coordinator)
+    assert coordinator.validate_offset_commit(13_000, group_id="g", generation_id=-1, member_id="") \
+        == ErrorCode.unknown_member_id
+
+
+def test_commit_during_completing_rebalance_is_refused(coordinator):
+    a = join_new(coordinator, 0, "wa")
+    coordinator.tick(DELAY_MS)
+    completions(coordinator)
+    assert coordinator.validate_offset_commit(DELAY_MS, group_id="g", generation_id=1, member_id=a) \
+        == ErrorCode.rebalance_in_progress
+
+
+def test_static_member_restart_keeps_assignment_without_rebalance(coordinator):
+    waiters = {}
+    ids = []
+    for name, instance in (("a", None), ("s", "static-s")):
+        waiters[name] = f"w-{name}"
+        if instance is None:
+            ids.append(join_new(coordinator, 0, waiters[name], client=name))
+        else:
+            assert join(coordinator, 0, waiter=waiters[name], instance=instance, client=name) is None
+    coordinator.tick(2 * DELAY_MS)
+    done = completions(coordinator)
+    leader = next(r for r in done.values() if r.members)
+    static_old = done["w-s"].member_id
+    assert leader.member_id != static_old
+    assert sync(coordinator, 6_001, static_old, 1, waiter="ss", instance="static-s") is None
+    assert sync(coordinator, 6_001, leader.member_id, 1, [(leader.member_id, b"A"), (static_old, b"S")]) is None
+    completions(coordinator)
+    # The static member's process restarts: it joins with no member id and the same instance id.
+    rejoined = join(coordinator, 7_000, instance="static-s", client="s2")
+    assert rejoined.error == ErrorCode.none and rejoined.generation_id == 1 and rejoined.member_id != static_old
+    assert coordinator.describe("g").state is GroupState.STABLE
+    assert sync(coordinator, 7_001, rejoined.member_id, 1, instance="static-s").assignment == b"S"
+    # The old incarnation is fenced.
+    assert coordinator.heartbeat(7_002, group_id="g", generation_id=1, member_id=static_old,
+                                 group_instance_id="static-s") == ErrorCode.fenced_instance_id
+    assert coordinator.heartbeat(7_002, group_id="g", generation_id=1, member_id=leader.member_id) == ErrorCode.none
+
+
+def test_loading_and_inactive_coordinator_answer_retriable_errors(coordinator):
+    coordinator.status = "loading"
+    assert join(coordinator, 0).error == ErrorCode.coordinator_load_in_progress
+    assert coordinator.heartbeat(0, group_id="g", generation_id=1, member_id="m") \
+        == ErrorCode.coordinator_load_in_progress
+    coordinator.status = "inactive"
+    assert sync(coordinator, 0, "m", 1).error == ErrorCode.coordinator_not_available
+    assert coordinator.validate_offset_commit(0, group_id="g", generation_id=-1, member_id="") \
+        == ErrorCode.coordinator_not_available
+
+
+def test_deactivate_answers_parked_requests(coordinator):
+    join_new(coordinator, 0, "parked")
+    coordinator.deactivate()
+    assert completions(coordinator)["parked"].error == ErrorCode.coordinator_not_available
+
+
+def test_persisted_group_comes_back_stable_and_expires_silent_members(coordinator):
+    ids, leader, generation, assignments = stable_group(coordinator)
+    snapshot = coordinator.describe("g")
+    counter = itertools.count()
+    restored = GroupCoordinator(GroupConfig(), member_id_factory=lambda p: f"{p}-r{next(counter)}")
+    restored.load_group(snapshot, 100_000)
+    again = restored.describe("g")
+    assert again.state is GroupState.STABLE and again.generation_id == generation
+    assert {m.member_id: m.assignment for m in again.members} == assignments
+    assert restored.heartbeat(100_001, group_id="g", generation_id=generation, member_id=ids[0]) == ErrorCode.none
+    restored.tick(100_000 + SESSION_MS)  # ids[1] never came back
+    assert {m.member_id for m in restored.describe("g").members} == {ids[0]}
+
+
+def test_empty_group_id_is_invalid_for_membership_but_not_for_commits(coordinator):
+    assert join(coordinator, 0, group="").error == ErrorCode.invalid_group_id
+    assert coordinator.heartbeat(0, group_id="", generation_id=1, member_id="m") == ErrorCode.invalid_group_id
+    assert coordinator.sync_group(0, group_id="", generation_id=1, member_id="m", group_instance_id=None,
+                                  assignments=(), waiter="w").error == ErrorCode.invalid_group_id
+    assert coordinator.leave_group(0, group_id="", members=[("m", None)]).error == ErrorCode.invalid_group_id
+    # Kafka keeps accepting commits for the empty group id (old clients without a group use it).
+    assert coordinator.validate_offset_commit(0, group_id="", generation_id=-1, member_id="") == ErrorCode.none
