@@ -64,7 +64,9 @@ class FrameBuffer:
             raise FrameTooLargeError(size, self.max_frame_bytes)
         if available < 4 + size:
             return NEED_DATA
-        frame = bytes(buffer[start + 4 : start + 4 + size])
+        # One copy: slicing the bytearray itself would copy twice (a bytearray slice, then bytes()).
+        with memoryview(buffer) as view:
+            frame = bytes(view[start + 4 : start + 4 + size])
         start += 4 + size
         # Compact once the consumed prefix dominates; avoids O(n^2) memmoves on pipelined small frames.
         if start == len(buffer):

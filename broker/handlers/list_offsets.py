@@ -1,0 +1,92 @@
+"""ListOffsets (2) v1-5: earliest (-2), latest (-1) and first offset at or after a timestamp.
+
+- -1 -> the high watermark (= log end offset on a single node; also the last stable offset, as there are
+  no open transactions), timestamp -1;
+- -2 -> the log start offset, timestamp -1;
+- t >= 0 -> the first record whose timestamp is >= t, resolved per record as Kafka's
+  ``FileRecords.searchForTimestamp`` does (storage's ``offset_for_timestamp``), with that record's
+  timestamp; none -> offset -1, timestamp -1;
+- leader epoch (v4+) is 0 for a found offset; unknown partition -> UNKNOWN_TOPIC_OR_PARTITION (3);
+  ``current_leader_epoch`` above 0 -> UNKNOWN_LEADER_EPOCH (75); any other negative timestamp (-3, max
+  timestamp, is a v7+ query) -> INVALID_REQUEST (42); a lookup that lands on a batch whose records do not
+  decode (produce checks headers and CRCs only) -> CORRUPT_MESSAGE (2).
+
+Timestamp lookups read (and may decompress) one batch of at most max.message.bytes from disk; storage's
+contract puts them on the loop thread (they race appends to the time index otherwise), which costs at most
+a few milliseconds per lookup, and clients issue them once per partition at assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from broker.handlers.context import RequestContext
+from broker.state import LEADER_EPOCH
+from broker.wire.codecs import NO_THROTTLE, build, response_module
+from client.protocol.records import InvalidBatchError
+
+log = logging.getLogger("copyless.list_offsets")
+
+API_KEY = 2
+MIN_VERSION, MAX_VERSION = 1, 5
+LATEST, EARLIEST = -1, -2
+
+
+async def handle(ctx: RequestContext, request):
+    broker = ctx.broker
+    module = response_module(API_KEY, ctx.api_version)
+    topics = []
+    for list_topic in request.topics:
+        partitions = []
+        for item in list_topic.partitions:
+            code, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
+            partition_log = broker.get_log(list_topic.name, item.partition_index)
+            if partition_log is None:
+                code = ErrorCode.unknown_topic_or_partition
+            elif getattr(item, "current_leader_epoch", -1) > LEADER_EPOCH:
+                code = ErrorCode.unknown_leader_epoch
+            elif item.timestamp == LATEST:
+                offset, epoch = partition_log.high_watermark, LEADER_EPOCH
+            elif item.timestamp == EARLIEST:
+                offset, epoch = partition_log.log_start_offset, LEADER_EPOCH
+            elif item.timestamp >= 0:
+                try:
+                    found = partition_log.offset_for_timestamp(item.timestamp)
+                except _storage_error():
+                    code, found = ErrorCode.kafka_storage_error, None
+                except InvalidBatchError as exc:
+                    # Produce validates batch headers and CRCs but never decodes records, so a producer can
+                    # store a batch whose records do not parse; its partition stays readable, and a lookup
+                    # that lands on it says so instead of failing the connection.
+                    log.warning("timestamp lookup in %s-%d hit an undecodable batch: %s",
+                                list_topic.name, item.partition_index, exc)
+                    code, found = ErrorCode.corrupt_message, None
+                if found is not None:
+                    offset, timestamp = found
+                    epoch = LEADER_EPOCH
+            else:
+                code = ErrorCode.invalid_request
+            partitions.append(
+                build(
+                    module.ListOffsetsPartitionResponse,
+                    partition_index=item.partition_index,
+                    error_code=code,
+                    timestamp=timestamp,
+                    offset=offset,
+                    leader_epoch=epoch,
+                    old_style_offsets=(offset,) if offset >= 0 else (),
+                )
+            )
+        topics.append(module.ListOffsetsTopicResponse(name=list_topic.name, partitions=tuple(partitions)))
+    return build(module.ListOffsetsResponse, throttle_time=NO_THROTTLE, topics=tuple(topics))
+
+
+def _storage_error():
+    import broker.storage as storage
+
+    return storage.StorageError
+
+
+HANDLERS = {API_KEY: (MIN_VERSION, MAX_VERSION, handle)}

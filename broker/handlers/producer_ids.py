@@ -1,0 +1,48 @@
+"""InitProducerId (22) v0-1: producer ids for idempotent producers.
+
+Each call hands out a fresh producer id with epoch 0 (ids are reserved on disk in blocks and never reused
+after a restart, see ``broker.producer_state``). kafka-python's default producer (idempotent, acks=all)
+needs this API (trap T2); aiokafka speaks only v0. Transactional ids are refused with
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), which clients treat as fatal: the broker has no transaction
+coordinator, and a retriable code would make them retry forever.
+
+v0-1 are non-flexible; v3+ (KIP-360 epoch bump) is flexible and not served, which keeps kafka-python's
+recovery on the producer-id reset path (trap T3).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from broker.handlers.context import RequestContext
+from broker.wire.codecs import NO_THROTTLE, build, response_module
+
+log = logging.getLogger("copyless.producer_ids")
+
+API_KEY = 22
+
+
+async def handle(ctx: RequestContext, request):
+    module = response_module(API_KEY, ctx.api_version)
+    if request.transactional_id is not None:
+        log.info("InitProducerId with transactional id %r from %s refused: no transactions", request.transactional_id, ctx.client_id)
+        return build(
+            module.InitProducerIdResponse,
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.transactional_id_authorization_failed,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    producer_id = await ctx.broker.allocate_producer_id()
+    return build(
+        module.InitProducerIdResponse,
+        throttle_time=NO_THROTTLE,
+        error_code=ErrorCode.none,
+        producer_id=producer_id,
+        producer_epoch=0,
+    )
+
+
+HANDLERS = {API_KEY: (0, 1, handle)}

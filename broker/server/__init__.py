@@ -1,0 +1,9 @@
+"""The asyncio shell: raw non-blocking sockets, one task per connection, sendfile for records.
+
+``run(config)`` is the whole process: load state, pick the event loop, serve until SIGTERM/SIGINT.
+"""
+
+from broker.server.app import run, serve
+from broker.server.server import Server
+
+__all__ = ["Server", "run", "serve"]

@@ -1,0 +1,87 @@
+"""``copyless serve``: run the broker.
+
+    copyless serve [--data-dir DIR] [--listen HOST:PORT] [--advertise HOST:PORT] [--config FILE.toml]
+                   [--loop uvloop|asyncio] [--no-sendfile] [--flush-mode async|sync]
+                   [--num-partitions N] [--no-auto-create-topics] [--node-id N] [--log-level LEVEL]
+
+Flags override the TOML file, which overrides Kafka's defaults (see ``broker.config``). The first line on
+stdout is ``copyless listening on HOST:PORT ...`` once the listener is bound (``--listen 127.0.0.1:0``
+picks a free port and the line shows which).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port
+
+__all__ = ["add_parsers", "config_from_args", "main_serve"]
+
+
+def add_parsers(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the broker",
+        description="Run a copyless broker speaking the Kafka protocol.",
+    )
+    parser.add_argument("--data-dir", type=Path, help="log directory (default ./copyless-data)")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="address to bind (default 127.0.0.1:9092; port 0 = any free)")
+    parser.add_argument("--advertise", metavar="HOST:PORT", help="address clients are told to connect to")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with broker settings (Kafka names)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop when installed)")
+    parser.add_argument(
+        "--no-sendfile", action="store_true",
+        help="serve fetched records by copying them through Python (only to measure sendfile against)",
+    )
+    parser.add_argument("--flush-mode", choices=("async", "sync"), help="sync: acks=all waits for fdatasync")
+    parser.add_argument("--num-partitions", type=int, help="partitions of auto-created topics (default 1)")
+    parser.add_argument("--no-auto-create-topics", action="store_true", help="disable auto.create.topics.enable")
+    parser.add_argument("--node-id", type=int, help="node.id (default 0)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    parser.set_defaults(func=main_serve)
+
+
+def config_from_args(args) -> BrokerConfig:
+    """Raises ConfigError."""
+    config = load_toml(args.config) if args.config else BrokerConfig()
+    changes: dict = {}
+    if args.data_dir is not None:
+        changes["data_dir"] = args.data_dir
+    if args.listen:
+        changes["listen_host"], changes["listen_port"] = parse_host_port(args.listen)
+    if args.advertise:
+        changes["advertise_host"], changes["advertise_port"] = parse_host_port(args.advertise)
+    if args.loop:
+        changes["loop"] = args.loop
+    if args.no_sendfile:
+        changes["sendfile"] = False
+    if args.flush_mode:
+        changes["flush_mode"] = args.flush_mode
+    if args.num_partitions is not None:
+        changes["num_partitions"] = args.num_partitions
+    if args.no_auto_create_topics:
+        changes["auto_create_topics"] = False
+    if args.node_id is not None:
+        changes["node_id"] = args.node_id
+    config = dataclasses.replace(config, **changes)
+    config.validate()
+    return config
+
+
+def main_serve(args) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"copyless serve: {exc}", file=sys.stderr)
+        return 2
+    from broker.server.app import run
+
+    return run(config)

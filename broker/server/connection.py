@@ -1,0 +1,169 @@
+"""One client connection: read frames, run one request at a time, write responses in request order.
+
+Kafka mutes a channel while one of its requests is in flight; this loop does the same by simply not
+reading the next frame until the response to the current one is written. That keeps responses in order
+(kafka-python and aiokafka close on a correlation-id mismatch, trap T4) and bounds memory per connection to
+one frame (at most ``socket.request.max.bytes``, 100 MiB) plus what the kernel buffers.
+
+The connection is closed, with one log line naming the client and the reason, when the peer:
+announces a frame over the limit or a negative size; sends a header or body that does not parse; uses an
+API key or version that is not served (ApiVersions excepted, see ``broker.wire.requests``); or hits an
+error on an acks=0 produce. An unexpected exception in a handler is logged with its traceback and closes
+only that connection. Nothing a client sends can stop the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+
+from broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
+from broker.server.transfer import send_bytes, send_segments, wait_readable
+from broker.wire.codecs import encode_response
+from broker.wire.headers import RemoteProtocolError
+from broker.wire.requests import ApiVersionsFallback, decode_request, encode_api_versions_fallback
+from client.protocol.framing import FrameBuffer, FrameTooLargeError
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("copyless.connection")
+
+# The receive buffer shared by every connection of an event-loop thread. It is only written and read inside
+# one synchronous step (recv_into, then feed), so sharing it is safe on that thread; a process running
+# several brokers on several loop threads (tests) gets one per thread. 256 KiB lets a 1 MiB produce arrive
+# in four recv calls.
+RECV_BUFFER_BYTES = 256 * 1024
+_thread_buffers = threading.local()
+
+
+def _recv_view() -> memoryview:
+    view = getattr(_thread_buffers, "view", None)
+    if view is None:
+        view = _thread_buffers.view = memoryview(bytearray(RECV_BUFFER_BYTES))
+    return view
+
+
+class Connection:
+    def __init__(self, server, sock: socket.socket, address, connection_id: int) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.client_host = address[0] if isinstance(address, tuple) else str(address)
+        self.peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+        self.connection_id = connection_id
+        self.frames = FrameBuffer(self.broker.config.max_request_bytes)
+        self.busy = False
+        self.client_id: str | None = None
+        # Loop time of the last request (or of the accept): the idle reaper closes connections quiet for
+        # longer than connections.max.idle.ms.
+        self.last_active = asyncio.get_running_loop().time()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stats = self.broker.stats
+        recv_view = _recv_view()
+        try:
+            while True:
+                try:
+                    frame = self.frames.next_frame()
+                except FrameTooLargeError as exc:
+                    if exc.size < 0:
+                        self._close_reason(f"invalid frame size {exc.size}")
+                    else:
+                        self._close_reason(f"frame of {exc.size} bytes exceeds socket.request.max.bytes={exc.limit}")
+                    return
+                if frame is None:
+                    if self.server.closing:
+                        return
+                    try:
+                        received = self.sock.recv_into(recv_view)
+                    except BlockingIOError:
+                        await wait_readable(loop, self.fd)
+                        continue
+                    except InterruptedError:
+                        continue
+                    if received == 0:
+                        return  # orderly close by the client
+                    self.frames.feed(recv_view[:received])
+                    continue
+                self.busy = True
+                try:
+                    keep_open = await self._handle_frame(loop, frame)
+                finally:
+                    self.busy = False
+                    self.last_active = loop.time()
+                if not keep_open or self.server.closing:
+                    return
+        except (ConnectionError, OSError) as exc:
+            log.debug("connection %s (%s) dropped: %s", self.peer, self.client_id, exc)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            stats.connections_open -= 1
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+    def _close_reason(self, reason: str) -> None:
+        self.broker.stats.connections_closed_on_error += 1
+        log.warning("closing connection from %s (client_id=%s): %s", self.peer, self.client_id, reason)
+
+    async def _handle_frame(self, loop, frame) -> bool:
+        broker = self.broker
+        try:
+            decoded = decode_request(frame, broker.handlers.served())
+        except RemoteProtocolError as exc:
+            self._close_reason(exc.reason)
+            return False
+        header = decoded.header
+        self.client_id = header.client_id
+        broker.stats.requests[header.api_key] += 1
+        if isinstance(decoded, ApiVersionsFallback):
+            low, high = broker.handlers.served()[header.api_key]
+            await send_bytes(loop, self.sock, encode_api_versions_fallback(header.correlation_id, low, high), broker.stats)
+            return True
+        ctx = RequestContext(
+            broker=broker,
+            api_key=header.api_key,
+            api_version=header.api_version,
+            correlation_id=header.correlation_id,
+            client_id=header.client_id,
+            connection_id=self.connection_id,
+            client_host=self.client_host,
+        )
+        handler = broker.handlers.handler(header.api_key)
+        try:
+            response = await handler(ctx, decoded.body)
+        except CloseConnection as exc:
+            self._close_reason(exc.reason)
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.broker.stats.connections_closed_on_error += 1
+            log.exception(
+                "handler for API key %d v%d failed (client %s, correlation id %d); closing the connection",
+                header.api_key, header.api_version, self.peer, header.correlation_id,
+            )
+            return False
+        if response is None:
+            return True
+        if isinstance(response, EncodedResponse):
+            try:
+                await send_segments(
+                    loop, self.sock, response.segments, broker.stats, use_sendfile=self.server.use_sendfile
+                )
+            finally:
+                response.release()
+            return True
+        try:
+            data = encode_response(header.correlation_id, header.api_key, header.api_version, response)
+        except Exception:
+            log.exception("encoding the response to API key %d v%d failed; closing", header.api_key, header.api_version)
+            return False
+        await send_bytes(loop, self.sock, data, broker.stats)
+        return True

@@ -1,0 +1,195 @@
+"""The listener, the connection tasks, periodic work and graceful shutdown.
+
+Lifecycle:
+
+1. ``Broker.startup()`` (blocking, before the loop runs): identity, topics, logs, recovery, producer state.
+2. ``Server.start()``: handler startup hooks (groups), bind + listen, print the startup line
+   ``copyless listening on HOST:PORT ...`` on stdout (tests read the port from it).
+3. Accept loop: every connection is a raw non-blocking socket (TCP_NODELAY) served by its own task.
+4. ``Server.shutdown()`` on SIGTERM/SIGINT: stop accepting; answer parked long-poll fetches now; let every
+   in-flight request finish (bounded by ``shutdown_timeout_s``); close connections; run handler shutdown
+   hooks; ``LogManager.shutdown()`` in a worker thread (flush, checkpoint, clean-shutdown marker).
+
+Counters: ``broker.stats``; SIGUSR1 and shutdown print them as one ``stats-json {...}`` line on stdout.
+Periodic work: the stats log line every ``stats_interval_s``. Flush policy, retention and recovery-point
+checkpoints run on the storage's own housekeeping thread (they fsync and unlink; never on the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import socket
+import time
+
+from broker.server.connection import Connection
+from broker.state import Broker
+
+__all__ = ["Server"]
+
+log = logging.getLogger("copyless.server")
+
+# Kafka's default socket listen backlog is 50; 1024 absorbs a burst of thousands of connects (the
+# many-connections benchmark opens 10,000).
+LISTEN_BACKLOG = 1024
+
+
+class Server:
+    def __init__(self, broker: Broker, *, loop_name: str = "asyncio") -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.use_sendfile = broker.config.sendfile
+        self.loop_name = loop_name
+        self.closing = False
+        self.listen_socket: socket.socket | None = None
+        self.bound_host = ""
+        self.bound_port = 0
+        self.connections: dict[int, tuple[Connection, asyncio.Task]] = {}
+        self._next_connection_id = 0
+        self._accept_task: asyncio.Task | None = None
+        self._periodic: list[asyncio.Task] = []
+        self._stopped = asyncio.Event()
+        self._last_accept_warning = 0.0
+
+    # --- start -----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.broker.run_startup_hooks()
+        family = socket.AF_INET6 if ":" in self.config.listen_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.listen_host, self.config.listen_port))
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+        self.listen_socket = sock
+        self.bound_host, self.bound_port = sock.getsockname()[:2]
+        changes = {}
+        if self.config.listen_port == 0:
+            # Port 0: advertise the port the kernel chose (unless an advertised port was configured).
+            changes["listen_port"] = self.bound_port
+        if self.config.advertise_host is None and self.config.listen_host in ("0.0.0.0", "::", ""):
+            # A wildcard address is not one a client can connect to; Kafka advertises the host's name then.
+            changes["advertise_host"] = socket.getfqdn()
+        if changes:
+            self.broker.config = dataclasses.replace(self.broker.config, **changes)
+            self.config = self.broker.config
+        self._accept_task = asyncio.create_task(self._accept_loop(), name="copyless-accept")
+        if self.config.stats_interval_s > 0:
+            self._periodic.append(asyncio.create_task(self._stats_loop(), name="copyless-stats"))
+        if self.config.connections_max_idle_ms:
+            self._periodic.append(asyncio.create_task(self._idle_reaper(), name="copyless-idle-reaper"))
+        self._announce()
+
+    def _announce(self) -> None:
+        config = self.broker.config
+        line = (
+            f"copyless listening on {self.bound_host}:{self.bound_port} "
+            f"advertised={config.advertised_host}:{config.advertised_port} "
+            f"data_dir={config.data_dir} loop={self.loop_name} sendfile={'on' if self.use_sendfile else 'off'} "
+            f"flush_mode={config.flush_mode} segment_bytes={config.segment_bytes} "
+            f"retention_ms={config.retention_ms} max_message_bytes={config.message_max_bytes} "
+            f"auto_create_topics={config.auto_create_topics} num_partitions={config.num_partitions} "
+            f"node_id={self.broker.node_id} cluster_id={self.broker.cluster_id}"
+        )
+        print(line, flush=True)
+        log.info("%s", line)
+
+    # --- accept --------------------------------------------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        stats = self.broker.stats
+        while not self.closing:
+            try:
+                sock, address = await loop.sock_accept(self.listen_socket)
+            except asyncio.CancelledError:
+                return
+            except OSError as exc:
+                # EMFILE/ENFILE: out of descriptors. Back off instead of spinning; existing clients go on.
+                # One log line per burst, not one per refused connection.
+                now = time.monotonic()
+                if now - self._last_accept_warning > 10:
+                    self._last_accept_warning = now
+                    log.warning("accept failed: %s (%d connections open); backing off", exc, len(self.connections))
+                await asyncio.sleep(0.1)
+                continue
+            if self.closing:
+                sock.close()
+                return
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            self._next_connection_id += 1
+            connection_id = self._next_connection_id
+            connection = Connection(self, sock, address, connection_id)
+            stats.connections_accepted += 1
+            stats.connections_open += 1
+            task = asyncio.create_task(connection.run(), name=f"copyless-conn-{connection_id}")
+            self.connections[connection_id] = (connection, task)
+            task.add_done_callback(lambda _t, cid=connection_id: self.connections.pop(cid, None))
+
+    # --- periodic work ---------------------------------------------------------------------------------------------
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_interval_s)
+            log.info("%s", self.broker.stats.log_line())
+
+    async def _idle_reaper(self) -> None:
+        """Close connections without a request for connections.max.idle.ms (Kafka's default: 10 minutes), so
+        abandoned clients do not hold descriptors forever. A sweep costs O(connections) every tenth of the
+        limit (at most every 30 s): 10,000 connections take about a millisecond."""
+        loop = asyncio.get_running_loop()
+        limit_s = self.config.connections_max_idle_ms / 1000
+        while True:
+            await asyncio.sleep(min(max(limit_s / 10, 0.05), 30.0))
+            now = loop.time()
+            for connection, task in list(self.connections.values()):
+                if not connection.busy and now - connection.last_active > limit_s:
+                    log.info("closing connection from %s (client_id=%s): idle for more than %.0f ms",
+                             connection.peer, connection.client_id, limit_s * 1000)
+                    task.cancel()
+
+    # --- shutdown ------------------------------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop accepting, finish in-flight requests, close connections, shut the logs down cleanly."""
+        if self.closing:
+            await self._stopped.wait()
+            return
+        started = time.monotonic()
+        self.closing = True
+        self.broker.closing = True
+        log.info("shutting down: %d connection(s) open", len(self.connections))
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+        if self.listen_socket is not None:
+            self.listen_socket.close()
+        for task in self._periodic:
+            task.cancel()
+        # Parked long-poll fetches answer now with what they have.
+        self.broker.appends.wake_all()
+        for connection, task in list(self.connections.values()):
+            if not connection.busy:
+                task.cancel()
+        busy = [task for _c, task in self.connections.values()]
+        if busy:
+            _done, pending = await asyncio.wait(busy, timeout=self.config.shutdown_timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("%d request(s) did not finish within %.0f s; cancelled", len(pending), self.config.shutdown_timeout_s)
+                await asyncio.wait(pending, timeout=5)
+        await self.broker.run_shutdown_hooks()
+        await asyncio.to_thread(self.broker.shutdown_logs)
+        log.info("%s", self.broker.stats.log_line())
+        print("stats-json " + json.dumps(self.broker.stats.snapshot(), sort_keys=True), flush=True)
+        log.info("shutdown complete in %.0f ms (clean-shutdown marker written)", (time.monotonic() - started) * 1000)
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

@@ -1,0 +1,290 @@
+"""The topic registry: which topics exist, their partition counts and config overrides, persisted in the
+data dir so they come back after a restart.
+
+On-disk format: ``<data_dir>/topics.json``, rewritten whole on every change (topics change rarely) with
+tmp + fsync + rename + directory fsync, so a crash leaves either the old or the new file::
+
+    {"version": 1,
+     "topics": [{"name": "orders", "partitions": 3, "internal": false,
+                 "topic_id": "4b8d...-uuid", "configs": {"retention.ms": "86400000"}}]}
+
+Name rules are Kafka's (``org.apache.kafka.common.internals.Topic.validate``): 1..249 characters from
+``[a-zA-Z0-9._-]``, not ``.`` or ``..``; and a new name must not collide with an existing one once ``.`` is
+mapped to ``_`` (metric names would clash). Config overrides use Kafka's topic config names; the ones the
+log implements map onto ``LogConfig``, a few more are accepted with their only supported value, and
+unknown names are refused with INVALID_CONFIG, as Kafka does.
+
+The registry itself is pure bookkeeping plus ``persist()`` (blocking: call it in a worker thread). Creating
+and deleting the partition logs is the Broker's job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from kio.schema.errors import ErrorCode
+
+from broker._files import write_atomically
+
+__all__ = [
+    "Topic",
+    "TopicRegistry",
+    "TopicError",
+    "validate_topic_name",
+    "parse_topic_configs",
+    "MAX_NAME_LENGTH",
+    "REGISTRY_FILE",
+]
+
+REGISTRY_FILE = "topics.json"
+MAX_NAME_LENGTH = 249
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+class TopicError(Exception):
+    """A topic operation is refused; ``code`` is the Kafka error code for the client."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def validate_topic_name(name: str | None) -> None:
+    """Kafka's name rules. Raises TopicError(INVALID_TOPIC_EXCEPTION)."""
+    if not name:
+        raise TopicError(ErrorCode.invalid_topic_exception, "Topic name is illegal, it can't be empty")
+    if name in (".", ".."):
+        raise TopicError(ErrorCode.invalid_topic_exception, "Topic name cannot be \".\" or \"..\"")
+    if len(name) > MAX_NAME_LENGTH:
+        raise TopicError(
+            ErrorCode.invalid_topic_exception,
+            f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters",
+        )
+    if not _LEGAL.match(name):
+        raise TopicError(
+            ErrorCode.invalid_topic_exception,
+            f"Topic name {name!r} is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'",
+        )
+
+
+def _unify(name: str) -> str:
+    return name.replace(".", "_")
+
+
+def _int_config(name: str, text: str, *, minimum: int, unlimited_ok: bool = False) -> int | None:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}") from None
+    if unlimited_ok and value == -1:
+        return None
+    if value < minimum:
+        raise TopicError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}: must be >= {minimum}")
+    return value
+
+
+# Topic config name -> LogConfig field, converter. The converter raises TopicError(INVALID_CONFIG).
+_LOG_CONFIGS = {
+    "retention.ms": ("retention_ms", lambda n, v: _int_config(n, v, minimum=0, unlimited_ok=True)),
+    "retention.bytes": ("retention_bytes", lambda n, v: _int_config(n, v, minimum=0, unlimited_ok=True)),
+    "segment.bytes": ("segment_bytes", lambda n, v: _int_config(n, v, minimum=1024)),
+    "segment.ms": ("segment_ms", lambda n, v: _int_config(n, v, minimum=1)),
+    "segment.index.bytes": ("segment_index_bytes", lambda n, v: _int_config(n, v, minimum=4096)),
+    "index.interval.bytes": ("index_interval_bytes", lambda n, v: _int_config(n, v, minimum=0)),
+    "flush.messages": ("flush_messages", lambda n, v: _int_config(n, v, minimum=1, unlimited_ok=True)),
+    "flush.ms": ("flush_ms", lambda n, v: _int_config(n, v, minimum=0, unlimited_ok=True)),
+    "file.delete.delay.ms": ("file_delete_delay_ms", lambda n, v: _int_config(n, v, minimum=0)),
+    "max.message.bytes": ("max_message_bytes", lambda n, v: _int_config(n, v, minimum=64)),
+}
+
+
+def _timestamp_type(name: str, text: str) -> str:
+    if text not in ("CreateTime", "LogAppendTime"):
+        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}")
+    return text
+
+
+_LOG_CONFIGS["message.timestamp.type"] = ("message_timestamp_type", _timestamp_type)
+
+# Accepted only with these values: the behaviour they name is the only one the broker has.
+_FIXED_CONFIGS = {
+    "cleanup.policy": {"delete"},
+    "compression.type": {"producer"},
+    "preallocate": {"true", "false"},
+    "unclean.leader.election.enable": {"true", "false"},
+    "message.downconversion.enable": {"true", "false"},
+    "remote.storage.enable": {"false"},
+}
+# Accepted and recorded, with no effect on a single node without compaction or tiering.
+_ACCEPTED_CONFIGS = frozenset(
+    {
+        "min.insync.replicas",
+        "delete.retention.ms",
+        "min.compaction.lag.ms",
+        "max.compaction.lag.ms",
+        "min.cleanable.dirty.ratio",
+        "segment.jitter.ms",
+        "message.timestamp.difference.max.ms",
+        "message.timestamp.before.max.ms",
+        "message.timestamp.after.max.ms",
+        "message.format.version",
+        "follower.replication.throttled.replicas",
+        "leader.replication.throttled.replicas",
+        "local.retention.ms",
+        "local.retention.bytes",
+    }
+)
+
+
+def parse_topic_configs(configs: Mapping[str, str | None]) -> dict:
+    """Validate Kafka topic configs; return the LogConfig field overrides they imply.
+
+    Raises:
+        TopicError(INVALID_CONFIG): unknown name or bad value (named in the message).
+    """
+    overrides: dict = {}
+    for name, value in configs.items():
+        if value is None:
+            raise TopicError(ErrorCode.invalid_config, f"Null value not supported for topic configs: {name}")
+        if name in _LOG_CONFIGS:
+            field_name, convert = _LOG_CONFIGS[name]
+            overrides[field_name] = convert(name, value)
+        elif name in _FIXED_CONFIGS:
+            if value.lower() not in _FIXED_CONFIGS[name]:
+                allowed = ", ".join(sorted(_FIXED_CONFIGS[name]))
+                raise TopicError(ErrorCode.invalid_config, f"{name}={value} is not supported (supported: {allowed})")
+        elif name not in _ACCEPTED_CONFIGS:
+            raise TopicError(ErrorCode.invalid_config, f"Unknown topic config name: {name}")
+    return overrides
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+    internal: bool = False
+    topic_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "partitions": self.partitions,
+            "internal": self.internal,
+            "topic_id": str(self.topic_id),
+            "configs": dict(self.configs),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Topic":
+        return cls(
+            name=str(data["name"]),
+            partitions=int(data["partitions"]),
+            configs={str(k): str(v) for k, v in dict(data.get("configs", {})).items()},
+            internal=bool(data.get("internal", False)),
+            topic_id=uuid.UUID(str(data["topic_id"])) if data.get("topic_id") else uuid.uuid4(),
+        )
+
+
+class TopicRegistry:
+    """In-memory map of topics, loaded from and persisted to ``<data_dir>/topics.json``.
+
+    Loop thread for reads and mutations; ``persist`` is blocking (fsync) and belongs in a worker thread.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / REGISTRY_FILE
+        self._topics: dict[str, Topic] = {}
+        self._unified: dict[str, str] = {}
+        self.loaded_from_disk = False
+
+    # --- queries -----------------------------------------------------------------------------------------
+
+    def get(self, name: str) -> Topic | None:
+        return self._topics.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._topics
+
+    def __iter__(self) -> Iterator[Topic]:
+        return iter(list(self._topics.values()))
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    def names(self) -> list[str]:
+        return sorted(self._topics)
+
+    # --- validation ----------------------------------------------------------------------------------------
+
+    def check_new(self, name: str, *, internal: bool = False) -> None:
+        """Raise TopicError when ``name`` cannot be created: illegal, existing, or colliding."""
+        validate_topic_name(name)
+        if name in self._topics:
+            raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        other = self._unified.get(_unify(name))
+        if other is not None:
+            raise TopicError(
+                ErrorCode.invalid_topic_exception,
+                f"Topic '{name}' collides with existing topic: {other}",
+            )
+        if name in INTERNAL_TOPICS and not internal:
+            raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is reserved for internal use")
+
+    # --- mutation ------------------------------------------------------------------------------------------
+
+    def add(self, topic: Topic) -> None:
+        self._topics[topic.name] = topic
+        self._unified[_unify(topic.name)] = topic.name
+
+    def remove(self, name: str) -> Topic | None:
+        topic = self._topics.pop(name, None)
+        if topic is not None:
+            self._unified.pop(_unify(name), None)
+        return topic
+
+    def replace(self, name: str, **changes) -> Topic:
+        topic = replace(self._topics[name], **changes)
+        self._topics[name] = topic
+        return topic
+
+    # --- persistence ---------------------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The file contents for the current state (taken on the loop thread, written off it)."""
+        data = {"version": 1, "topics": [topic.to_json() for topic in self._topics.values()]}
+        return json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+
+    def load(self) -> None:
+        """Read the file if there is one (blocking; at startup).
+
+        Raises:
+            ValueError: the file exists but is not a registry (a corrupt registry is not silently replaced:
+                that would orphan every partition log).
+        """
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            self.loaded_from_disk = False
+            return
+        try:
+            data = json.loads(raw)
+            topics = [Topic.from_json(item) for item in data["topics"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"topic registry {self.path} is corrupt: {exc}") from exc
+        self._topics.clear()
+        self._unified.clear()
+        for topic in topics:
+            self.add(topic)
+        self.loaded_from_disk = True
+
+    def persist(self, contents: bytes | None = None) -> None:
+        """Write ``contents`` (default: a snapshot now). Blocking."""
+        write_atomically(self.path, self.snapshot() if contents is None else contents)
