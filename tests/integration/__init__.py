@@ -1,0 +1,1 @@
+"""Integration tests: real Kafka clients, raw sockets and real broker subprocesses."""

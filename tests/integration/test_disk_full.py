@@ -1,0 +1,100 @@
+"""Disk full: producers get KAFKA_STORAGE_ERROR (56) while fetches go on, the broker stays up, and every
+acknowledged batch is still there after a kill -9 and recovery on the full disk.
+
+The data dir lives on a private 256 MiB tmpfs (a real filesystem that really runs out: posix_fallocate
+and segment creation fail with ENOSPC). Mounting needs root with CAP_SYS_ADMIN; elsewhere the test is
+skipped with the mount error as the reason.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from . import _wire
+from ._clients import DRIVERS
+from .test_raw_protocol import _ensure_topic
+
+pytestmark = pytest.mark.timeout(240)
+
+KAFKA_STORAGE_ERROR = 56
+DISK_MIB = 256
+BATCH_VALUE_BYTES = 100_000
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m", "tmpfs", str(mount_point)],
+        capture_output=True, text=True, timeout=30,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a {DISK_MIB} MiB tmpfs for the full-disk test: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+def _fill(broker, topic: str) -> tuple[int, list[int]]:
+    """Produce 100 KB batches (acks=1) until three refusals; returns (acknowledged records, refusals)."""
+    acknowledged_records = 0
+    errors: list[int] = []
+    with _wire.RawConnection(broker.host, broker.port) as conn:
+        _ensure_topic(conn, topic)
+        for correlation_id in range(1, 4000):
+            batch = _wire.record_batch([bytes([correlation_id % 256]) * BATCH_VALUE_BYTES])
+            error, base_offset = _wire.parse_produce_v3(conn.roundtrip(_wire.produce_v3(correlation_id, topic, 0, batch, acks=1)))
+            if error == 0:
+                assert not errors, "a produce succeeded after the disk filled: the refusals were not about space"
+                assert base_offset == acknowledged_records
+                acknowledged_records += 1
+            else:
+                errors.append(error)
+                if len(errors) >= 3:
+                    break
+    assert acknowledged_records * BATCH_VALUE_BYTES > (DISK_MIB // 4) << 20, acknowledged_records
+    return acknowledged_records, errors
+
+
+def _start(broker_factory, broker_loop, small_disk):
+    # One group-offsets partition: its preallocated segments would otherwise take a good part of the disk.
+    return broker_factory(loop=broker_loop, data_dir=small_disk / "data", config={"offsets.topic.num.partitions": 1})
+
+
+def test_full_disk_refuses_produce_and_serves_fetch(small_disk, broker_factory, broker_loop):
+    broker = _start(broker_factory, broker_loop, small_disk)
+    topic = "fills-the-disk"
+    acknowledged_records, errors = _fill(broker, topic)
+    assert errors == [KAFKA_STORAGE_ERROR] * 3, errors
+    with _wire.RawConnection(broker.host, broker.port) as conn:
+        # Fetches go on, from the start and from the end of the log.
+        first = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(9001, topic, 0, 0)))
+        assert first.error_code == 0 and first.high_watermark == acknowledged_records
+        assert _wire.batch_headers(first.records)[0].base_offset == 0
+        last = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(9002, topic, 0, acknowledged_records - 1)))
+        assert [h.base_offset for h in _wire.batch_headers(last.records)] == [acknowledged_records - 1]
+    _wire.health_check(broker.host, broker.port)
+    tail = DRIVERS["kafka-python"].consume(broker.bootstrap, topic, 0, acknowledged_records - 2, 2)
+    assert [c.offset for c in tail] == [acknowledged_records - 2, acknowledged_records - 1]
+    assert tail[-1].rec.value == bytes([acknowledged_records % 256]) * BATCH_VALUE_BYTES
+
+
+def test_kill_on_full_disk_then_restart_serves_every_acknowledged_batch(small_disk, broker_factory, broker_loop):
+    """Recovery needs no new space (it only truncates and rebuilds), so a broker killed on a full disk must
+    come back and serve what it acknowledged, refusing new produce with KAFKA_STORAGE_ERROR as before."""
+    broker = _start(broker_factory, broker_loop, small_disk)
+    topic = "fills-the-disk"
+    acknowledged_records, _ = _fill(broker, topic)
+    broker.restart("kill")
+    with _wire.RawConnection(broker.host, broker.port) as conn:
+        last = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(9003, topic, 0, acknowledged_records - 1)))
+        assert last.error_code == 0 and last.high_watermark == acknowledged_records
+        assert [h.base_offset for h in _wire.batch_headers(last.records)] == [acknowledged_records - 1]
+        batch = _wire.record_batch([b"z" * BATCH_VALUE_BYTES])
+        error, _ = _wire.parse_produce_v3(conn.roundtrip(_wire.produce_v3(9004, topic, 0, batch, acks=1)))
+        assert error in (0, KAFKA_STORAGE_ERROR)
