@@ -1,0 +1,265 @@
+"""The storage engine's own figures: mmap appends vs os.write, appends after a roll, recovery time.
+
+What is measured, on this machine, through the real ``broker.storage`` API (PartitionLog.append: real
+RecordBatch v2 bytes, offsets assigned by rewriting each batch's baseOffset in the map):
+
+1. Append throughput for batches of 1 KiB, 16 KiB, 256 KiB and 1 MiB into a warm active segment, against
+   the same bytes written with plain ``os.write`` to a fresh file (Kafka's FileChannel append path).
+   Ratio ``append_vs_write`` (1 MiB): target >= 1.0.
+2. Appends right after a roll vs appends into warm pages (1 MiB batches, just under half a segment each). The next segment is created,
+   posix_fallocate'd and pre-faulted (MADV_POPULATE_WRITE) on the warm thread while the active one fills;
+   the roll takes it. Ratio ``after_roll_vs_warm``: target >= 0.8 (a cold sparse map ran at ~0.35 GB/s
+   here, a warmed one at ~6.7 GB/s: the warm-up is the whole game). A "burst" row rolls without waiting
+   for the warm-up to finish (appends racing the pre-faulting), the worst case.
+3. Restart time with one full segment: unclean (CRC-32C rescan of every batch, index rebuild) vs clean.
+
+Append figures are medians of several runs; the roll rows come from the run with the median after/warm
+ratio (the machine is shared and noisy: compare ratios within one run, not absolute figures across runs).
+Rows: ``test, batch_bytes, method, mb_per_s, p99_us, max_us``; side table: recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks._harness import Benchmark, percentile
+from broker.storage import LogConfig, LogManager
+from client.protocol.records import RECORD_BATCH_OVERHEAD
+
+KIB, MIB = 1 << 10, 1 << 20
+BATCH_SIZES = (1 * KIB, 16 * KIB, 256 * KIB, 1 * MIB)
+
+
+def make_batch(total_bytes: int) -> bytes:
+    """One v2 batch of about ``total_bytes`` holding a single record (kafka-python's builder: real bytes)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    value = os.urandom(max(1, total_bytes - RECORD_BATCH_OVERHEAD - 12))
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 30)
+    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def open_log(directory: Path, segment_bytes: int):
+    config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)
+    manager = LogManager(directory, default_config=config, background_interval_ms=None)
+    manager.startup()
+    return manager, manager.create_log("bench", 0, config)
+
+
+def timed_appends(partition_log, batch: bytes, count: int) -> tuple[float, list[float]]:
+    """Append ``batch`` ``count`` times; returns (seconds, per-call microseconds)."""
+    latencies = []
+    clock = time.perf_counter_ns
+    started = time.perf_counter()
+    for _ in range(count):
+        before = clock()
+        partition_log.append(batch)
+        latencies.append((clock() - before) / 1000)
+    return time.perf_counter() - started, latencies
+
+
+def measure_append(scratch: Path, batch: bytes, segment_bytes: int) -> tuple[float, float, float]:
+    """MB/s of appends filling ~90% of one warm segment; (mb_per_s, p99_us, max_us)."""
+    manager, partition_log = open_log(scratch / "append", segment_bytes)
+    try:
+        partition_log.wait_warm(60)
+        count = max(1, int(segment_bytes * 0.9) // len(batch))
+        # At this rate the next segment's preparation starts at half full and runs on the warm thread during
+        # the second half of the timed loop, as it would on a busy broker.
+        seconds, latencies = timed_appends(partition_log, batch, count)
+        assert partition_log.stats["rolls"] == 0
+        return count * len(batch) / seconds / 1e6, percentile(latencies, 99), max(latencies)
+    finally:
+        manager.shutdown()
+        _remove(scratch / "append")
+
+
+def measure_write(scratch: Path, batch: bytes, segment_bytes: int) -> tuple[float, float, float]:
+    """The same bytes through os.write to a fresh file."""
+    path = scratch / "plain.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    count = max(1, int(segment_bytes * 0.9) // len(batch))
+    latencies = []
+    clock = time.perf_counter_ns
+    try:
+        started = time.perf_counter()
+        for _ in range(count):
+            before = clock()
+            os.write(fd, batch)
+            latencies.append((clock() - before) / 1000)
+        seconds = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return count * len(batch) / seconds / 1e6, percentile(latencies, 99), max(latencies)
+
+
+def measure_roll(scratch: Path, batch: bytes, segment_bytes: int, *, wait_for_warm_up: bool) -> dict:
+    """Fill most of a warm segment, roll into the prepared one, and time the same number of appends on each
+    side of the roll."""
+    manager, partition_log = open_log(scratch / "roll", segment_bytes)
+    try:
+        partition_log.wait_warm(60)
+        per_segment = segment_bytes // len(batch)
+        # Just under half a segment each side: a roll costs ~0.1-0.4 ms of loop time (handing work to the io
+        # thread), which a short window would magnify; and the new segment stays below half full, so its own
+        # successor's warm-up does not start inside the window.
+        window = max(1, per_segment // 2 - 2)
+        # Half the segment: the next segment's preparation starts (past half full, and the fill rate puts the
+        # roll within the preparation horizon); the warmed case waits for it to finish, the burst case not.
+        timed_appends(partition_log, batch, per_segment // 2 + 1)
+        if wait_for_warm_up:
+            partition_log.wait_warm(60)
+        # The last `window` appends of the segment (warm pages), then the roll and `window` more.
+        timed_appends(partition_log, batch, per_segment - per_segment // 2 - 1 - window)
+        warm_s, warm_latencies = timed_appends(partition_log, batch, window)
+        rolls = partition_log.stats["rolls"]
+        after_s, after_latencies = timed_appends(partition_log, batch, window)
+        assert partition_log.stats["rolls"] == rolls + 1, "the timed window must start with a roll"
+        return {
+            "warm": (window * len(batch) / warm_s / 1e6, percentile(warm_latencies, 99), max(warm_latencies)),
+            "after": (window * len(batch) / after_s / 1e6, percentile(after_latencies, 99), max(after_latencies)),
+            "unprepared": partition_log.stats["rolls_unprepared"],
+        }
+    finally:
+        manager.shutdown()
+        _remove(scratch / "roll")
+
+
+def measure_recovery(scratch: Path, segment_bytes: int) -> dict:
+    """Restart after a crash (abandon) and after a clean shutdown, with one full segment of 16 KiB batches."""
+    directory = scratch / "recovery"
+    manager, partition_log = open_log(directory, segment_bytes)
+    batch = make_batch(16 * KIB)
+    count = segment_bytes // len(batch) - 1
+    for _ in range(count):
+        partition_log.append(batch)
+    data_bytes = partition_log.size_bytes
+    manager.abandon()
+    config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)
+    manager = LogManager(directory, default_config=config, background_interval_ms=None)
+    manager.startup()
+    unclean = dict(manager.startup_stats)
+    assert manager.get_log("bench", 0).log_end_offset == count and not unclean["clean"]
+    manager.shutdown()
+    manager = LogManager(directory, default_config=config, background_interval_ms=None)
+    manager.startup()
+    clean = dict(manager.startup_stats)
+    manager.shutdown()
+    _remove(directory)
+    return {"data_bytes": data_bytes, "batches": count, "unclean_s": unclean["seconds"], "clean_s": clean["seconds"],
+            "rescanned_bytes": unclean["bytes_rescanned"]}
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv=None) -> None:
+    logging.getLogger("copyless.storage").setLevel(logging.ERROR)
+    bench = Benchmark("storage", "mmap log appends vs os.write, appends after a roll, recovery time", argv)
+    segment_bytes = bench.pick(1 << 30, 128 * MIB, 8 * MIB)
+    runs = bench.pick(5, 3, 1)
+    # The roll windows are short (a quarter segment each side), so a scheduler hiccup on this shared machine
+    # moves one run a lot: take more runs and the median of the per-run ratios.
+    roll_runs = bench.pick(7, 5, 1)
+    # A fresh log preallocates its segment and the next one; the plain file is as big.
+    scale = bench.disk_scale(3 * segment_bytes, what="two preallocated segments and a plain file")
+    if scale < 1.0:
+        segment_bytes = max(8 * MIB, int(segment_bytes * scale) // MIB * MIB)
+    bench.note(f"segment_bytes = {segment_bytes // MIB} MiB; medians of {runs} run(s) ({roll_runs} for the roll)")
+    if bench.tiny:
+        bench.note("tiny mode: each window is a few appends, so the ratios only prove the code path runs")
+    batches = {size: make_batch(size) for size in BATCH_SIZES}
+    medians: dict[tuple[str, int], tuple[float, float, float]] = {}
+
+    def median_of(results):
+        return tuple(statistics.median(r[i] for r in results) for i in range(3))
+
+    steps = len(BATCH_SIZES) * 2 * runs + 2 * roll_runs + 1
+    with bench.scratch_dir() as scratch, bench.progress(steps, "steps") as bar:
+        for size, batch in batches.items():
+            append_results, write_results = [], []
+            for _ in range(runs):
+                # Alternate so drift on a shared machine hits both methods alike.
+                append_results.append(measure_append(scratch, batch, segment_bytes))
+                bar.advance()
+                write_results.append(measure_write(scratch, batch, segment_bytes))
+                bar.advance()
+            medians[("append", size)] = median_of(append_results)
+            medians[("write", size)] = median_of(write_results)
+            for method, key in (("PartitionLog.append (mmap)", "append"), ("os.write (fresh file)", "write")):
+                mb_per_s, p99_us, max_us = medians[(key, size)]
+                bench.row(test="append", batch_bytes=len(batch), method=method, mb_per_s=round(mb_per_s, 1),
+                          p99_us=round(p99_us, 1), max_us=round(max_us, 1))
+        roll_results = {True: [], False: []}
+        unprepared = 0
+        for _ in range(roll_runs):
+            for wait in (True, False):
+                result = measure_roll(scratch, batches[MIB], segment_bytes, wait_for_warm_up=wait)
+                roll_results[wait].append(result)
+                unprepared += result["unprepared"]
+                bar.advance()
+        # The rows show the run whose after/warm ratio is the median one, so the table and the ratio agree
+        # (independent medians of each column would pair figures from different runs).
+        def median_run(results):
+            ordered = sorted(results, key=lambda r: r["after"][0] / r["warm"][0])
+            return ordered[len(ordered) // 2]
+
+        warmed_run, burst_run = median_run(roll_results[True]), median_run(roll_results[False])
+        warm, after, burst = warmed_run["warm"], warmed_run["after"], burst_run["after"]
+        for method, figures in (("warm pages (before the roll)", warm),
+                                ("after roll, next segment warmed", after),
+                                ("after roll, burst (warm-up racing)", burst)):
+            bench.row(test="roll", batch_bytes=len(batches[MIB]), method=method, mb_per_s=round(figures[0], 1),
+                      p99_us=round(figures[1], 1), max_us=round(figures[2], 1))
+        if unprepared:
+            bench.note(f"{unprepared} roll(s) found no prepared segment and preallocated on the append path")
+        recovery = measure_recovery(scratch, segment_bytes)
+        bar.advance()
+    bench.table("restart with one full segment", [
+        {"restart": "unclean (CRC rescan + index rebuild)", "segment_mb": round(recovery["data_bytes"] / MIB, 1),
+         "batches": recovery["batches"], "seconds": round(recovery["unclean_s"], 3),
+         "mb_per_s": round(recovery["rescanned_bytes"] / max(recovery["unclean_s"], 1e-9) / 1e6, 1)},
+        {"restart": "clean (marker present)", "segment_mb": round(recovery["data_bytes"] / MIB, 1),
+         "batches": recovery["batches"], "seconds": round(recovery["clean_s"], 3), "mb_per_s": None},
+    ], columns=["restart", "segment_mb", "batches", "seconds", "mb_per_s"])
+    ratios = {
+        "append_vs_write": round(medians[("append", MIB)][0] / medians[("write", MIB)][0], 3),
+        "after_roll_vs_warm": round(after[0] / warm[0], 3),
+        "after_roll_burst_vs_warm": round(burst[0] / burst_run["warm"][0], 3),
+        "after_roll_vs_warm_runs": sorted(round(r["after"][0] / r["warm"][0], 3) for r in roll_results[True]),
+        "targets": {"append_vs_write": 1.0, "after_roll_vs_warm": 0.8},
+    }
+
+    def chart(fig) -> None:
+        left, right = fig.subplots(1, 2)
+        labels = [f"{size // KIB} KiB" for size in BATCH_SIZES]
+        positions = range(len(BATCH_SIZES))
+        left.bar([p - 0.2 for p in positions], [medians[("append", s)][0] for s in BATCH_SIZES], 0.4,
+                 label="PartitionLog.append (mmap)")
+        left.bar([p + 0.2 for p in positions], [medians[("write", s)][0] for s in BATCH_SIZES], 0.4,
+                 label="os.write")
+        left.set_xticks(list(positions), labels)
+        left.set_ylabel("MB/s")
+        left.set_title("append throughput by batch size")
+        left.legend()
+        names = ["warm", "after roll\n(warmed)", "after roll\n(burst)"]
+        right.bar(names, [warm[0], after[0], burst[0]], color=["tab:blue", "tab:green", "tab:orange"])
+        right.set_ylabel("MB/s (1 MiB batches)")
+        right.set_title(f"roll: after/warm = {ratios['after_roll_vs_warm']}")
+
+    bench.finish(ratios=ratios, extra={"segment_bytes": segment_bytes, "recovery": recovery}, chart=chart,
+                 columns=["test", "batch_bytes", "method", "mb_per_s", "p99_us", "max_us"])
+
+
+if __name__ == "__main__":
+    main()

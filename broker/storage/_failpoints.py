@@ -1,0 +1,40 @@
+"""Named crash points for the kill -9 tests.
+
+When the environment variable ``COPYLESS_FAILPOINT`` names a point, the process SIGKILLs itself the moment it
+reaches it: the files are left exactly as a crash at that step leaves them. ``COPYLESS_FAILPOINT_SKIP=N``
+lets the first N hits pass (to crash on, say, the third roll). Unset, a failpoint costs one comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_ARMED = os.environ.get("COPYLESS_FAILPOINT") or None
+_skip = int(os.environ.get("COPYLESS_FAILPOINT_SKIP", "0") or 0)
+
+# Every point, in protocol order; the crash tests iterate over this tuple.
+POINTS = (
+    "roll.before_rename",  # next segment taken at a roll, no batch in it yet, nothing renamed
+    "roll.after_log_rename",  # io thread: new .log has its name; its indexes still carry the prepared names
+    "roll.after_index_rename",  # io thread: new segment named, old one not yet sealed on disk
+    "seal.after_unmap",  # old segment unmapped, still full length (zero tail)
+    "seal.after_trim",  # old segment trimmed, not yet fdatasync'ed
+    "checkpoint.after_tmp_write",  # checkpoint .tmp written, not fsynced
+    "checkpoint.before_rename",  # .tmp fsynced
+    "checkpoint.after_rename",  # renamed, directory not yet fsynced
+    "retention.after_log_start",  # log start moved in memory, files untouched
+    "retention.after_rename",  # one segment renamed to .deleted
+    "retention.before_unlink",  # .deleted files about to be removed
+)
+
+
+def failpoint(name: str) -> None:
+    """SIGKILL this process if ``name`` is the armed failpoint (after the configured number of skips)."""
+    global _skip
+    if _ARMED is None or _ARMED != name:
+        return
+    if _skip > 0:
+        _skip -= 1
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

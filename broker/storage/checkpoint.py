@@ -1,0 +1,101 @@
+"""Durable small files: the recovery-point checkpoint and the clean-shutdown marker.
+
+Checkpoint format (Kafka's ``CheckpointFile``, text, one entry per line)::
+
+    0                       version
+    <count>
+    <topic> <partition> <offset>
+    ...
+
+Written as Kafka does: ``<file>.tmp`` is written and fsynced, renamed over ``<file>``, then the directory is
+fsynced so the rename itself survives a power cut. A reader therefore sees either the old file or the new
+one, never a torn one; a leftover ``.tmp`` is ignored. An unreadable checkpoint is treated as absent (every
+log then recovers from offset 0: slower, never wrong).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ._failpoints import failpoint
+
+__all__ = ["write_checkpoint", "read_checkpoint", "fsync_directory", "write_marker", "remove_marker"]
+
+log = logging.getLogger("copyless.storage")
+_VERSION = 0
+
+
+def fsync_directory(directory) -> None:
+    """fsync a directory so renames and unlinks in it are durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
+    """Atomically replace ``path`` with ``entries``. Blocking (fsync x2): worker thread or shutdown only."""
+    tmp = path.with_name(path.name + ".tmp")
+    lines = [str(_VERSION), str(len(entries))]
+    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(entries.items())]
+    data = ("\n".join(lines) + "\n").encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        failpoint("checkpoint.after_tmp_write")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    failpoint("checkpoint.before_rename")
+    os.replace(tmp, path)
+    failpoint("checkpoint.after_rename")
+    fsync_directory(path.parent)
+
+
+def read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    """The entries of ``path``; {} when missing or malformed (logged)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    try:
+        lines = text.splitlines()
+        if int(lines[0]) != _VERSION:
+            raise ValueError(f"version {lines[0]}")
+        count = int(lines[1])
+        entries = {}
+        for line in lines[2 : 2 + count]:
+            topic, partition, offset = line.rsplit(" ", 2)
+            entries[(topic, int(partition))] = int(offset)
+        if len(entries) != count:
+            raise ValueError(f"{len(entries)} entries, header says {count}")
+        return entries
+    except (ValueError, IndexError) as exc:
+        log.warning("ignoring malformed checkpoint %s: %s", path, exc)
+        return {}
+
+
+def write_marker(path: Path) -> None:
+    """Create ``path`` durably (file fsync + directory fsync)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_directory(path.parent)
+
+
+def remove_marker(path: Path) -> bool:
+    """Remove ``path`` durably; True if it existed. The directory fsync matters: a marker that reappears
+    after a power cut would make the next start skip recovery of a log that was never shut down cleanly."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    fsync_directory(path.parent)
+    return True

@@ -1,0 +1,66 @@
+"""Storage errors: one type for every OS-level failure, one for offsets outside the log.
+
+``StorageError`` maps to KAFKA_STORAGE_ERROR (56); it carries the path, the errno and the numbers that
+explain it (bytes needed, bytes free). ``OffsetOutOfRangeError`` maps to OFFSET_OUT_OF_RANGE (1) and is
+deliberately *not* a StorageError: a consumer asking for a deleted offset is not a broken disk.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+__all__ = ["StorageError", "OffsetOutOfRangeError", "free_bytes", "storage_error_from"]
+
+
+class StorageError(Exception):
+    """An I/O failure in the log (ENOSPC, EDQUOT, EIO, ...). Appends fail; reads keep working.
+
+    Attributes:
+        path: the file or directory involved.
+        errno: the OS errno, or None for a storage invariant violation.
+        numbers: a dict of the figures behind the error (e.g. ``bytes_needed``, ``bytes_free``).
+    """
+
+    def __init__(self, message: str, *, path=None, errno: int | None = None, **numbers) -> None:
+        details = ", ".join(f"{key}={value}" for key, value in numbers.items())
+        where = f" [{path}]" if path is not None else ""
+        super().__init__(f"{message}{where}" + (f" ({details})" if details else ""))
+        self.path = None if path is None else os.fspath(path)
+        self.errno = errno
+        self.numbers = numbers
+
+    @property
+    def is_disk_full(self) -> bool:
+        return self.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG)
+
+
+class OffsetOutOfRangeError(Exception):
+    """``offset`` lies outside [log_start_offset, log_end_offset]."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int, where: str = "") -> None:
+        super().__init__(
+            f"offset {offset} out of range [{log_start_offset}, {log_end_offset}]" + (f" of {where}" if where else "")
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+def free_bytes(path) -> int | None:
+    """Bytes available to this user on the filesystem holding ``path`` (None if statvfs fails)."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def storage_error_from(exc: OSError, action: str, path, **numbers) -> StorageError:
+    """Wrap an OSError from ``action`` on ``path``; disk-full errors also report the free bytes."""
+    if exc.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG):
+        numbers.setdefault("bytes_free", free_bytes(os.path.dirname(os.fspath(path)) or "."))
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    error = StorageError(f"{action} failed: {reason}", path=path, errno=exc.errno, **numbers)
+    error.__cause__ = exc
+    return error

@@ -1,0 +1,76 @@
+"""File and directory names of the log, as Kafka's ``LogFileUtils``.
+
+    <data_dir>/<topic>-<partition>/                       one directory per partition
+        00000000000000000000.log                          RecordBatch v2 bytes, exactly as on the wire
+        00000000000000000000.index                        sparse offset index (8-byte entries)
+        00000000000000000000.timeindex                    sparse time index (12-byte entries)
+        *.deleted                                         retired by retention, removed once unpinned
+        prepared-<n>.log / .index / .timeindex            the next segment, preallocated and warmed ahead
+                                                          of a roll; renamed to its base offset by the io
+                                                          thread just after the roll (start-up adopts one
+                                                          that already holds batches, removes the others)
+    <data_dir>/<topic>-<partition>.<token>-delete/        a deleted partition, removed in the background
+    <data_dir>/recovery-point-offset-checkpoint           see checkpoint.py
+    <data_dir>/.copyless_cleanshutdown                    present only after a clean shutdown
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"
+DELETE_DIR_SUFFIX = "-delete"
+PREPARED_PREFIX = "prepared"
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+CLEAN_SHUTDOWN_MARKER = ".copyless_cleanshutdown"
+LOCK_FILE = ".lock"
+
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+
+
+def prefix_from_offset(offset: int) -> str:
+    """Base offset zero-padded to 20 digits (Kafka ``filenamePrefixFromOffset``): names sort as offsets."""
+    return f"{offset:020d}"
+
+
+def log_path(directory: Path, base_offset: int) -> Path:
+    return directory / (prefix_from_offset(base_offset) + LOG_SUFFIX)
+
+
+def index_path(directory: Path, base_offset: int) -> Path:
+    return directory / (prefix_from_offset(base_offset) + INDEX_SUFFIX)
+
+
+def time_index_path(directory: Path, base_offset: int) -> Path:
+    return directory / (prefix_from_offset(base_offset) + TIME_INDEX_SUFFIX)
+
+
+def segment_paths(directory: Path, base_offset: int) -> tuple[Path, Path, Path]:
+    return log_path(directory, base_offset), index_path(directory, base_offset), time_index_path(directory, base_offset)
+
+
+def parse_segment_file(name: str) -> tuple[int, str] | None:
+    """``(base_offset, kind)`` for a segment file name, kind in {"log", "index", "timeindex"}; else None."""
+    match = _SEGMENT_FILE.match(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2)
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir(name: str) -> tuple[str, int] | None:
+    """``(topic, partition)`` for a live partition directory name, None for anything else."""
+    if name.endswith(DELETE_DIR_SUFFIX) or name.startswith("."):
+        return None
+    match = _PARTITION_DIR.match(name)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2))

@@ -1,0 +1,226 @@
+"""OffsetIndex and TimeIndex: the sparse index files of a segment (file layer; search math in index_search).
+
+Formats (big-endian, no header, no checksum: Kafka's ``OffsetIndex``/``TimeIndex``)::
+
+    .index      entry = relative_offset u32 | position u32           8 bytes
+    .timeindex  entry = timestamp_ms i64 | relative_offset u32       12 bytes
+
+One offset entry is added per ``index_interval_bytes`` of log (4096 by default) and points at a batch start;
+a time entry is added alongside when the segment's largest timestamp grew. Relative offset = offset -
+segment base offset.
+
+Lifecycle. An active index file is preallocated to ``segment_index_bytes`` (rounded down to whole entries)
+and mapped read-write; appends are a ``pack_into`` on the map (no syscall). Sealing swaps readers onto a
+read-only map of the used prefix, unmaps the writable map and trims the file to its entries (worker
+thread). Sealed indexes are mapped lazily on first lookup (Kafka's ``LazyIndex``: start-up time with many
+segments). Indexes are never trusted after a crash: recovery rebuilds them from the log.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from . import index_search
+from ._fileops import preallocate
+
+__all__ = ["SparseIndex", "OffsetIndex", "TimeIndex"]
+
+
+class SparseIndex:
+    """A file of fixed-size entries, append-only while active. Loop thread: append, lookups. Worker: trim."""
+
+    entry = index_search.OFFSET_ENTRY
+
+    def __init__(self, path: Path, fd: int, entries: int, max_entries: int, writable_map: mmap.mmap | None) -> None:
+        self.path = path
+        self.fd = fd
+        self.entries = entries
+        self.max_entries = max_entries
+        self._writable_map = writable_map
+        # What lookups read: the writable map while active, a read-only map (or b"") once sealed, None until
+        # a sealed index is first used.
+        self._data = writable_map
+
+    # --- construction (worker thread or start-up) ---------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: Path, max_index_bytes: int):
+        """A new, empty, preallocated and mapped index at ``path`` (replacing any file there)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            index = cls(path, fd, 0, 0, None)
+            index.make_writable(max_index_bytes)
+            return index
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def open_existing(cls, path: Path):
+        """Open a sealed (trimmed) index; a missing file opens as an empty one."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        entries = size // cls.entry.size
+        return cls(path, fd, entries, entries, None)
+
+    def make_writable(self, max_index_bytes: int) -> None:
+        """Preallocate to the maximum size and map read-write (the active segment's index)."""
+        length = max(self.entry.size, max_index_bytes - max_index_bytes % self.entry.size)
+        used = self.entries * self.entry.size
+        if length < used:
+            length = used
+        preallocate(self.fd, length)
+        region = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.max_entries = length // self.entry.size
+        previous, self._data = self._data, region
+        self._writable_map = region
+        if isinstance(previous, mmap.mmap):
+            previous.close()
+
+    def reset(self, max_index_bytes: int) -> None:
+        """Drop every entry (recovery rebuild): unmap, truncate to 0, preallocate and map again."""
+        self._release_maps()
+        os.ftruncate(self.fd, 0)
+        self.entries = 0
+        self.make_writable(max_index_bytes)
+
+    # --- loop thread ----------------------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return self._writable_map is not None
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    def _append(self, a: int, b: int) -> None:
+        self.entry.pack_into(self._writable_map, self.entries * self.entry.size, a, b)
+        self.entries += 1
+
+    def data(self):
+        """The buffer lookups read (mapping a sealed index on first use)."""
+        data = self._data
+        if data is None:
+            length = self.entries * self.entry.size
+            data = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ) if length else b""
+            self._data = data
+        return data
+
+    def _search(self, function, *args):
+        # A seal on a worker thread may close the writable map between our read of self._data and the search
+        # (the GIL can switch between bytecodes); CPython then raises ValueError, and the fresh map works.
+        for _ in range(3):
+            data = self.data()
+            try:
+                return function(data, self.entries, *args)
+            except ValueError:
+                if data is self._data:
+                    raise
+        return function(self.data(), self.entries, *args)
+
+    def seal_readers(self) -> None:
+        """Point lookups at a read-only map of the used entries (worker thread, before trim)."""
+        length = self.entries * self.entry.size
+        previous = self._data
+        self._data = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ) if length else b""
+        self.max_entries = self.entries
+        writable, self._writable_map = self._writable_map, None
+        for region in {id(r): r for r in (writable, previous) if isinstance(r, mmap.mmap)}.values():
+            region.close()
+
+    def trim(self) -> None:
+        """Cut the preallocated tail (worker thread; after seal_readers, so nothing maps the tail)."""
+        os.ftruncate(self.fd, self.entries * self.entry.size)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def rename(self, path: Path) -> None:
+        os.rename(self.path, path)
+        self.path = path
+
+    def _release_maps(self) -> None:
+        for region in (self._writable_map, self._data):
+            if isinstance(region, mmap.mmap):
+                region.close()
+        self._writable_map = None
+        self._data = None
+
+    def close(self) -> None:
+        self._release_maps()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class OffsetIndex(SparseIndex):
+    """relative_offset u32 | position u32."""
+
+    entry = index_search.OFFSET_ENTRY
+
+    def last_relative_offset(self) -> int:
+        return index_search.offset_entry(self.data(), self.entries - 1)[0] if self.entries else -1
+
+    def maybe_append(self, relative_offset: int, position: int) -> None:
+        """Add an entry unless full or not strictly after the last one (a sparse index may skip entries)."""
+        if self.entries < self.max_entries and (self.entries == 0 or relative_offset > self.last_relative_offset()):
+            self._append(relative_offset, position)
+
+    def floor_position(self, relative_offset: int) -> tuple[int, int]:
+        """``(relative_offset, position)`` of the last entry <= ``relative_offset``; (0, 0) if none."""
+
+        def lookup(data, entries, target):
+            slot = index_search.floor_offset_slot(data, entries, target)
+            return (0, 0) if slot < 0 else index_search.offset_entry(data, slot)
+
+        return self._search(lookup, relative_offset)
+
+    def sane(self, next_relative_offset: int, size_bytes: int) -> bool:
+        """O(1) check of a trusted index (Kafka's ``sanityCheck``): the last entry lies inside the segment."""
+        if self.entries == 0:
+            return True
+        relative_offset, position = index_search.offset_entry(self.data(), self.entries - 1)
+        return relative_offset < max(next_relative_offset, 1) and position < max(size_bytes, 1)
+
+
+class TimeIndex(SparseIndex):
+    """timestamp_ms i64 | relative_offset u32."""
+
+    entry = index_search.TIME_ENTRY
+
+    def last_entry(self) -> tuple[int, int] | None:
+        return index_search.time_entry(self.data(), self.entries - 1) if self.entries else None
+
+    @property
+    def is_full(self) -> bool:
+        # The last slot is reserved for the entry written when the segment is sealed (Kafka's TimeIndex does
+        # the same): that entry records the segment's largest timestamp, which a clean restart reads back.
+        return self.entries >= self.max_entries - 1
+
+    def maybe_append(self, timestamp_ms: int, relative_offset: int, *, final: bool = False) -> None:
+        """Add an entry when the timestamp grew past the last entry (timestamps strictly increase). Only the
+        ``final`` entry (at seal) may take the reserved last slot."""
+        if self.entries >= (self.max_entries if final else self.max_entries - 1):
+            return
+        if self.entries:
+            last_timestamp, last_relative_offset = index_search.time_entry(self.data(), self.entries - 1)
+            if timestamp_ms <= last_timestamp or relative_offset < last_relative_offset:
+                return
+        self._append(timestamp_ms, relative_offset)
+
+    def floor_below(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """``(timestamp, relative_offset)`` of the last entry with timestamp < ``timestamp_ms``; None if none."""
+
+        def lookup(data, entries, target):
+            slot = index_search.floor_timestamp_slot(data, entries, target)
+            return None if slot < 0 else index_search.time_entry(data, slot)
+
+        return self._search(lookup, timestamp_ms)
+
+    def sane(self, next_relative_offset: int) -> bool:
+        """O(1) check of a trusted index: the last entry names an offset inside the segment."""
+        last = self.last_entry()
+        return last is None or last[1] < max(next_relative_offset, 1)

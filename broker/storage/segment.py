@@ -1,0 +1,661 @@
+"""Segment: one ``.log`` file of RecordBatch v2 bytes plus its ``.index`` and ``.timeindex`` (file layer).
+
+On disk the ``.log`` is the concatenation of batches exactly as they travel on the wire (see
+``client/protocol/records.py`` for the 61-byte header), so a fetch can sendfile a byte range of it. The first
+batch's baseOffset equals the segment's base offset (its file name) and every batch's baseOffset equals the
+previous batch's last offset + 1. A batch never straddles two segments.
+
+Positions, in bytes from the start of the file, kept per segment (RocketMQ's ``MappedFile``)::
+
+    flushed_position <= committed_position <= written_position <= capacity_bytes
+    fdatasync'ed        visible to readers     copied into the map   preallocated length
+
+The active segment is preallocated (``posix_fallocate``) to ``segment_bytes`` and mapped once; appends are a
+memcpy into the map plus in-place header rewrites. Reads never touch the map: they hand out
+``(fd, position, length)`` regions and scan headers with ``os.pread`` (coherent with the map: one page cache).
+Sealing (at a roll) unmaps, trims the preallocated zero tail and fdatasyncs, on a worker thread.
+
+A crash leaves the active file at full length with a zero (or torn) tail; recovery rescans batches with
+their CRC-32C, stops at the first bad one, truncates there (the file is not mapped during recovery: truncating
+a mapped file and touching the lost pages is SIGBUS) and rebuilds both indexes.
+
+Pinning (RocketMQ ``ReferenceResource``): every handed-out FileSlice pins its segment; a segment retired by
+retention closes its fd and unlinks its files only once the pin count is zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from client.protocol.records import (
+    LOG_OVERHEAD,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    InvalidBatchError,
+    batch_size_at,
+    read_header,
+    set_base_offset,
+    set_leader_epoch,
+    set_log_append_time,
+    validate_batch,
+)
+
+from . import filenames
+from ._failpoints import failpoint
+from ._fileops import populate, preallocate
+from .index import OffsetIndex, TimeIndex
+
+__all__ = ["Segment", "PreparedSegment", "scan_headers", "RecoveryOutcome"]
+
+log = logging.getLogger("copyless.storage")
+
+# Header scans read this much per pread. A read starts at the sparse index entry at or below the target,
+# at most ~index_interval_bytes (4 KiB) before it, so 8 KiB usually covers the whole scan in one syscall
+# (~40 headers of 100-byte batches; a pread per 61-byte header would cost ~1.5 us each). Bigger windows
+# would only copy more record bytes into Python memory for nothing: the fetch itself never copies them
+# (sendfile), and with 1 MiB batches each header costs one small pread either way.
+SCAN_CHUNK_BYTES = 8 << 10
+# Recovery reads whole batches for their CRC: 8 MiB per pread (GIL released) keeps syscalls rare.
+RECOVERY_CHUNK_BYTES = 8 << 20
+_MIN_BATCH_BYTES = RECORD_BATCH_OVERHEAD
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each complete batch in [start, end) of ``fd`` (no CRC checks).
+
+    Stops at the first torn or nonsensical header (zeros, a length past ``end``). Touches disk (pread).
+    """
+    buffer = b""
+    buffer_start = start
+    position = start
+    while end - position >= _MIN_BATCH_BYTES:
+        relative = position - buffer_start
+        if relative < 0 or relative + RECORD_BATCH_OVERHEAD > len(buffer):
+            buffer = os.pread(fd, min(SCAN_CHUNK_BYTES, end - position), position)
+            buffer_start = position
+            relative = 0
+            if len(buffer) < RECORD_BATCH_OVERHEAD:
+                return
+        header = read_header(buffer, relative)
+        if header.batch_length < RECORD_BATCH_OVERHEAD - LOG_OVERHEAD or header.size > end - position:
+            return
+        yield position, header
+        position += header.size
+
+
+@dataclass
+class RecoveryOutcome:
+    """What a recovery scan of one segment found."""
+
+    valid_bytes: int
+    discarded_bytes: int
+    batches: int
+    stop_reason: str | None  # None when the scan reached the end of the file
+
+
+class PreparedSegment:
+    """The next segment, created and warmed ahead of a roll under a temporary name (worker thread).
+
+    ``ready`` is set once the files exist, are preallocated and mapped: from then on a roll may take it even
+    while pre-faulting is still running (the warm-up then races the appends harmlessly).
+    """
+
+    def __init__(self, directory: Path, name: str, segment_bytes: int, index_bytes: int) -> None:
+        self.directory = directory
+        self.name = name
+        self.segment_bytes = segment_bytes
+        self.index_bytes = index_bytes
+        self.log_path = directory / f"{name}{filenames.LOG_SUFFIX}"
+        self.index_path = directory / f"{name}{filenames.INDEX_SUFFIX}"
+        self.time_index_path = directory / f"{name}{filenames.TIME_INDEX_SUFFIX}"
+        self.fd = -1
+        self.map: mmap.mmap | None = None
+        self.offset_index: OffsetIndex | None = None
+        self.time_index: TimeIndex | None = None
+        self.ready = threading.Event()
+        self.warm_done = threading.Event()
+        self.stop_warm = False
+        self.taken = False
+        self.warm_method = ""
+        self.create_seconds = 0.0
+        self.warm_seconds = 0.0
+
+    def create(self) -> None:
+        """Create, preallocate and map the three files. Blocking (fallocate): worker thread normally."""
+        started = time.perf_counter()
+        fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            preallocate(fd, self.segment_bytes)
+            region = mmap.mmap(fd, self.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                offset_index = OffsetIndex.create(self.index_path, self.index_bytes)
+                try:
+                    time_index = TimeIndex.create(self.time_index_path, self.index_bytes)
+                except BaseException:
+                    offset_index.close()
+                    raise
+            except BaseException:
+                region.close()
+                raise
+        except BaseException:
+            os.close(fd)
+            self.remove_files()
+            raise
+        self.fd, self.map, self.offset_index, self.time_index = fd, region, offset_index, time_index
+        self.create_seconds = time.perf_counter() - started
+        self.ready.set()
+
+    def warm(self, index_interval_bytes: int = 4096) -> None:
+        """Pre-fault the whole map and the part of each index map the segment will use (worker thread).
+
+        The indexes matter as much as the log: the first write to each page of a mapped file goes through
+        the filesystem's page_mkwrite, which on ext4 may wait for a journal commit; unwarmed index pages
+        cost 5-20 ms stalls on the first index entry of each fresh segment here.
+        """
+        started = time.perf_counter()
+        try:
+            stop = lambda: self.stop_warm  # noqa: E731
+            self.warm_method = populate(self.map, self.fd, 0, self.segment_bytes, stop)
+            expected_entries = self.segment_bytes // max(index_interval_bytes, 64) + 2
+            for index in (self.offset_index, self.time_index):
+                length = min(index.max_entries, expected_entries) * index.entry.size
+                if length and not self.stop_warm:
+                    populate(index._writable_map, index.fd, 0, length, stop)
+        except OSError as exc:  # not fatal: the segment works, its first appends just fault pages in
+            log.warning("pre-faulting %s failed: %s", self.log_path, exc)
+        finally:
+            self.warm_seconds = time.perf_counter() - started
+            self.warm_done.set()
+
+    def create_and_warm(self, index_interval_bytes: int = 4096) -> "PreparedSegment":
+        try:
+            self.create()
+        except BaseException:
+            self.warm_done.set()
+            raise
+        self.warm(index_interval_bytes)
+        return self
+
+    def discard(self) -> None:
+        """Close and remove an unused prepared segment (worker thread or shutdown)."""
+        self.stop_warm = True
+        if self.ready.is_set():
+            self.warm_done.wait()
+            if self.map is not None:
+                self.map.close()
+                self.map = None
+            for index in (self.offset_index, self.time_index):
+                if index is not None:
+                    index.close()
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+        self.remove_files()
+
+    def remove_files(self) -> None:
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+class Segment:
+    """One segment. Appends and reads run on the loop thread; seal/flush/close on worker threads."""
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        fd: int,
+        offset_index: OffsetIndex,
+        time_index: TimeIndex,
+        *,
+        size_bytes: int,
+        index_interval_bytes: int,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.log_path = filenames.log_path(directory, base_offset)
+        self.fd = fd
+        self.offset_index = offset_index
+        self.time_index = time_index
+        self.index_interval_bytes = index_interval_bytes
+        self.map: mmap.mmap | None = None
+        self.capacity_bytes = size_bytes
+        self.written_position = size_bytes
+        self.committed_position = size_bytes
+        self.flushed_position = size_bytes
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = base_offset
+        self.created_ms = now_ms()
+        # segment.ms counts from the first append by the broker's clock. Kafka counts from the first batch's
+        # timestamp, so a producer with a skewed or ancient clock rolls a segment on every append; the
+        # broker's own clock cannot be pushed around by clients.
+        self.first_append_ms: int | None = self.created_ms if size_bytes else None
+        self.bytes_since_last_index_entry = 0
+        self.sealed = True
+        self.named = True  # False while the files still carry their prepared names
+        self._warm_done: threading.Event | None = None
+        self.stop_warm = False
+        self._prepared: PreparedSegment | None = None
+        # Pinning.
+        self._lock = threading.Lock()
+        self._pins = 0
+        self.retired = False
+        self.closed = False
+        self.delete_after_ms = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Segment({self.log_path.name}, next_offset={self.next_offset}, committed={self.committed_position},"
+            f" flushed={self.flushed_position}, sealed={self.sealed})"
+        )
+
+    # --- opening ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def open_existing(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> "Segment":
+        """Open a segment's files as found on disk (start-up). Not mapped; call load_clean or recover next."""
+        log_path, index_path, time_index_path = filenames.segment_paths(directory, base_offset)
+        fd = os.open(log_path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            offset_index = OffsetIndex.open_existing(index_path)
+            time_index = TimeIndex.open_existing(time_index_path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(directory, base_offset, fd, offset_index, time_index, size_bytes=size,
+                   index_interval_bytes=index_interval_bytes)
+
+    @classmethod
+    def from_prepared(cls, prepared: PreparedSegment, base_offset: int, index_interval_bytes: int) -> "Segment":
+        """Make a prepared segment the active one (loop thread, at a roll). No I/O: the files keep their
+        prepared names until ``assign_name`` runs on the io thread (three renames are journal operations
+        that took 1-8 ms here under load; start-up adopts a prepared file that holds batches, see
+        ``adopt_prepared``)."""
+        prepared.taken = True
+        segment = cls(prepared.directory, base_offset, prepared.fd, prepared.offset_index, prepared.time_index,
+                      size_bytes=0, index_interval_bytes=index_interval_bytes)
+        segment.log_path = prepared.log_path
+        segment.named = False
+        segment.map = prepared.map
+        segment.capacity_bytes = prepared.segment_bytes
+        segment.sealed = False
+        segment._warm_done = prepared.warm_done
+        segment._prepared = prepared
+        return segment
+
+    def assign_name(self) -> bool:
+        """Rename the files to the base offset (io thread). False if the segment was retired meanwhile."""
+        log_path, index_path, time_index_path = filenames.segment_paths(self.directory, self.base_offset)
+        with self._lock:
+            if self.named or self.retired or self.closed:
+                return False
+            os.rename(self.log_path, log_path)
+            self.log_path = log_path
+            failpoint("roll.after_log_rename")
+            self.offset_index.rename(index_path)
+            self.time_index.rename(time_index_path)
+            self.named = True
+        failpoint("roll.after_index_rename")
+        return True
+
+    @staticmethod
+    def adopt_prepared(directory: Path, log_path: Path) -> int | None:
+        """Start-up: a prepared file that already holds a valid first batch was the active segment of a roll
+        whose renames never ran. Give it (and its indexes, if present) the name of that batch's base offset
+        and return it; None when the file holds no valid batch (an unused spare: the caller removes it)."""
+        try:
+            with open(log_path, "rb") as handle:
+                head = handle.read(RECORD_BATCH_OVERHEAD)
+                size = batch_size_at(head) or 0
+                if size < RECORD_BATCH_OVERHEAD or size > 1 << 31:
+                    return None
+                handle.seek(0)
+                first = handle.read(size)
+            header = validate_batch(first)
+        except (OSError, InvalidBatchError):
+            return None
+        base_offset = header.base_offset
+        target_log, target_index, target_time_index = filenames.segment_paths(directory, base_offset)
+        if target_log.exists():
+            return None
+        stem = log_path.name[: -len(filenames.LOG_SUFFIX)]
+        for suffix, target in ((filenames.INDEX_SUFFIX, target_index), (filenames.TIME_INDEX_SUFFIX, target_time_index)):
+            source = directory / f"{stem}{suffix}"
+            if source.exists():
+                os.rename(source, target)
+        os.rename(log_path, target_log)
+        return base_offset
+
+    def load_clean(self) -> bool:
+        """Restore the in-memory state of a cleanly closed segment from its indexes and a scan of the tail
+        after the last index entry (O(index_interval_bytes), not O(segment)). False when the file does not
+        end on a batch boundary or an index is not sane: the caller then recovers the segment instead."""
+        size = self.committed_position
+        start = 0
+        if not self.offset_index.sane(0x7FFFFFFF, size) or not self.time_index.sane(0x7FFFFFFF):
+            return False
+        if self.offset_index.entries:
+            _, start = self.offset_index.floor_position(0x7FFFFFFF)
+        next_offset = None
+        end = start
+        for position, header in scan_headers(self.fd, start, size):
+            next_offset = header.next_offset
+            end = position + header.size
+        if end != size:
+            return False
+        self.next_offset = self.base_offset if next_offset is None else next_offset
+        self.bytes_since_last_index_entry = size - start
+        last = self.time_index.last_entry()
+        if last is not None:
+            self.max_timestamp, relative = last
+            self.offset_of_max_timestamp = self.base_offset + relative
+        elif size:
+            # No time entry at all (a segment sealed by an older version, or an empty index file): derive the
+            # largest timestamp from the headers, O(batches) once.
+            for _, header in scan_headers(self.fd, 0, size):
+                if header.max_timestamp > self.max_timestamp:
+                    self.max_timestamp = header.max_timestamp
+                    self.offset_of_max_timestamp = header.base_offset
+        return True
+
+    def recover(self, index_bytes: int) -> RecoveryOutcome:
+        """Rescan every batch (framing, magic, CRC-32C, offset continuity), truncate at the first bad one and
+        rebuild both indexes. Start-up only, before the segment is mapped. Touches the whole file."""
+        self.offset_index.reset(index_bytes)
+        self.time_index.reset(index_bytes)
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        self.offset_of_max_timestamp = self.base_offset
+        self.bytes_since_last_index_entry = 0
+        file_size = os.fstat(self.fd).st_size
+        position = 0
+        batches = 0
+        stop_reason = None
+        buffer = b""
+        buffer_start = 0
+        while position < file_size:
+            if file_size - position < RECORD_BATCH_OVERHEAD:
+                stop_reason = "truncated header"
+                break
+            relative = position - buffer_start
+            if relative + LOG_OVERHEAD > len(buffer):
+                buffer = os.pread(self.fd, min(RECOVERY_CHUNK_BYTES, file_size - position), position)
+                buffer_start, relative = position, 0
+            size = batch_size_at(buffer, relative)
+            if size is None or size < RECORD_BATCH_OVERHEAD:
+                stop_reason = "bad length"
+                break
+            if size > file_size - position:
+                stop_reason = "truncated batch"
+                break
+            if relative + size > len(buffer):
+                buffer = os.pread(self.fd, max(size, min(RECOVERY_CHUNK_BYTES, file_size - position)), position)
+                buffer_start, relative = position, 0
+            try:
+                header = validate_batch(buffer, relative, limit=relative + size)
+            except InvalidBatchError as exc:
+                stop_reason = exc.reason
+                break
+            if header.base_offset != self.next_offset:
+                stop_reason = f"offset {header.base_offset}, expected {self.next_offset}"
+                break
+            self._index_batch(position, header.base_offset, header.max_timestamp, size)
+            self.next_offset = header.next_offset
+            position += size
+            batches += 1
+        if position < file_size:
+            # Unmapped here by construction: truncating a mapped file and touching the cut pages is SIGBUS.
+            os.ftruncate(self.fd, position)
+        self.capacity_bytes = self.written_position = self.committed_position = position
+        self.flushed_position = 0
+        return RecoveryOutcome(position, file_size - position, batches, stop_reason)
+
+    def make_active(self, segment_bytes: int, index_bytes: int) -> None:
+        """Preallocate and map a reopened last segment so appends can continue (start-up). Pre-faulting of
+        the rest is left to the caller (a worker thread: see warm_remainder)."""
+        capacity = max(segment_bytes, self.committed_position)
+        preallocate(self.fd, capacity)
+        self.map = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.capacity_bytes = capacity
+        for index in (self.offset_index, self.time_index):
+            if not index.writable:
+                index.make_writable(index_bytes)
+        self.sealed = False
+        self._warm_done = threading.Event()
+
+    def warm_remainder(self) -> None:
+        """Pre-fault the unwritten part of a reopened active segment (worker thread)."""
+        try:
+            if self.map is not None and not self.sealed:
+                stop = lambda: self.sealed or self.closed or self.stop_warm  # noqa: E731
+                populate(self.map, self.fd, self.written_position, self.capacity_bytes - self.written_position, stop)
+                expected_entries = self.capacity_bytes // max(self.index_interval_bytes, 64) + 2
+                for index in (self.offset_index, self.time_index):
+                    start = index.entries * index.entry.size
+                    end = min(index.max_entries, expected_entries) * index.entry.size
+                    if index.writable and end > start and not stop():
+                        populate(index._writable_map, index.fd, start, end - start, stop)
+        except OSError as exc:
+            log.warning("warming %s failed: %s", self.log_path, exc)
+        finally:
+            self._warm_done.set()
+
+    # --- loop thread: append -------------------------------------------------------------------------------
+
+    @property
+    def size_bytes(self) -> int:
+        return self.committed_position
+
+    @property
+    def room_bytes(self) -> int:
+        return self.capacity_bytes - self.written_position
+
+    def append_run(self, view: memoryview, batches: list[tuple[int, BatchHeader]], first_offset: int,
+                   leader_epoch: int, log_append_time_ms: int | None) -> int:
+        """Copy ``view`` (whole batches, positions in ``batches`` relative to it) to the end of the map and
+        assign offsets from ``first_offset``. Returns the next offset. Loop thread; no syscall.
+
+        The copy is one memcpy (6.7 GB/s into pre-faulted pages here vs 2.35 GB/s first-touch); the header
+        rewrites happen in the map so the caller's buffer is never copied twice.
+        """
+        start = self.written_position
+        if start == 0:
+            self.first_append_ms = now_ms()
+        end = start + len(view)
+        region = self.map
+        region[start:end] = view
+        self.written_position = end
+        offset = first_offset
+        for relative, header in batches:
+            position = start + relative
+            size = header.batch_length + LOG_OVERHEAD
+            set_base_offset(region, position, offset)
+            if header.partition_leader_epoch != leader_epoch:
+                set_leader_epoch(region, position, leader_epoch)
+            max_timestamp = header.max_timestamp
+            if log_append_time_ms is not None:
+                set_log_append_time(region, position, size, log_append_time_ms)
+                max_timestamp = log_append_time_ms
+            self._index_batch(position, offset, max_timestamp, size)
+            offset += header.last_offset_delta + 1
+        self.next_offset = offset
+        # Visible to readers only now, with every header rewritten.
+        self.committed_position = end
+        return offset
+
+    def _index_batch(self, position: int, base_offset: int, max_timestamp: int, size: int) -> None:
+        """Kafka ``LogSegment.append`` index rule: one entry per index_interval_bytes of log, at a batch start."""
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = base_offset
+        if self.bytes_since_last_index_entry > self.index_interval_bytes or (
+            self.index_interval_bytes == 0 and position > 0
+        ):
+            self.offset_index.maybe_append(base_offset - self.base_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp - self.base_offset)
+            self.bytes_since_last_index_entry = 0
+        self.bytes_since_last_index_entry += size
+
+    def indexes_full(self) -> bool:
+        return self.offset_index.is_full or self.time_index.is_full
+
+    # --- loop thread: read -------------------------------------------------------------------------------
+
+    def find_batch(self, offset: int, end_position: int) -> tuple[int, BatchHeader] | None:
+        """The batch holding ``offset`` (or the first one after it) below ``end_position``: index floor, then a
+        forward header scan (Kafka ``translateOffset``). Touches disk (pread)."""
+        _, start = self.offset_index.floor_position(max(0, offset - self.base_offset))
+        if start >= end_position:
+            start = 0
+        for position, header in scan_headers(self.fd, start, end_position):
+            if header.last_offset >= offset:
+                return position, header
+        return None
+
+    def find_timestamp(self, timestamp_ms: int, end_position: int) -> tuple[int, BatchHeader] | None:
+        """The first batch below ``end_position`` whose max timestamp is >= ``timestamp_ms``."""
+        entry = self.time_index.floor_below(timestamp_ms)
+        start = 0
+        if entry is not None:
+            _, start = self.offset_index.floor_position(entry[1])
+        for position, header in scan_headers(self.fd, start, end_position):
+            if header.max_timestamp >= timestamp_ms:
+                return position, header
+        return None
+
+    # --- pinning -----------------------------------------------------------------------------------------
+
+    def try_pin(self) -> bool:
+        """Pin the segment's fd open; False once it has been closed (retired and reaped, or shut down)."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._pins += 1
+            return True
+
+    def unpin(self) -> bool:
+        """Drop one pin; True when this made a retired segment deletable."""
+        with self._lock:
+            self._pins -= 1
+            return self.retired and self._pins == 0
+
+    @property
+    def pins(self) -> int:
+        return self._pins
+
+    # --- worker threads ------------------------------------------------------------------------------------
+
+    def stop_warming(self) -> None:
+        """Ask a running pre-fault of this segment to stop at its next step (any thread)."""
+        self.stop_warm = True
+        if self._prepared is not None:
+            self._prepared.stop_warm = True
+
+    def seal_begin(self) -> None:
+        """Loop thread, at a roll: no more appends; record the final time-index entry (Kafka
+        ``onBecomeInactiveSegment``) so the segment's largest timestamp survives a clean restart."""
+        if self.max_timestamp >= 0:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp - self.base_offset,
+                                         final=True)
+        self.sealed = True
+
+    def seal_finish(self) -> None:
+        """Unmap, trim the preallocated tail, fdatasync log and indexes (worker thread, after seal_begin)."""
+        if self._prepared is not None:
+            self._prepared.stop_warm = True
+        if self._warm_done is not None:
+            self._warm_done.wait()
+        region, self.map = self.map, None
+        if region is not None:
+            region.close()
+        failpoint("seal.after_unmap")
+        os.ftruncate(self.fd, self.committed_position)
+        self.capacity_bytes = self.committed_position
+        for index in (self.offset_index, self.time_index):
+            index.seal_readers()
+            index.trim()
+        failpoint("seal.after_trim")
+        self.offset_index.sync()
+        self.time_index.sync()
+        os.fdatasync(self.fd)
+        self.flushed_position = self.committed_position
+
+    def rename_deleted(self) -> None:
+        """Rename the three files to ``*.deleted`` (retention); the fd stays valid for pinned readers."""
+        with self._lock:
+            for attribute in ("log", "offset_index", "time_index"):
+                path = self.log_path if attribute == "log" else getattr(self, attribute).path
+                target = path.with_name(path.name + filenames.DELETED_SUFFIX)
+                try:
+                    if attribute == "log":
+                        os.rename(path, target)
+                        self.log_path = target
+                    else:
+                        getattr(self, attribute).rename(target)
+                except FileNotFoundError:
+                    pass
+                failpoint("retention.after_rename")
+
+    def close(self, *, unlink: bool = False) -> None:
+        """Release map and fds (and remove the files when ``unlink``). Blocking; worker thread or shutdown."""
+        with self._lock:
+            self.closed = True
+        self.sealed = True
+        if self._prepared is not None:
+            self._prepared.stop_warm = True
+        if self._warm_done is not None:
+            self._warm_done.wait()
+        region, self.map = self.map, None
+        if region is not None:
+            region.close()
+        self.offset_index.close()
+        self.time_index.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if unlink:
+            failpoint("retention.before_unlink")
+            for path in (self.log_path, self.offset_index.path, self.time_index.path):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def seal_recovered(self) -> None:
+        """A recovered segment that is not the last one: final time entry, trim the rebuilt indexes,
+        fdatasync (start-up)."""
+        if self.max_timestamp >= 0:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp - self.base_offset,
+                                         final=True)
+        for index in (self.offset_index, self.time_index):
+            index.seal_readers()
+            index.trim()
+            index.sync()
+        os.fdatasync(self.fd)
+        self.flushed_position = self.committed_position
+
+    def trim_for_shutdown(self) -> None:
+        """Clean close of the active segment: final time entry, unmap, trim, fdatasync (shutdown)."""
+        if not self.sealed:
+            self.seal_begin()
+        if self.map is not None or self.capacity_bytes != self.committed_position:
+            self.seal_finish()
+        else:
+            os.fdatasync(self.fd)
+            self.flushed_position = self.committed_position

@@ -1,0 +1,91 @@
+"""Fill a small filesystem through the storage API; print what happened as JSON (run as a subprocess, so a
+SIGBUS would show as the exit status instead of killing the test runner).
+
+Usage: python storage_disk_full_scenario.py DATA_DIR [--rlimit-bytes N]
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import sys
+
+from storage_batches import build_batch, records_of
+
+from broker.storage import LogConfig, LogManager, StorageError
+
+CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=8 << 10, index_interval_bytes=4096, retention_ms=None,
+                   file_delete_delay_ms=0)
+
+
+def main() -> None:
+    data_dir = sys.argv[1]
+    rlimit = "--rlimit-bytes" in sys.argv
+    report: dict = {}
+    manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
+    manager.startup()
+    partition_log = manager.create_log("full", 0)
+    if rlimit:
+        # The first segment exists; the next one cannot be preallocated past the per-file limit (EFBIG).
+        limit = int(sys.argv[sys.argv.index("--rlimit-bytes") + 1])
+        # Without this the kernel kills the process with SIGXFSZ instead of failing the call with EFBIG.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    values = []
+    error = None
+    for number in range(5000):
+        value = f"{number:08d}".encode() * 512  # 4 KiB per record
+        try:
+            partition_log.append(build_batch([value], [number]))
+        except StorageError as exc:
+            error = exc
+            break
+        values.append(value)
+    report["appended"] = len(values)
+    report["error"] = None if error is None else {"errno": error.errno, "path": error.path, "numbers": error.numbers,
+                                                   "disk_full": error.is_disk_full, "message": str(error)}
+    report["log_end_offset_after_error"] = partition_log.log_end_offset
+    try:
+        partition_log.append(build_batch([b"x" * 4096], [0]))  # still needs a roll: must fail again
+        report["second_append"] = "ok"
+    except StorageError as exc:
+        report["second_append"] = f"StorageError errno={exc.errno}"
+    # Reads keep working: every acknowledged record, in order.
+    report["read_back_ok"] = read_all(partition_log) == values
+    manager.shutdown()
+    # Restart on the still-full filesystem: loads, stays readable.
+    manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
+    manager.startup()
+    partition_log = manager.get_log("full", 0)
+    report["restart_clean"] = manager.startup_stats["clean"]
+    report["restart_read_back_ok"] = read_all(partition_log) == values
+    if rlimit:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    # Free space with retention: appends work again.
+    partition_log.config = LogConfig(segment_bytes=CONFIG.segment_bytes, segment_index_bytes=CONFIG.segment_index_bytes,
+                                     retention_ms=None, retention_bytes=1 << 20, file_delete_delay_ms=0)
+    report["segments_deleted"] = manager.run_retention()
+    try:
+        result = partition_log.append(build_batch([b"after-retention"], [1]))
+        report["append_after_retention"] = result.base_offset
+    except StorageError as exc:
+        report["append_after_retention"] = f"StorageError {exc}"
+    manager.shutdown()
+    print(json.dumps(report))
+
+
+def read_all(partition_log) -> list[bytes]:
+    out = []
+    offset = partition_log.log_start_offset
+    while offset < partition_log.log_end_offset:
+        result = partition_log.read(offset, 1 << 20)
+        with result.slice as region:
+            records = records_of(region.read_bytes())
+        out.extend(record.value for record in records)
+        offset = records[-1].offset + 1
+    return out
+
+
+if __name__ == "__main__":
+    main()
