@@ -663,6 +663,10 @@ class Consumer:
                         self._fetch_sizes[tp] = size
                     elif source.next_fetch_offset > (positions.get(tp) or 0):
                         positions[tp] = source.next_fetch_offset
+                    # Refill now (position and fetch size settled), not after the rest of this call: the
+                    # next response is then on the wire while the responses still buffered are decoded
+                    # (refilling only at the end, the consumer sat idle ~25% of the time waiting for it).
+                    self._maybe_fetch()
                     continue
                 if not records:  # control batch or wholly before the position
                     if source.next_fetch_offset > (positions.get(tp) or 0):

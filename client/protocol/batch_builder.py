@@ -5,8 +5,21 @@ buffers out; no I/O. The header and record layout are documented in ``client.pro
 
 Gathering. A batch is not copied into one contiguous buffer: every value at or above ``gather_min_bytes``
 stays its own buffer (the caller's ``bytes``, referenced, never copied) and everything else - headers,
-varints, keys, small values - is coalesced into one growing ``bytearray``. ``build()`` returns the batch as
+varints, keys, small values - is coalesced. ``build()`` returns the batch as
 ``[view(bytearray)[a:b], value, view(bytearray)[b:c], value, ...]`` for ``socket.sendmsg``.
+
+Appending defers the copy: ``append`` adds the record's pieces (prefix bytes, the value object) to a list
+and ``build()`` joins each run of small pieces into one ``bytearray`` with a single ``join`` - one memcpy
+per byte, in C, instead of growing a buffer record by record. ``append_value`` is the producer's fast
+path for the common record - no key, no headers, a ``bytes`` value: consecutive records with the same
+timestamp and value length share one precomputed prefix (the previous record's headerCount 0, length,
+attributes, timestampDelta) and suffix (keyLength -1, valueLength), so a record is one list append (its value) and
+a count; when the run ends, slice assignments interleave prefix, offsetDelta varints (a slice of the
+varint table), suffix and values in C. How many records the run may take (varint length, ``batch_size``)
+is computed when it starts. ~0.3 us per
+100-byte record with its call and its share of ``build()``, against ~0.75 us for the general ``append``
+(same run, this machine). At 100k-800k records/s nearly every record shares its millisecond.
+
 The crossover ``GATHER_MIN_VALUE_BYTES`` is where a separate iovec starts to beat a memcpy into the batch
 buffer on this machine (see its comment). Compressed batches are always contiguous: the codec needs one
 input.
@@ -179,6 +192,14 @@ class BuiltBatch:
         _CRC.pack_into(self._header, _CRC_POSITION, checksum)
 
 
+# A record's offsetDelta varint is 1 byte below 64 and 2 bytes below 8192: a run of ``append_value`` records
+# shares one length prefix only while that length stays the same (see ``BatchBuilder._start_run``).
+_ONE_BYTE_OFFSETS = 64
+_TWO_BYTE_OFFSETS = 8192
+_HEADER_PLACEHOLDER = bytes(RECORD_BATCH_OVERHEAD)  # overwritten by build()
+_NO_HEADERS = b"\x00"
+
+
 class BatchBuilder:
     """Accumulates records for one partition and finishes them into a RecordBatch v2.
 
@@ -189,7 +210,8 @@ class BatchBuilder:
         gather_min_bytes: values this large or larger are kept as separate buffers (see module doc).
         transactional: sets the transactional attribute bit.
 
-    Not thread-safe; loop thread only. ``append`` costs ~1 us for a 100-byte record on this machine.
+    Values are held by reference until ``build()`` (small ``bytes`` ones included: they are immutable);
+    other bytes-like small values are copied by ``append``. Not thread-safe; loop thread only.
     """
 
     __slots__ = (
@@ -197,13 +219,23 @@ class BatchBuilder:
         "codec",
         "gather_min_bytes",
         "transactional",
-        "_buffer",
+        "_parts",
         "_cuts",
         "_count",
         "_size",
         "_base_timestamp",
         "_max_timestamp",
         "closed",
+        "_record_open",
+        "_run_timestamp",
+        "_run_value_bytes",
+        "_run_limit",
+        "_run_count",
+        "_run_head",
+        "_run_tail",
+        "_run_values",
+        "_run_append",
+        "_run_record_bytes",
     )
 
     def __init__(
@@ -219,13 +251,28 @@ class BatchBuilder:
         # Compression needs one contiguous input: never cut values out of a compressed batch.
         self.gather_min_bytes = gather_min_bytes if codec == CODEC_NONE else 1 << 62
         self.transactional = transactional
-        self._buffer = bytearray(RECORD_BATCH_OVERHEAD)
-        self._cuts: list = []  # [(position in _buffer, value buffer)] for values sent as their own iovec
+        # The batch's pieces in wire order; [0] stands for the header. Joined by build().
+        self._parts: list = [_HEADER_PLACEHOLDER]
+        self._cuts: list[int] = []  # indexes in _parts of values sent as their own iovec
         self._count = 0
-        self._size = RECORD_BATCH_OVERHEAD
+        self._size = RECORD_BATCH_OVERHEAD  # exact up to _run_count records (see _settle)
         self._base_timestamp = 0
         self._max_timestamp = -1
         self.closed = False
+        # True while the last record's headerCount byte (0) is not in _parts yet: an append_value record
+        # leaves it to the next record of its run, which writes it as the first byte of its prefix.
+        self._record_open = False
+        # The current append_value run (see _start_run); _run_limit = 0 means "no run".
+        self._run_timestamp = None
+        self._run_value_bytes = -1
+        self._run_limit = 0
+        self._run_count = 0
+        self._run_head = b""
+        self._run_tail = b""
+        # The values of the run's records after its first, in order: their pieces are laid out by _settle.
+        self._run_values: list = []
+        self._run_append = self._run_values.append
+        self._run_record_bytes = 0
 
     @property
     def record_count(self) -> int:
@@ -234,18 +281,103 @@ class BatchBuilder:
     @property
     def size_bytes(self) -> int:
         """Uncompressed size of the batch so far (header included)."""
-        return self._size
+        return self._size + len(self._run_values) * self._run_record_bytes  # + the unsettled run
+
+    def append_value(self, timestamp_ms: int, value: bytes) -> int:
+        """``append(timestamp_ms, None, value)`` for the producer's common record; same bytes, same result.
+
+        The fast case - a ``bytes`` value with the timestamp and length of the previous ``append_value``
+        record, while the run has room - is one list append and a count (~0.15 us for a 100-byte value,
+        against ~0.7 us for ``append``); ``_settle`` lays the run's pieces out in bulk. Anything else (a new millisecond, a new length, another bytes-like
+        type, a large value, the offsetDelta varint growing, the batch filling up) goes through
+        ``_start_run``.
+        """
+        count = self._count
+        if (
+            timestamp_ms != self._run_timestamp
+            or count >= self._run_limit
+            or type(value) is not bytes
+            or len(value) != self._run_value_bytes
+        ):
+            return self._start_run(timestamp_ms, value)
+        self._run_append(value)
+        self._count = count + 1
+        return count
+
+    def _settle(self) -> None:
+        """Account the run's records in ``_size``, close the open record and end the run."""
+        values = self._run_values
+        if values:
+            # Lay the run's records out with slice assignments (C loops): prefix, offsetDelta varint,
+            # suffix, value for each, the prefix carrying the previous record's headerCount byte.
+            records = len(values)
+            first = self._run_count
+            pieces = [self._run_head] * (4 * records)
+            pieces[1::4] = _VARINTS[first : first + records]
+            pieces[2::4] = [self._run_tail] * records
+            pieces[3::4] = values
+            self._parts += pieces
+            self._size += records * self._run_record_bytes
+            values.clear()
+        self._run_count = self._count
+        self._run_limit = 0
+        if self._record_open:
+            self._parts.append(_NO_HEADERS)
+            self._record_open = False
+
+    def _start_run(self, timestamp_ms: int, value) -> int:
+        """Append one record through the general path and, for a small ``bytes`` value, set up the run:
+        the pieces later records with the same timestamp and value length share, and how many fit."""
+        if type(value) is not bytes or len(value) >= self.gather_min_bytes:
+            return self.append(timestamp_ms, None, value)
+        self._settle()
+        count = self._count
+        base_timestamp = self._base_timestamp if count else timestamp_ms
+        timestamp_varint = encode_varint(timestamp_ms - base_timestamp)
+        offset_varint = encode_varint(count)
+        value_bytes = len(value)
+        value_prefix = encode_varint(value_bytes)
+        body_length = 3 + len(timestamp_varint) + len(offset_varint) + len(value_prefix) + value_bytes
+        length_varint = encode_varint(body_length)
+        total = len(length_varint) + body_length
+        size = self._size + total
+        if count and size > self.batch_size:
+            return -1
+        head = length_varint + b"\x00" + timestamp_varint  # length, attributes, timestampDelta
+        tail = b"\x01" + value_prefix  # keyLength -1 (null key), valueLength
+        self._parts += (head, offset_varint, tail, value)
+        self._record_open = True
+        if not count:
+            self._base_timestamp = self._max_timestamp = timestamp_ms
+        elif timestamp_ms > self._max_timestamp:
+            self._max_timestamp = timestamp_ms
+        self._count = count + 1
+        self._size = size
+        # The run lasts while the offsetDelta varint keeps this record's length (its byte count is inside
+        # the shared length prefix) and the batch has room for another record of this size; past the
+        # varint table every record starts its own run.
+        varint_limit = (
+            _ONE_BYTE_OFFSETS if count < _ONE_BYTE_OFFSETS else _TWO_BYTE_OFFSETS if count < _TWO_BYTE_OFFSETS else 0
+        )
+        self._run_limit = min(varint_limit, count + 1 + (self.batch_size - size) // total)
+        self._run_count = count + 1
+        self._run_timestamp = timestamp_ms
+        self._run_value_bytes = value_bytes
+        self._run_head = _NO_HEADERS + head  # the previous record's headerCount, then this prefix
+        self._run_tail = tail
+        self._run_record_bytes = total
+        return count
 
     def append(self, timestamp_ms: int, key, value, headers=None) -> int:
         """Add one record; return its offset delta, or -1 when it does not fit (the batch is full).
 
         ``key``/``value`` are bytes-like or None. ``headers`` is a sequence of ``(str, bytes | None)``.
         """
+        self._settle()
         count = self._count
         if count:
             timestamp_delta = timestamp_ms - self._base_timestamp
         else:
-            self._base_timestamp = self._max_timestamp = timestamp_ms
             timestamp_delta = 0
         varints = _VARINTS
         if 0 <= timestamp_delta < _VARINT_CACHE_SIZE:
@@ -260,39 +392,13 @@ class BatchBuilder:
         else:
             value_length = len(value)
             value_prefix = varints[value_length] if value_length < _VARINT_CACHE_SIZE else _zigzag_varint(value_length)
-        if key is None and not headers:
-            # The common shape (no key, no headers) with its fixed bytes folded in: attributes 0,
-            # keyLength -1, headerCount 0. ~10% faster than the general path below (0.66 vs 0.78 us/record).
-            body_length = 3 + len(timestamp_varint) + len(offset_varint) + len(value_prefix) + value_length
-            length_varint = varints[body_length] if body_length < _VARINT_CACHE_SIZE else _zigzag_varint(body_length)
-            total = len(length_varint) + body_length
-            if count and self._size + total > self.batch_size:
-                return -1
-            if value_length >= self.gather_min_bytes:
-                buffer = self._buffer
-                buffer += b"%b\x00%b%b\x01%b" % (length_varint, timestamp_varint, offset_varint, value_prefix)
-                self._cuts.append((len(buffer), value))
-                buffer += b"\x00"
-            else:
-                self._buffer += b"%b\x00%b%b\x01%b%b\x00" % (
-                    length_varint,
-                    timestamp_varint,
-                    offset_varint,
-                    value_prefix,
-                    value,
-                )
-            if timestamp_ms > self._max_timestamp:
-                self._max_timestamp = timestamp_ms
-            self._count = count + 1
-            self._size += total
-            return count
         if key is None:
             key_prefix = _NULL_VARINT
             key = b""
         else:
             key_length = len(key)
             key_prefix = varints[key_length] if key_length < _VARINT_CACHE_SIZE else _zigzag_varint(key_length)
-        header_bytes = _encode_headers(headers) if headers else b"\x00"
+        header_bytes = _encode_headers(headers) if headers else _NO_HEADERS
         body_length = (
             1
             + len(timestamp_varint)
@@ -307,23 +413,21 @@ class BatchBuilder:
         total = len(length_varint) + body_length
         if count and self._size + total > self.batch_size:
             return -1
-        buffer = self._buffer
+        parts = self._parts
         if value_length >= self.gather_min_bytes:
-            buffer += b"%b\x00%b%b%b%b%b" % (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix)
-            self._cuts.append((len(buffer), value))
-            buffer += header_bytes
+            parts.append(b"%b\x00%b%b%b%b%b" % (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix))
+            self._cuts.append(len(parts))
+            parts.append(value)
+            parts.append(header_bytes)
         else:
-            buffer += b"%b\x00%b%b%b%b%b%b%b" % (
-                length_varint,
-                timestamp_varint,
-                offset_varint,
-                key_prefix,
-                key,
-                value_prefix,
-                value,
-                header_bytes,
+            # One copy now: the caller may reuse a mutable value (bytearray, memoryview) after the call.
+            parts.append(
+                b"%b\x00%b%b%b%b%b%b%b"
+                % (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix, value, header_bytes)
             )
-        if timestamp_ms > self._max_timestamp:
+        if not count:
+            self._base_timestamp = self._max_timestamp = timestamp_ms
+        elif timestamp_ms > self._max_timestamp:
             self._max_timestamp = timestamp_ms
         self._count = count + 1
         self._size += total
@@ -335,7 +439,7 @@ class BatchBuilder:
         producer_epoch: int = -1,
         base_sequence: int = NO_SEQUENCE,
     ) -> BuiltBatch:
-        """Finish the batch: header, compression, CRC. The builder is closed afterwards.
+        """Finish the batch: join, header, compression, CRC. The builder is closed afterwards.
 
         Returns:
             BuiltBatch whose ``buffers`` concatenate to the batch bytes.
@@ -344,15 +448,22 @@ class BatchBuilder:
         """
         if self._count == 0:
             raise ValueError("cannot build an empty batch")
+        self._settle()
         self.closed = True
-        buffer = self._buffer
+        parts = self._parts
+        cuts = self._cuts
+        self._parts = []
+        self._cuts = []
         attributes = self.codec | (TRANSACTIONAL_BIT if self.transactional else 0)
+        join = bytearray().join  # a bytearray: the header is packed (and maybe rewritten) in place
         if self.codec != CODEC_NONE:
-            blob = compress(self.codec, memoryview(buffer)[RECORD_BATCH_OVERHEAD:])
-            del buffer[RECORD_BATCH_OVERHEAD:]
+            blob = compress(self.codec, b"".join(parts[1:]))
+            buffer = bytearray(_HEADER_PLACEHOLDER)
             buffer += blob
             size = len(buffer)
+            cuts = []
         else:
+            buffer = join(parts[: cuts[0]] if cuts else parts)
             size = self._size
         _HEADER.pack_into(
             buffer,
@@ -371,23 +482,16 @@ class BatchBuilder:
             base_sequence,
             self._count,
         )
-        view = memoryview(buffer)
         crc = _crc32c.crc32c
-        if not self._cuts:
-            buffers = [view]
-            checksum = crc(view[_ATTRIBUTES_POSITION:])
-        else:
-            buffers = []
-            start = 0
-            checksum = 0
-            for cut, value in self._cuts:
-                piece = view[start:cut]
-                buffers.append(piece)
-                buffers.append(value)
-                checksum = crc(piece[_ATTRIBUTES_POSITION:] if start == 0 else piece, checksum)
-                checksum = crc(value, checksum)
-                start = cut
-            piece = view[start:]
+        view = memoryview(buffer)
+        buffers = [view]
+        checksum = crc(view[_ATTRIBUTES_POSITION:])
+        for number, cut in enumerate(cuts):
+            value = parts[cut]
+            buffers.append(value)
+            checksum = crc(value, checksum)
+            end = cuts[number + 1] if number + 1 < len(cuts) else len(parts)
+            piece = memoryview(join(parts[cut + 1 : end]))
             buffers.append(piece)
             checksum = crc(piece, checksum)
         _CRC.pack_into(buffer, _CRC_POSITION, checksum)

@@ -14,7 +14,10 @@ bytes but *no* complete batch means the first batch is larger than the partition
 ``truncated_first_batch`` says so and the consumer doubles its fetch size for that partition (librdkafka's
 strategy; aiokafka instead skips an offset, which loses a record).
 
-Speed. Decoding costs ~1.1 us of CPU per 100-byte record here (1.24 us before the per-record length check
+Speed. A batch whose records share one shape (no key, no headers, one value size, 1-byte timestamp
+deltas, consecutive offsets - fixed-size payloads, as every benchmark writes) is verified and decoded
+column by column in C (``_decode_uniform``): ~0.34 us per 100-byte record against ~1.07 us. Any other
+batch is decoded record by record: that costs ~1.1 us of CPU per 100-byte record here (1.24 us before the per-record length check
 gave way to one check per batch): the batch's records are copied out of the (pooled) response buffer once
 as ``bytes`` (~10 GB/s, and slicing ``bytes`` is 2x cheaper than ``memoryview`` slices that then need
 ``bytes()``), single- and two-byte varints are decoded inline (they cover every length, delta and count
@@ -24,6 +27,8 @@ below 8192), and records are built with ``tuple.__new__`` (a frozen dataclass
 
 from __future__ import annotations
 
+import itertools
+import operator
 import struct
 from typing import NamedTuple
 
@@ -84,6 +89,165 @@ def _varint_slow(data: bytes, position: int) -> tuple[int, int]:
 
 _ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]  # one-byte zig-zag varints, decoded
 
+# Column-wise decoding of a batch whose records all have one shape (see _decode_uniform).
+_ONE_BYTE_OFFSETS = 64  # offset deltas 0..63 are 1-byte varints, 64..8191 2-byte
+_TWO_BYTE_OFFSETS = 8192
+_UNIFORM_MIN_RECORDS = 16  # below this the column set-up costs more than it saves
+_UNIFORM_MAX_VALUE_BYTES = 8191  # valueLength is a 1- or 2-byte varint
+# The offsetDelta varint bytes of the deltas 0, 1, 2, ... as columns: the offsets of a run of records are
+# consecutive exactly when their offset bytes equal a slice of these.
+_OFFSETS_1 = bytes(2 * d for d in range(_ONE_BYTE_OFFSETS))
+_OFFSETS_2_LOW = bytes((((2 * d) & 0x7F) | 0x80) for d in range(_ONE_BYTE_OFFSETS, _TWO_BYTE_OFFSETS))
+_OFFSETS_2_HIGH = bytes((2 * d) >> 7 for d in range(_ONE_BYTE_OFFSETS, _TWO_BYTE_OFFSETS))
+_value_structs: dict[tuple[int, int, int], struct.Struct] = {}
+
+
+def _varint_bytes(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int, min_offset: int):
+    """The records of a batch whose records share one shape - no key, no headers, attributes 0, one value
+    length, 1-byte timestampDeltas, consecutive offsetDeltas from 0 - decoded column by column in C; or
+    None when the batch is not of that shape (the caller then decodes it record by record).
+
+    Such a batch is an arithmetic sequence of records: the first 64 records (1-byte offsetDelta) are S1
+    bytes each, the rest S2 = S1 + 1. So byte j of every record of a run is ``data[start + j : end : S]``
+    (one C-level extended slice): the fixed bytes (length, attributes, keyLength -1, valueLength,
+    headerCount 0) are checked by comparing that column with the expected byte repeated, the timestamp
+    bytes by ``isascii()`` (all below 0x80: 1-byte varints), the offset bytes against the precomputed
+    columns of 0, 1, 2, ...; the values are cut by one ``struct.iter_unpack``, and the records are built by
+    ``map(tuple.__new__, ...)`` over ``zip``: no Python bytecode per record. ~0.34 us per 100-byte record
+    against ~1.07 us record by record (2,383-record batches, this machine). Fixed-size payloads - the
+    benchmarks', and any fixed-layout encoding - take this path; anything else falls back.
+    """
+    count = header.records_count
+    if count < _UNIFORM_MIN_RECORDS or count > _TWO_BYTE_OFFSETS:
+        return None
+    size = len(data)
+    # Read the first record's shape: length, attributes, timestampDelta, offsetDelta (0), key, valueLength.
+    position = 0
+    while position < 4 and position < size and data[position] >= 0x80:  # the length varint
+        position += 1
+    position += 1
+    if (
+        size < position + 6
+        or data[position] != 0
+        or data[position + 1] >= 0x80
+        or data[position + 2] != 0
+        or data[position + 3] != 1
+    ):
+        return None
+    value_byte = data[position + 4]
+    if value_byte < 0x80:
+        raw = value_byte
+    else:
+        raw = (value_byte & 0x7F) | (data[position + 5] << 7)
+        if data[position + 5] >= 0x80:
+            return None
+    if raw & 1:
+        return None  # a null value
+    value_bytes = raw >> 1
+    if value_bytes > _UNIFORM_MAX_VALUE_BYTES:
+        return None
+    value_prefix = _varint_bytes(value_bytes)
+    if header.attributes & TIMESTAMP_TYPE_BIT:
+        timestamps_of = None
+        timestamp_type = LOG_APPEND_TIME
+    else:
+        base_timestamp = header.base_timestamp
+        timestamps_of = [base_timestamp + delta for delta in _ZIGZAG].__getitem__
+        timestamp_type = CREATE_TIME
+    base_offset = header.base_offset
+    offsets = []
+    timestamps = []
+    values = []
+    start = 0
+    first = 0
+    while first < count:
+        offset_bytes = 1 if first < _ONE_BYTE_OFFSETS else 2
+        last = min(count, _ONE_BYTE_OFFSETS if offset_bytes == 1 else _TWO_BYTE_OFFSETS)
+        records = last - first
+        body = 4 + offset_bytes + len(value_prefix) + value_bytes  # attributes, ts, key, headerCount
+        length_prefix = _varint_bytes(body)
+        record_bytes = len(length_prefix) + body
+        end = start + records * record_bytes
+        if end > size:
+            return None
+        # The fixed bytes of every record, column by column.
+        fixed = length_prefix + b"\x00"  # ... attributes
+        ts_at = len(fixed)
+        offset_at = ts_at + 1
+        key_at = offset_at + offset_bytes
+        for column, expected in enumerate(fixed):
+            if data[start + column : end : record_bytes] != bytes((expected,)) * records:
+                return None
+        tail = b"\x01" + value_prefix
+        for column, expected in enumerate(tail, key_at):
+            if data[start + column : end : record_bytes] != bytes((expected,)) * records:
+                return None
+        if data[start + record_bytes - 1 : end : record_bytes] != bytes(records):  # headerCount 0
+            return None
+        ts_column = data[start + ts_at : end : record_bytes]
+        if not ts_column.isascii():
+            return None
+        if offset_bytes == 1:
+            if data[start + offset_at : end : record_bytes] != _OFFSETS_1[first:last]:
+                return None
+        elif (
+            data[start + offset_at : end : record_bytes] != _OFFSETS_2_LOW[first - 64 : last - 64]
+            or data[start + offset_at + 1 : end : record_bytes] != _OFFSETS_2_HIGH[first - 64 : last - 64]
+        ):
+            return None
+        value_at = key_at + len(tail)
+        shape = (record_bytes, value_at, value_bytes)
+        unpacker = _value_structs.get(shape)
+        if unpacker is None:
+            if len(_value_structs) > 64:
+                _value_structs.clear()
+            unpacker = _value_structs[shape] = struct.Struct(f"{value_at}x{value_bytes}s{record_bytes - value_at - value_bytes}x")
+        values.extend(map(_first, unpacker.iter_unpack(data[start:end])))
+        offsets.append(range(base_offset + first, base_offset + last))
+        timestamps.append(ts_column)
+        start = end
+        first = last
+    if start != size:
+        return None
+    all_offsets = itertools.chain.from_iterable(offsets)
+    if timestamps_of is None:
+        all_timestamps = itertools.repeat(header.max_timestamp)
+    else:
+        all_timestamps = map(timestamps_of, b"".join(timestamps))
+    repeat = itertools.repeat
+    records = list(
+        map(
+            tuple.__new__,
+            repeat(ConsumerRecord),
+            zip(
+                repeat(topic),
+                repeat(partition),
+                all_offsets,
+                all_timestamps,
+                repeat(timestamp_type),
+                repeat(None),
+                values,
+                repeat(()),
+            ),
+        )
+    )
+    if min_offset > base_offset:
+        del records[: min_offset - base_offset]
+    return records
+
+
+_first = operator.itemgetter(0)
+
 
 def decode_batch_records(
     data: bytes,
@@ -103,6 +267,22 @@ def decode_batch_records(
     Raises:
         InvalidBatchError: malformed records (a short buffer's ``IndexError`` is turned into one).
     """
+    uniform = _decode_uniform(data, header, topic, partition, min_offset)
+    if uniform is not None:
+        out.extend(uniform)
+        return
+    decode_records_one_by_one(data, header, topic, partition, min_offset, out)
+
+
+def decode_records_one_by_one(
+    data: bytes,
+    header: BatchHeader,
+    topic: str,
+    partition: int,
+    min_offset: int,
+    out: list,
+) -> None:
+    """``decode_batch_records`` without the column-wise path: any batch, record by record."""
     zigzag = _ZIGZAG
     new = tuple.__new__
     cls = ConsumerRecord

@@ -117,3 +117,78 @@ def test_set_producer_state_rewrites_and_rechecksums():
 def test_empty_batch_is_refused():
     with pytest.raises(ValueError):
         BatchBuilder().build()
+
+
+# append_value is the producer's fast path; it must write exactly what append(ts, None, value) writes,
+# across every run boundary it keeps: a new millisecond (forward and backward), a new value length, a
+# non-bytes value, a value at the gather crossover, offsetDelta varints growing at 64 and 8192 records,
+# general appends interleaved, and the batch_size cap.
+fast_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["value", "value", "value", "general", "bytearray", "none"]),
+        st.integers(min_value=-3, max_value=20_000),  # timestamp delta from the base
+        st.sampled_from([0, 1, 7, 100, 100, 100, 300, 5000]),  # value length (5000: gathered)
+        st.integers(min_value=1, max_value=700),  # how many records of this shape in a row
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _apply(builder, steps, fast):
+    base = 1_700_000_000_000
+    results = []
+    for kind, delta, length, repeat in steps:
+        value = bytes([65 + length % 26]) * length
+        for _ in range(repeat):
+            timestamp = base + delta
+            if kind == "general":
+                results.append(builder.append(timestamp, b"k", value, [("h", b"1")]))
+            elif kind == "none":
+                results.append(builder.append_value(timestamp, None) if fast else builder.append(timestamp, None, None))
+            else:
+                item = bytearray(value) if kind == "bytearray" else value
+                results.append(builder.append_value(timestamp, item) if fast else builder.append(timestamp, None, item))
+    return results
+
+
+@settings(max_examples=40, deadline=None)
+@given(fast_steps, st.sampled_from([1 << 30, 5000, 200_000]), st.sampled_from([64, 2048]))
+def test_append_value_writes_exactly_what_append_writes(steps, batch_size, gather_min_bytes):
+    fast = BatchBuilder(batch_size=batch_size, gather_min_bytes=gather_min_bytes)
+    general = BatchBuilder(batch_size=batch_size, gather_min_bytes=gather_min_bytes)
+    fast_results = _apply(fast, steps, True)
+    assert fast_results == _apply(general, steps, False)  # same offset deltas, same -1 when full
+    assert fast.size_bytes == general.size_bytes and fast.record_count == general.record_count
+    if fast.record_count == 0:
+        return
+    fast_built, general_built = fast.build(5, 1, 10), general.build(5, 1, 10)
+    data = fast_built.to_bytes()
+    assert data == general_built.to_bytes()
+    assert len(data) == fast_built.size_bytes
+    assert len(fast_built.buffers) == len(general_built.buffers)
+    header = records.validate_batch(data)
+    assert header.records_count == fast.record_count
+    assert [r.offset for r in records.decode_records(data)] == list(range(header.records_count))
+
+
+def test_append_value_runs_cross_the_offset_varint_lengths():
+    builder = BatchBuilder(batch_size=1 << 30)
+    values = [b"%05d" % i for i in range(10_000)]
+    for i, value in enumerate(values):
+        assert builder.append_value(1_700_000_000_000 + i // 1000, value) == i
+    data = builder.build().to_bytes()
+    decoded = records.decode_records(data)
+    assert [r.value for r in decoded] == values
+    assert [r.timestamp for r in decoded] == [1_700_000_000_000 + i // 1000 for i in range(10_000)]
+    assert [r.offset for r in decoded] == list(range(10_000))
+    assert DefaultRecordBatch(bytearray(data)).validate_crc()
+
+
+def test_append_value_copies_mutable_values():
+    builder = BatchBuilder()
+    value = bytearray(b"a" * 10)
+    builder.append_value(0, value)
+    builder.append_value(0, value)
+    value[:] = b"b" * 10  # the caller reuses its buffer before the batch is built
+    assert [r.value for r in records.decode_records(builder.build().to_bytes())] == [b"a" * 10] * 2

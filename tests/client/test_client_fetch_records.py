@@ -184,3 +184,93 @@ def test_record_that_does_not_fit_leaves_the_batch_untouched():
     assert builder.append(99999, None, b"b" * 500) == -1  # refused: neither counted nor timestamped
     header = records.validate_batch(builder.build().to_bytes())
     assert (header.records_count, header.max_timestamp) == (1, 1000)
+
+
+# The column-wise decoder must hand out exactly what the record-by-record one does, and take over only the
+# batches it fully verified: uniform ones of every size class (1- and 2-byte lengths, the 64-record offset
+# varint step, LogAppendTime, a fetch offset inside the batch), and near-misses it must refuse (a key, a
+# header, one value of another length, a timestamp spread past 1-byte deltas, a non-zero attributes byte,
+# offset gaps as log compaction leaves them).
+def _uniform_batch(count, value_bytes, *, spread_ms=3, odd=None, base_offset=0, log_append_time=False):
+    from client.protocol.batch_builder import BatchBuilder as Builder
+
+    builder = Builder(batch_size=1 << 30)
+    for i in range(count):
+        value = bytes([i % 251]) * value_bytes
+        timestamp = 1_700_000_000_000 + (i * spread_ms) // max(count, 1)
+        if odd == "key" and i == count // 2:
+            builder.append(timestamp, b"k", value)
+        elif odd == "header" and i == count - 1:
+            builder.append(timestamp, None, value, [("h", b"1")])
+        elif odd == "length" and i == count // 3:
+            builder.append_value(timestamp, value + b"+")
+        elif odd == "null" and i == 5:
+            builder.append_value(timestamp, None)
+        else:
+            builder.append_value(timestamp, value)
+    data = bytearray(builder.build().to_bytes())
+    records.set_base_offset(data, 0, base_offset)
+    if log_append_time:
+        records.set_log_append_time(data, 0, len(data), 1_800_000_000_000)
+    return bytes(data)
+
+
+def _decoded_both_ways(data, min_offset=0):
+    from client.protocol.fetch_records import _decode_uniform, decode_batch_records, decode_records_one_by_one
+
+    header = records.read_header(data, 0)
+    body = bytes(data[records.RECORD_BATCH_OVERHEAD :])
+    fast, slow = [], []
+    decode_batch_records(body, header, "t", 3, min_offset, fast)
+    decode_records_one_by_one(body, header, "t", 3, min_offset, slow)
+    return fast, slow, _decode_uniform(body, header, "t", 3, min_offset) is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=3000),
+    st.sampled_from([0, 1, 20, 59, 60, 61, 100, 1000, 8191, 8192]),
+    st.sampled_from([1, 3, 60, 1000]),
+    st.sampled_from([None, None, "key", "header", "length", "null"]),
+    st.booleans(),
+    st.integers(min_value=0, max_value=5000),
+)
+def test_column_wise_decoding_equals_record_by_record(count, value_bytes, spread_ms, odd, log_append_time, skip):
+    if count * value_bytes > 4_000_000:
+        count = 4_000_000 // max(value_bytes, 1) or 1
+    data = _uniform_batch(count, value_bytes, spread_ms=spread_ms, odd=odd, base_offset=1000,
+                          log_append_time=log_append_time)
+    fast, slow, took_columns = _decoded_both_ways(data, min_offset=1000 + skip % (count + 1))
+    assert fast == slow
+    assert [type(r) for r in fast] == [type(r) for r in slow]
+    first = 1000 + skip % (count + 1)
+    independent = [r for r in records.decode_records(data) if r.offset >= first]  # the shared decoder
+    assert [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in fast] == [
+        (r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in independent
+    ]
+    largest_delta = ((count - 1) * spread_ms) // count
+    expected_uniform = odd is None and count >= 16 and value_bytes <= 8191 and largest_delta <= 63
+    assert took_columns == expected_uniform  # it takes every batch of the shape, and nothing else
+
+
+def test_column_wise_decoding_refuses_offset_gaps_and_attributes():
+    data = bytearray(_uniform_batch(100, 50))
+    fast, slow, took_columns = _decoded_both_ways(bytes(data))
+    assert took_columns and fast == slow and [r.offset for r in fast] == list(range(100))
+    # A compacted batch: the record with offsetDelta 70 (2-byte varint 0x8c 0x01) claims 71 instead.
+    body_start = records.RECORD_BATCH_OVERHEAD
+    first_size = 1 + 1 + 1 + 1 + 1 + 1 + 50 + 1  # length, attributes, ts, offset, key, vlen, value, headers
+    second_size = first_size + 1  # 2-byte offsetDelta from record 64 on
+    at = body_start + 64 * first_size + 6 * second_size + 3  # record 70's offsetDelta, first byte
+    assert data[at : at + 2] == b"\x8c\x01"
+    data[at] = 0x8E
+    crc = records.crc32c(bytes(data[21:]))
+    struct.pack_into(">I", data, 17, crc)
+    fast, slow, took_columns = _decoded_both_ways(bytes(data))
+    assert not took_columns and fast == slow and fast[70].offset == 71
+    # A record whose attributes byte is not 0 (ignored by decoders, but not the uniform shape).
+    data = bytearray(_uniform_batch(100, 50))
+    data[body_start + 1] = 0x04
+    struct.pack_into(">I", data, 17, records.crc32c(bytes(data[21:])))
+    fast, slow, took_columns = _decoded_both_ways(bytes(data))
+    assert not took_columns and fast == slow
