@@ -1,0 +1,1157 @@
+"""The broker end to end: throughput and latency of Kafka clients against copyless, and against Apache Kafka.
+
+What runs (every workload on every broker under test, one broker at a time so they never share the CPU;
+each broker first gets one unmeasured warm-up workload — JIT, page cache, connections):
+
+- ``targets``: the issue-3 table. One producer then one consumer, acks=1, one partition, confluent-kafka
+  (librdkafka), records of 100 B, 1 KB and 10 KB: produce MB/s (send N records, ``flush``) then consume
+  MB/s (read them back from offset 0), as Kafka's own perf tools measure. copyless's own client (client/)
+  runs the same produce and consume when it is installed.
+- ``sendfile``: the same topics read again from copyless serving fetches with ``os.sendfile``, then from
+  the same data dir restarted with ``--no-sendfile`` (record bytes copied through Python), and from Kafka,
+  by two consumers: ``raw-fetch`` (a Fetch v4 loop that reads each response into one reusable buffer and
+  walks batch headers only: the broker's serving rate) and confluent-kafka (every record handed to Python).
+- ``matrix``: producers x consumers x record size x acks x partitions, one factor at a time around a base
+  (1 producer, 1 consumer, 1 KB, acks=1, 1 partition); producers and consumers run concurrently, each in
+  its own process.
+- ``latency``: a fixed offered rate (records/s, 1 KB records) for a fixed time, acks=1 and acks=all:
+  produce latency (send -> delivery report) and end-to-end latency (send -> consumer) at p50/p99/p99.9.
+  Latency is measured from each record's *scheduled* send time, so a stalled producer cannot hide queueing
+  delay (no coordinated omission); the first 20% of each run (at most 2 s) is warm-up and not counted.
+
+Brokers: ``--bootstrap HOST:PORT`` measures any Kafka-protocol broker already running (never stopped by
+this benchmark). Otherwise (compare mode) the benchmark starts ``copyless serve --data-dir D --listen
+127.0.0.1:0`` (reading the bound address from its startup line), later the same data dir with
+``--no-sendfile``, and, when ``../shared/anchors/kafka`` (or ``--kafka-home``) holds the reference Apache
+Kafka, ``run-kafka.sh PORT DATA_DIR`` on a free port pair from 19292 up; every broker it started is
+stopped by pid, also when the run fails or is terminated. Without Kafka it says so and still runs; tiny
+(test) runs never use it. Workers are separate processes forked from a clean forkserver, so the GIL of one
+client never limits another.
+
+Rows: ``section, broker, client, workload, producers, consumers, record_bytes, acks, partitions, records,
+produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for latency rows,
+``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms, e2e_p99_ms,
+e2e_p999_ms``. MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3 targets, the fetch
+path, copyless/Kafka ratios per workload, latency.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import Benchmark, percentile
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
+KAFKA_PORTS = range(19292, 19392, 2)  # run-kafka.sh also takes PORT+1 for its controller
+STARTUP_TIMEOUT_S = 90.0
+WORKER_TIMEOUT_S = 300.0
+_TIMESTAMP = struct.Struct("!q")  # scheduled send time (monotonic ns) at the head of latency payloads
+# Issue-3 reference figures for Kafka on a machine of this size (README of the anchors), MB/s.
+# Consumers for the fetch-path comparison: a raw Fetch loop (the broker's serving rate) and librdkafka.
+FETCH_CLIENTS = ("raw-fetch", "confluent-kafka")
+KAFKA_README_MB_S = {100: (44, 20), 1000: (237, 193), 10000: (276, 293)}
+_ADDRESS_RE = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|localhost):(\d{1,5})\b")
+
+
+@dataclass(frozen=True)
+class Workload:
+    section: str
+    record_bytes: int = 1000
+    records: int = 10_000
+    producers: int = 1
+    consumers: int = 1
+    acks: str = "1"
+    partitions: int = 1
+    client: str = "confluent-kafka"
+    rate_per_s: int | None = None       # latency workloads: offered records/s per producer
+    duration_s: float | None = None     # latency workloads: how long the rate is offered
+    concurrent: bool = False            # consumers run while producers produce
+    consume_only: bool = False          # re-read an existing topic (sendfile section)
+    read_passes: int = 1                # raw-fetch: read the topic this many times (a longer window)
+    topic: str = ""
+    label: str = ""
+
+
+@dataclass
+class WorkerResult:
+    role: str
+    records: int = 0
+    bytes: int = 0
+    started: float = 0.0      # monotonic seconds
+    first_at: float = 0.0     # consumers: when the fetch that returned the first record was asked for
+    finished: float = 0.0
+    errors: int = 0
+    # (scheduled send time ns, latency ms): the orchestrator drops the warm-up seconds by schedule
+    latencies_ms: list[tuple[int, float]] = field(default_factory=list)
+    e2e_ms: list[tuple[int, float]] = field(default_factory=list)
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    error_text: str = ""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Workers (run in spawned processes; keep them importable without side effects)
+
+
+def _confluent_producer_config(bootstrap: str, acks: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": acks,
+        "linger.ms": 5,                     # the anchors README's setting: Kafka 4's default
+        "enable.idempotence": False,        # acks 0/1 cannot be idempotent; keep every run alike
+        "queue.buffering.max.messages": 1_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        "message.max.bytes": 2_000_000,
+        "compression.type": "none",
+    }
+
+
+def _payload(record_bytes: int) -> bytes:
+    # Incompressible and non-zero so nothing on the way can take a shortcut.
+    return os.urandom(max(record_bytes, _TIMESTAMP.size))
+
+
+def _produce_confluent(bootstrap: str, work: Workload, ready, start_event, result: WorkerResult,
+                       records: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(_confluent_producer_config(bootstrap, work.acks))
+    base = _payload(work.record_bytes)
+    tail = base[_TIMESTAMP.size: work.record_bytes]
+    latency = work.rate_per_s is not None
+    now_ns = time.monotonic_ns
+
+    def on_delivery(err, message) -> None:
+        if err is not None:
+            result.errors += 1
+            if not result.error_text:
+                result.error_text = str(err)
+            return
+        result.records += 1
+        if latency:
+            scheduled = _TIMESTAMP.unpack_from(message.value())[0]
+            result.latencies_ms.append((scheduled, (now_ns() - scheduled) / 1e6))
+
+    # Connect and load metadata before the clock starts (a cold first request is not steady-state latency).
+    producer.list_topics(work.topic, timeout=30)
+    ready.put("producer")
+    start_event.wait()
+    result.started = time.monotonic()
+    interval_ns = int(1e9 / work.rate_per_s) if latency else 0
+    start_ns = now_ns()
+    produce = producer.produce
+    for i in range(records):
+        if latency:
+            scheduled = start_ns + i * interval_ns
+            # Wait inside poll(): delivery reports are served (and their latency taken) while pacing.
+            while True:
+                delay = scheduled - now_ns()
+                if delay <= 0:
+                    break
+                producer.poll(min(delay / 1e9, 0.001))
+            value = _TIMESTAMP.pack(scheduled) + tail
+        else:
+            value = base[: work.record_bytes]
+        while True:
+            try:
+                produce(work.topic, value, on_delivery=on_delivery)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                producer.poll(0.001)
+        if latency:
+            producer.poll(0)
+        elif i % 1000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(120)
+    result.finished = time.monotonic()
+    if remaining:
+        result.errors += remaining
+        result.error_text = result.error_text or f"{remaining} records undelivered after flush"
+    result.bytes = result.records * work.record_bytes
+
+
+def _produce_copyless(bootstrap: str, work: Workload, ready, start_event, result: WorkerResult,
+                      records: int) -> None:
+    import asyncio
+
+    from client.producer import Producer  # the project's own client
+
+    latency = work.rate_per_s is not None
+
+    async def run() -> None:
+        producer = Producer(bootstrap, acks=work.acks if work.acks != "all" else "all", linger_ms=5,
+                            batch_size=256 * 1024, buffer_memory=64 << 20)
+        await producer.start()
+        try:
+            await producer.wait_for_topic(work.topic)
+            base = _payload(work.record_bytes)
+            tail = base[_TIMESTAMP.size: work.record_bytes]
+            value_plain = base[: work.record_bytes]
+            now_ns = time.monotonic_ns
+
+            def delivered(future, scheduled=None) -> None:
+                if future.exception() is not None:
+                    result.errors += 1
+                    result.error_text = result.error_text or repr(future.exception())
+                    return
+                result.records += 1
+                if scheduled is not None:
+                    result.latencies_ms.append((scheduled, (now_ns() - scheduled) / 1e6))
+
+            ready.put("producer")
+            await asyncio.get_running_loop().run_in_executor(None, start_event.wait)
+            result.started = time.monotonic()
+            start_ns = now_ns()
+            interval_ns = int(1e9 / work.rate_per_s) if latency else 0
+            for i in range(records):
+                scheduled = None
+                if latency:
+                    scheduled = start_ns + i * interval_ns
+                    delay = scheduled - now_ns()
+                    if delay > 0:
+                        await asyncio.sleep(delay / 1e9)
+                    value = _TIMESTAMP.pack(scheduled) + tail
+                else:
+                    value = value_plain
+                future = await producer.send(work.topic, value)
+                future.add_done_callback(lambda f, s=scheduled: delivered(f, s))
+                if i % 512 == 0:
+                    await asyncio.sleep(0)
+            await producer.flush()
+            result.finished = time.monotonic()
+        finally:
+            await producer.close()
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except ImportError:
+        asyncio.run(run())
+    result.bytes = result.records * work.record_bytes
+
+
+def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], ready, start_event, ends_queue,
+                       result: WorkerResult) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        # librdkafka insists on a group id even for assign(); nothing is committed or joined.
+        "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.max.bytes": 52_428_800,
+        "max.partition.fetch.bytes": 1_048_576 * 4,
+        "queued.max.messages.kbytes": 262_144,
+        "fetch.wait.max.ms": 100,
+    })
+    latency = work.rate_per_s is not None
+    ends: dict[int, int] | None = None
+    last_offsets: dict[int, int] = {p: -1 for p in partitions}
+    now_ns = time.monotonic_ns
+    try:
+        consumer.assign([TopicPartition(work.topic, p, OFFSET_BEGINNING) for p in partitions])
+        # Ask for metadata so the connection exists before the clock starts.
+        consumer.list_topics(work.topic, timeout=30)
+        ready.put("consumer")
+        start_event.wait()
+        result.started = time.monotonic()
+        deadline = result.started + WORKER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ends is None:
+                try:
+                    ends = ends_queue.get_nowait()
+                except queue.Empty:
+                    pass
+            if ends is not None and all(last_offsets[p] + 1 >= ends.get(p, 0) for p in partitions):
+                break
+            called_at = time.monotonic()
+            if latency:
+                # poll() returns as soon as one record is there; consume(n) would wait for n or the timeout
+                # and add that wait to every end-to-end latency.
+                message = consumer.poll(0.05)
+                messages = [message] if message is not None else []
+            else:
+                messages = consumer.consume(num_messages=10_000, timeout=0.05)
+            if not messages:
+                continue
+            received_at = now_ns()
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                value = message.value()
+                result.records += 1
+                result.bytes += len(value)
+                last_offsets[message.partition()] = message.offset()
+                if latency:
+                    scheduled = _TIMESTAMP.unpack_from(value)[0]
+                    result.e2e_ms.append((scheduled, (received_at - scheduled) / 1e6))
+            if not result.first_at:
+                result.first_at = called_at
+            result.finished = time.monotonic()
+        else:
+            result.error_text = f"consumer timed out at {last_offsets}, ends {ends}"
+    finally:
+        consumer.close()
+
+
+def _consume_copyless(bootstrap: str, work: Workload, partitions: list[int], ready, start_event, ends_queue,
+                      result: WorkerResult) -> None:
+    """The project's own asyncio consumer (manual assignment from offset 0, every record fully decoded)."""
+    import asyncio
+
+    from client.consumer import Consumer
+
+    async def run() -> None:
+        consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                            max_partition_fetch_bytes=4 << 20)
+        await consumer.start()
+        try:
+            assigned = [(work.topic, p) for p in partitions]
+            consumer.assign(assigned)
+            consumer.seek_to_beginning(*assigned)
+            last_offsets = {p: -1 for p in partitions}
+            ends = None
+            ready.put("consumer")
+            await asyncio.get_running_loop().run_in_executor(None, start_event.wait)
+            result.started = time.monotonic()
+            deadline = result.started + WORKER_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if ends is None:
+                    try:
+                        ends = ends_queue.get_nowait()
+                    except queue.Empty:
+                        pass
+                if ends is not None and all(last_offsets[p] + 1 >= ends.get(p, 0) for p in partitions):
+                    break
+                called_at = time.monotonic()
+                batches = await consumer.getmany(timeout_ms=50)
+                if not batches:
+                    continue
+                for tp, records in batches.items():
+                    for record in records:
+                        result.records += 1
+                        result.bytes += len(record.value)
+                    last_offsets[tp[1]] = records[-1].offset
+                if not result.first_at:
+                    result.first_at = called_at
+                result.finished = time.monotonic()
+            else:
+                result.error_text = f"consumer timed out at {last_offsets}, ends {ends}"
+        finally:
+            await consumer.close()
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except ImportError:
+        asyncio.run(run())
+
+
+_FETCH_V4_PARTITION = struct.Struct("!iqi")       # partition, fetch_offset, partition_max_bytes
+_FETCH_V4_HEAD = struct.Struct("!hhi")             # api_key, api_version, correlation_id (header v1)
+_FETCH_V4_BODY = struct.Struct("!iiiib")           # replica_id, max_wait_ms, min_bytes, max_bytes, isolation
+_FETCH_V4_PARTITION_HEAD = struct.Struct("!ihqq")  # partition, error_code, high_watermark, last_stable_offset
+
+
+def _encode_fetch_v4(correlation_id: int, topic: str, offsets: dict[int, int], max_bytes: int) -> bytes:
+    """A Fetch v4 request (header v1), the oldest version that carries v2 record batches."""
+    client_id = b"copyless-bench-raw"
+    name = topic.encode()
+    parts = [_FETCH_V4_HEAD.pack(1, 4, correlation_id), struct.pack("!h", len(client_id)), client_id,
+             _FETCH_V4_BODY.pack(-1, 500, 1, max_bytes, 0), struct.pack("!i", 1),
+             struct.pack("!h", len(name)), name, struct.pack("!i", len(offsets))]
+    parts += [_FETCH_V4_PARTITION.pack(p, offset, max_bytes) for p, offset in sorted(offsets.items())]
+    body = b"".join(parts)
+    return struct.pack("!i", len(body)) + body
+
+
+def _consume_raw(bootstrap: str, work: Workload, partitions: list[int], ready, start_event, ends_queue,
+                 result: WorkerResult) -> None:
+    """A consumer that measures the broker's fetch path, not a client library's record handling.
+
+    One Fetch v4 in flight at a time (like a consumer), 8 MiB per partition per fetch, the response read
+    with recv_into into one reusable buffer; only batch headers are walked (to count records and find the
+    next fetch offset). No record is decoded or copied into a Python object.
+    """
+    from client.protocol.records import iter_batches
+
+    host, _, port = bootstrap.rpartition(":")
+    max_bytes = 8 << 20
+    buffer = bytearray(max_bytes * max(1, len(partitions)) + (1 << 16))
+    view = memoryview(buffer)
+    offsets = {p: 0 for p in partitions}
+    ends: dict[int, int] | None = None
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def read_exactly(count: int) -> None:
+            got = 0
+            while got < count:
+                n = sock.recv_into(view[got:count])
+                if n == 0:
+                    raise ConnectionError("broker closed the connection")
+                got += n
+
+        ready.put("consumer")
+        start_event.wait()
+        result.started = time.monotonic()
+        deadline = result.started + WORKER_TIMEOUT_S
+        correlation_id = 0
+        passes_done = 0
+        while time.monotonic() < deadline:
+            if ends is None:
+                try:
+                    ends = ends_queue.get_nowait()
+                except queue.Empty:
+                    pass
+            if ends is not None and all(offsets[p] >= ends.get(p, 0) for p in partitions):
+                passes_done += 1
+                if passes_done >= work.read_passes:
+                    break
+                offsets = {p: 0 for p in partitions}  # again from the start: same bytes, page-cache warm
+            correlation_id += 1
+            called_at = time.monotonic()
+            sock.sendall(_encode_fetch_v4(correlation_id, work.topic, offsets, max_bytes))
+            read_exactly(4)
+            size = struct.unpack_from("!i", buffer)[0]
+            if size > len(buffer):
+                buffer = bytearray(size)
+                view = memoryview(buffer)
+            read_exactly(size)
+            position = 8  # correlation_id, throttle_time_ms
+            (topics,) = struct.unpack_from("!i", buffer, position)
+            position += 4
+            records_before = result.records
+            for _ in range(topics):
+                (name_length,) = struct.unpack_from("!h", buffer, position)
+                position += 2 + name_length
+                (count,) = struct.unpack_from("!i", buffer, position)
+                position += 4
+                for _ in range(count):
+                    partition, error_code, _hw, _lso = _FETCH_V4_PARTITION_HEAD.unpack_from(buffer, position)
+                    position += _FETCH_V4_PARTITION_HEAD.size
+                    (aborted,) = struct.unpack_from("!i", buffer, position)
+                    position += 4 + max(aborted, 0) * 16
+                    (records_length,) = struct.unpack_from("!i", buffer, position)
+                    position += 4
+                    if error_code:
+                        raise RuntimeError(f"fetch error {error_code} on partition {partition}")
+                    if records_length <= 0:
+                        continue
+                    for _, header in iter_batches(view, position, position + records_length):
+                        result.records += header.records_count
+                        offsets[partition] = header.next_offset
+                    position += records_length
+            if result.records > records_before:
+                if not result.first_at:
+                    result.first_at = called_at
+                result.finished = time.monotonic()
+        else:
+            result.error_text = f"raw consumer timed out at {offsets}, ends {ends}"
+    result.bytes = result.records * work.record_bytes
+
+
+class _Ready:
+    """The worker's "connected, waiting for the start" signal; sent exactly once, even when it fails."""
+
+    def __init__(self, queue_) -> None:
+        self.queue = queue_
+        self.sent = False
+
+    def put(self, role: str) -> None:
+        if not self.sent:
+            self.sent = True
+            self.queue.put(role)
+
+
+def _worker_main(role: str, bootstrap: str, work: Workload, records: int, partitions: list[int],
+                 ready_queue, start_event, ends_queue, results) -> None:
+    result = WorkerResult(role=role)
+    ready = _Ready(ready_queue)
+    try:
+        if role == "producer":
+            produce = _produce_copyless if work.client == "copyless" else _produce_confluent
+            produce(bootstrap, work, ready, start_event, result, records)
+        elif work.client == "copyless" and importlib.util.find_spec("client.consumer") is not None:
+            _consume_copyless(bootstrap, work, partitions, ready, start_event, ends_queue, result)
+        elif work.client == "raw-fetch":
+            _consume_raw(bootstrap, work, partitions, ready, start_event, ends_queue, result)
+        else:
+            _consume_confluent(bootstrap, work, partitions, ready, start_event, ends_queue, result)
+    except BaseException as exc:  # reported to the orchestrator, which fails the workload
+        result.error_text = f"{type(exc).__name__}: {exc}"
+        ready.put("failed")  # never leave the orchestrator waiting for a worker that died early
+    results.put(asdict(result))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Brokers
+
+
+class BrokerHandle:
+    """A broker under test: its bootstrap and, when this benchmark started it, the process to stop."""
+
+    def __init__(self, name: str, bootstrap: str, *, pid: int | None = None, process=None, log_path=None):
+        self.name = name
+        self.bootstrap = bootstrap
+        self.pid = pid
+        self.process = process
+        self.log_path = log_path
+
+    def stop(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait(timeout=30)
+        elif self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.2)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _find_listen_address(text: str) -> tuple[str, int] | None:
+    for line in text.splitlines():
+        if "listen" not in line.lower():
+            continue
+        match = _ADDRESS_RE.search(line)
+        if match and int(match.group(2)) != 0:
+            host = "127.0.0.1" if match.group(1) in ("0.0.0.0", "localhost") else match.group(1)
+            return host, int(match.group(2))
+    return None
+
+
+def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True,
+                   extra_args: tuple[str, ...] = ()) -> BrokerHandle:
+    """``copyless serve --data-dir D --listen 127.0.0.1:0``; returns once its startup line names the port."""
+    command = [sys.executable, "-m", "broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
+    if not sendfile:
+        command.append("--no-sendfile")
+    command += list(extra_args)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    log_file = open(log_path, "ab")
+    offset = log_path.stat().st_size
+    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env=env, cwd=str(data_dir.parent))
+    log_file.close()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+        found = _find_listen_address(text)
+        if found is not None:
+            return BrokerHandle("copyless" if sendfile else "copyless --no-sendfile", f"{found[0]}:{found[1]}",
+                                process=process, log_path=log_path)
+        if process.poll() is not None:
+            raise RuntimeError(f"copyless exited with {process.returncode} before listening:\n{text[-3000:]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait(30)
+            raise RuntimeError(f"copyless printed no listening address in {STARTUP_TIMEOUT_S:.0f} s:\n{text[-3000:]}")
+        time.sleep(0.05)
+
+
+def _port_free(port: int) -> bool:
+    for candidate in (port, port + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                return False
+    return True
+
+
+def start_kafka(kafka_home: Path, data_dir: Path) -> BrokerHandle:
+    """``run-kafka.sh PORT DATA_DIR`` on the first free port pair from 19292; it prints the broker's pid."""
+    port = next((p for p in KAFKA_PORTS if _port_free(p)), None)
+    if port is None:
+        raise RuntimeError(f"no free port pair in {KAFKA_PORTS.start}..{KAFKA_PORTS.stop}")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    completed = subprocess.run([str(kafka_home / "run-kafka.sh"), str(port), str(data_dir)],
+                               capture_output=True, text=True, timeout=STARTUP_TIMEOUT_S + 30)
+    if completed.returncode != 0:
+        raise RuntimeError(f"run-kafka.sh failed: {completed.stderr.strip()[-2000:]}")
+    pid = int(completed.stdout.strip().split()[-1])
+    return BrokerHandle("kafka", f"127.0.0.1:{port}", pid=pid, log_path=data_dir / "kafka.out")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Orchestration
+
+
+def _admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(bootstrap)  # keep a reference: a collected AdminClient fails its pending futures
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+                                  request_timeout=30)
+    futures[topic].result(60)
+    # Wait until metadata shows every partition with a leader (Kafka creates them asynchronously).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        metadata = admin.list_topics(topic, timeout=10)
+        described = metadata.topics.get(topic)
+        if described is not None and described.error is None and len(described.partitions) == partitions and all(
+                p.leader >= 0 for p in described.partitions.values()):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {topic} not ready")
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-ends-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "log_level": 4})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _steady(work: Workload, samples: list) -> list[float]:
+    """Latencies of records scheduled after the warm-up (the first 20% of the run, at most 2 s)."""
+    if not samples:
+        return []
+    warmup_ns = int(min(2.0, 0.2 * (work.duration_s or 0)) * 1e9)
+    first = min(scheduled for scheduled, _ in samples)
+    return [latency for scheduled, latency in samples if scheduled >= first + warmup_ns]
+
+
+def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
+    """Run one workload against ``bootstrap``; returns the measured figures (raises on client errors)."""
+    if not work.consume_only:
+        create_topic(bootstrap, work.topic, work.partitions)
+    ready = ctx.Queue()
+    results = ctx.Queue()
+    processes = []
+
+    def spawn(role: str, records: int, partitions: list[int], start_event, ends_queue) -> None:
+        process = ctx.Process(target=_worker_main, args=(role, bootstrap, work, records, partitions, ready,
+                                                         start_event, ends_queue, results), daemon=True)
+        process.start()
+        processes.append(process)
+
+    def gather(count: int) -> list[WorkerResult]:
+        gathered = []
+        for _ in range(count):
+            try:
+                gathered.append(WorkerResult(**results.get(timeout=WORKER_TIMEOUT_S + 60)))
+            except queue.Empty:
+                raise TimeoutError(f"{work.section}: a worker did not report") from None
+        failed = [r for r in gathered if r.error_text and (r.role == "consumer" or r.errors or not r.records)]
+        if failed:
+            raise RuntimeError(f"{work.section} {work.label}: {failed[0].role}: {failed[0].error_text}")
+        return gathered
+
+    def consumer_partitions() -> list[list[int]]:
+        assignment: list[list[int]] = [[] for _ in range(min(work.consumers, work.partitions))]
+        for p in range(work.partitions):
+            assignment[p % len(assignment)].append(p)
+        return assignment
+
+    figures: dict[str, Any] = {}
+    try:
+        producer_results: list[WorkerResult] = []
+        consumer_results: list[WorkerResult] = []
+        producer_count = 0 if work.consume_only else work.producers
+        records_each = _split(work.records, max(producer_count, 1))
+        produce_start = ctx.Event()
+        consume_start = produce_start if (work.concurrent or work.consume_only) else ctx.Event()
+        ends_queues = []
+        assignment = consumer_partitions()
+        for i in range(producer_count):
+            spawn("producer", records_each[i], [], produce_start, None)
+        if work.concurrent or work.consume_only:
+            for partitions in assignment:
+                ends_queues.append(ctx.Queue())
+                spawn("consumer", 0, partitions, consume_start, ends_queues[-1])
+        for _ in processes:  # each worker is connected (and consumers assigned) before the clock starts
+            ready.get(timeout=120)
+        produce_start.set()
+        if producer_count:
+            producer_results = gather(producer_count)
+        ends = end_offsets(bootstrap, work.topic, work.partitions)
+        produced = sum(r.records for r in producer_results)
+        settle_deadline = time.monotonic() + 15
+        # With acks=0 a producer's flush returns before the broker has appended everything it was sent.
+        while sum(ends.values()) < produced and time.monotonic() < settle_deadline:
+            time.sleep(0.1)
+            ends = end_offsets(bootstrap, work.topic, work.partitions)
+        if not (work.concurrent or work.consume_only):
+            for partitions in assignment:
+                ends_queues.append(ctx.Queue())
+                spawn("consumer", 0, partitions, consume_start, ends_queues[-1])
+            for _ in assignment:
+                ready.get(timeout=120)
+            consume_start.set()
+        for q in ends_queues:
+            q.put(ends)
+        consumer_results = gather(len(assignment))
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+
+    if producer_results:
+        produced = sum(r.records for r in producer_results)
+        seconds = max(r.finished for r in producer_results) - min(r.started for r in producer_results)
+        figures.update(records=produced, produce_records_per_s=produced / seconds,
+                       produce_mb_per_s=sum(r.bytes for r in producer_results) / seconds / 1e6)
+        latencies = _steady(work, [x for r in producer_results for x in r.latencies_ms])
+        if work.rate_per_s is not None and latencies:
+            figures.update(produce_p50_ms=percentile(latencies, 50), produce_p99_ms=percentile(latencies, 99),
+                           produce_p999_ms=percentile(latencies, 99.9), achieved_per_s=produced / seconds)
+    consumed = sum(r.records for r in consumer_results)
+    if consumed:
+        # From the fetch that returned the first record to the last record: connection set-up and the
+        # offset lookup are not consume throughput (kafka-consumer-perf-test's fetch.MB.sec likewise).
+        seconds = max(r.finished for r in consumer_results) - min(
+            r.first_at for r in consumer_results if r.records)
+        figures.update(consumed=consumed, consume_records_per_s=consumed / seconds,
+                       consume_mb_per_s=sum(r.bytes for r in consumer_results) / seconds / 1e6)
+        e2e = _steady(work, [x for r in consumer_results for x in r.e2e_ms])
+        if work.rate_per_s is not None and e2e:
+            figures.update(e2e_p50_ms=percentile(e2e, 50), e2e_p99_ms=percentile(e2e, 99),
+                           e2e_p999_ms=percentile(e2e, 99.9))
+    expected = sum(ends.values()) * (work.read_passes if work.client == "raw-fetch" else 1)
+    if consumed != expected:
+        raise RuntimeError(f"{work.section} {work.label}: consumed {consumed} records, the log holds {expected}")
+    if not work.consume_only and sum(ends.values()) < work.records:
+        raise RuntimeError(f"{work.section} {work.label}: {work.records} sent, the log holds {expected}")
+    return figures
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plans
+
+
+def _records_for(record_bytes: int, budget_bytes: int, cap: int) -> int:
+    return max(50, min(cap, budget_bytes // record_bytes))
+
+
+def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
+    budget = bench.pick(full=256 << 20, quick=24 << 20, tiny=1 << 20)
+    cap = bench.pick(full=1_000_000, quick=100_000, tiny=2_000)
+    targets = []
+    for client in clients:
+        # The project's client is measured at every size in full runs, at 100 B (its target) otherwise.
+        sizes = (100,) if bench.tiny or (bench.quick and client != "confluent-kafka") else (100, 1000, 10_000)
+        for record_bytes in sizes:
+            targets.append(Workload("targets", record_bytes, _records_for(record_bytes, budget, cap),
+                                    client=client, label=f"{record_bytes} B {client}"))
+    matrix_budget = bench.pick(full=128 << 20, quick=12 << 20, tiny=1 << 19)
+    base = Workload("matrix", 1000, _records_for(1000, matrix_budget, cap), concurrent=True, label="base")
+    if bench.tiny:
+        variations = [dict(producers=2, consumers=2, partitions=2, acks="all")]
+    else:
+        variations = [dict(producers=2), dict(consumers=2, partitions=2)]
+        if not bench.quick:
+            variations += [dict(acks="all"), dict(record_bytes=100), dict(record_bytes=10_000), dict(acks="0"), dict(partitions=4),
+                           dict(producers=4), dict(record_bytes=100_000), dict(partitions=8, consumers=2)]
+    # Tiny (test) runs take only the variation: it exercises every code path the base does, and more.
+    matrix = [] if bench.tiny else [base]
+    for change in variations:
+        work = replace(base, **change)
+        work = replace(work, records=_records_for(work.record_bytes, matrix_budget, cap),
+                       label=", ".join(f"{k}={v}" for k, v in change.items()))
+        matrix.append(work)
+    rates = bench.pick(full=[1_000, 10_000, 30_000], quick=[5_000], tiny=[500])
+    duration = bench.pick(full=15.0, quick=3.0, tiny=0.6)
+    latency = []
+    for acks in (("1",) if bench.tiny else ("1", "all")):
+        for rate in rates:
+            latency.append(Workload("latency", 1000, int(rate * duration), acks=acks, rate_per_s=rate,
+                                    duration_s=duration, concurrent=True, label=f"{rate}/s acks={acks}"))
+    # One unmeasured produce+consume per broker first: JIT (Kafka's JVM), page cache, connections.
+    warmup = [] if bench.tiny else [Workload("warmup", 1000, _records_for(1000, matrix_budget, cap),
+                                             concurrent=True, label="warm-up")]
+    return {"targets": targets, "matrix": matrix, "latency": latency, "warmup": warmup}
+
+
+def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any]) -> dict[str, Any]:
+    return bench.row(section=work.section, broker=broker, client=work.client, workload=work.label,
+                     producers=work.producers if not work.consume_only else 0, consumers=work.consumers,
+                     record_bytes=work.record_bytes, acks=work.acks, partitions=work.partitions,
+                     records=figures.get("records", figures.get("consumed")),
+                     produce_mb_per_s=figures.get("produce_mb_per_s"),
+                     produce_records_per_s=figures.get("produce_records_per_s"),
+                     consume_mb_per_s=figures.get("consume_mb_per_s"),
+                     consume_records_per_s=figures.get("consume_records_per_s"),
+                     offered_per_s=work.rate_per_s, achieved_per_s=figures.get("achieved_per_s"),
+                     produce_p50_ms=figures.get("produce_p50_ms"), produce_p99_ms=figures.get("produce_p99_ms"),
+                     produce_p999_ms=figures.get("produce_p999_ms"), e2e_p50_ms=figures.get("e2e_p50_ms"),
+                     e2e_p99_ms=figures.get("e2e_p99_ms"), e2e_p999_ms=figures.get("e2e_p999_ms"))
+
+
+def _topic(broker: str, work: Workload) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{work.section}-{work.label}").strip("-")
+    return f"bench-{safe}-{uuid.uuid4().hex[:6]}"[:200]
+
+
+def _copyless_client_available() -> bool:
+    return importlib.util.find_spec("client.producer") is not None
+
+
+def main(argv=None) -> dict[str, Any]:
+    def arguments(parser) -> None:
+        parser.add_argument("--bootstrap", help="measure this running Kafka-protocol broker (HOST:PORT) "
+                            "instead of starting copyless and Kafka")
+        parser.add_argument("--label", default="external", help="name of the --bootstrap broker in tables")
+        parser.add_argument("--kafka-home", type=Path, default=DEFAULT_KAFKA_HOME,
+                            help="reference Apache Kafka (run-kafka.sh); default ../shared/anchors/kafka")
+        parser.add_argument("--no-kafka", action="store_true", help="compare mode without the reference Kafka")
+        parser.add_argument("--clients", default="auto",
+                            help="confluent-kafka,copyless (default: both when client/ has a producer)")
+        parser.add_argument("--sections", default="targets,sendfile,matrix,latency",
+                            help="subset of targets,sendfile,matrix,latency")
+
+    bench = Benchmark("throughput", "end to end: Kafka clients against copyless and Apache Kafka "
+                      "(throughput, latency at a fixed rate)", argv, arguments=arguments)
+    args = bench.args
+    sections = [s for s in args.sections.split(",") if s]
+    if args.clients == "auto":
+        clients = ["confluent-kafka"] + (["copyless"] if _copyless_client_available() else [])
+        if "copyless" not in clients:
+            bench.note("copyless's own client (client/producer.py) is not available: confluent-kafka only")
+    else:
+        clients = [c for c in args.clients.split(",") if c]
+    if "copyless" in clients:
+        bench.note("copyless's own client (producer and consumer) runs the targets section; every other "
+                   "workload uses confluent-kafka; consumers use assign() from offset 0, no group")
+    plans = plan(bench, clients)
+    bench.note("latency percentiles are measured from each record's scheduled send time and exclude the first "
+               "20% of each run (at most 2 s) as warm-up; consume MB/s runs from the fetch that returned the "
+               "first record to the last record")
+    # Workers fork from a clean single-threaded server that has already imported the Kafka client: no
+    # librdkafka threads are ever forked, and each worker starts in milliseconds instead of a second.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["confluent_kafka"])
+
+    brokers_run: list[str] = []
+    executed: list[tuple[str, Workload]] = []  # (broker, workload with its topic)
+    kafka_state = "not used"
+
+    def run_all(handle: BrokerHandle, wanted: list[str], bar) -> None:
+        brokers_run.append(handle.name)
+        for work in plans["warmup"]:
+            bar.describe(f"{handle.name}: warm-up")
+            run_workload(ctx, handle.bootstrap, replace(work, topic=_topic(handle.name, work)))
+        for section in wanted:
+            for work in plans.get(section, []):
+                if handle.name == "kafka" and work.client == "copyless" and section != "targets":
+                    continue
+                work = replace(work, topic=_topic(handle.name, work))
+                bar.describe(f"{handle.name}: {section} {work.label}")
+                figures = run_workload(ctx, handle.bootstrap, work)
+                _row(bench, handle.name, work, figures)
+                executed.append((handle.name, work))
+                bar.advance(1)
+
+    def sendfile_pass(handle: BrokerHandle, filled: list[Workload], bar) -> None:
+        if handle.name not in brokers_run:
+            brokers_run.append(handle.name)
+        for work in filled:
+            topic_bytes = work.records * work.record_bytes
+            for client in FETCH_CLIENTS:
+                passes = max(1, min(50, fetch_bytes // topic_bytes)) if client == "raw-fetch" else 1
+                consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
+                                  label=f"{work.record_bytes} B {client}")
+                bar.describe(f"{handle.name}: fetch path {consume.label}")
+                figures = run_workload(ctx, handle.bootstrap, consume)
+                _row(bench, handle.name, consume, figures)
+                bar.advance(1)
+
+    sendfile_plan = [w for w in plans["targets"] if w.client == "confluent-kafka"
+                     and (not bench.quick or bench.tiny or w.record_bytes == 10_000)]
+    fetch_sizes = {w.record_bytes for w in sendfile_plan}
+    # The raw Fetch loop serves ~1 GB/s: read each topic several times so the window is long enough to time.
+    fetch_bytes = bench.pick(full=2 << 30, quick=256 << 20, tiny=0)
+    main_sections = [s for s in sections if s != "sendfile"]
+    per_broker = sum(len(plans.get(s, [])) for s in main_sections)
+    with bench.scratch_dir() as scratch:
+        if args.bootstrap:
+            with bench.progress(per_broker, "workloads") as bar:
+                run_all(BrokerHandle(args.label, args.bootstrap), main_sections, bar)
+            if "sendfile" in sections:
+                bench.note("sendfile section skipped: it needs a copyless broker this benchmark starts")
+        else:
+            kafka_home = args.kafka_home
+            use_kafka = (not args.no_kafka and not bench.tiny and (kafka_home / "run-kafka.sh").exists()
+                         and shutil.which("java") is not None)
+            if bench.tiny:
+                kafka_state = "skipped (tiny mode: test runs never depend on the reference Kafka)"
+            elif args.no_kafka:
+                kafka_state = "skipped (--no-kafka)"
+            elif not use_kafka:
+                kafka_state = f"not found at {kafka_home} (or no java): copyless measured alone"
+            else:
+                kafka_state = f"Apache Kafka from {kafka_home}"
+            bench.note(f"reference Kafka: {kafka_state}")
+            with_sendfile = "sendfile" in sections
+            fetch_passes = len(sendfile_plan) * len(FETCH_CLIENTS)
+            total = (per_broker + (fetch_passes if with_sendfile else 0)) * (2 if use_kafka else 1) + (
+                fetch_passes if with_sendfile else 0)
+            with bench.progress(total, "workloads") as bar:
+                data_dir = scratch / "copyless-data"
+                data_dir.mkdir()
+                handle = start_copyless(data_dir, scratch / "copyless.log")
+                filled: list[Workload] = []
+                try:
+                    run_all(handle, main_sections, bar)
+                    if with_sendfile:
+                        filled = [w for b, w in executed if w.section == "targets" and w.client == "confluent-kafka"
+                                  and w.record_bytes in fetch_sizes]
+                        if not filled:  # targets not run: fill the same topics without measuring
+                            for work in sendfile_plan:
+                                work = replace(work, topic=_topic(handle.name, work))
+                                run_workload(ctx, handle.bootstrap, work)
+                                filled.append(work)
+                        sendfile_pass(handle, filled, bar)
+                finally:
+                    handle.stop()
+                if with_sendfile:
+                    # The same data dir, the same topics, fetches copied through Python instead.
+                    handle = start_copyless(data_dir, scratch / "copyless-nosendfile.log", sendfile=False)
+                    try:
+                        sendfile_pass(handle, filled, bar)
+                    finally:
+                        handle.stop()
+                if use_kafka:
+                    try:
+                        kafka = start_kafka(kafka_home, scratch / "kafka-data")
+                    except Exception as exc:
+                        bench.note(f"reference Kafka did not start: {exc}")
+                        kafka_state = f"failed to start: {exc}"
+                        kafka = None
+                    if kafka is not None:
+                        try:
+                            run_all(kafka, main_sections, bar)
+                            if with_sendfile:
+                                kafka_filled = [w for b, w in executed if b == "kafka" and w.section == "targets"
+                                                and w.client == "confluent-kafka" and w.record_bytes in fetch_sizes]
+                                if not kafka_filled:
+                                    for work in sendfile_plan:
+                                        work = replace(work, topic=_topic("kafka", work))
+                                        run_workload(ctx, kafka.bootstrap, work)
+                                        kafka_filled.append(work)
+                                sendfile_pass(kafka, kafka_filled, bar)
+                        finally:
+                            kafka.stop()
+    return _finish(bench, brokers_run, kafka_state, clients)
+
+
+def _value(rows: list[dict[str, Any]], key: str, **match) -> float | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row.get(key)
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients: list[str]) -> dict[str, Any]:
+    rows = bench.rows
+    have_kafka = "kafka" in brokers_run
+    ours = "copyless" if "copyless" in brokers_run else (brokers_run[0] if brokers_run else "copyless")
+
+    # Issue-3 targets: produce/consume MB/s at 100 B, 1 KB, 10 KB, acks=1, one partition, confluent-kafka.
+    target_rows = []
+    for record_bytes in (100, 1000, 10_000):
+        match = dict(section="targets", client="confluent-kafka", record_bytes=record_bytes)
+        produce = _value(rows, "produce_mb_per_s", broker=ours, **match)
+        consume = _value(rows, "consume_mb_per_s", broker=ours, **match)
+        if produce is None:
+            continue
+        kafka_produce = _value(rows, "produce_mb_per_s", broker="kafka", **match)
+        kafka_consume = _value(rows, "consume_mb_per_s", broker="kafka", **match)
+        readme = KAFKA_README_MB_S[record_bytes]
+        target_rows.append({
+            "record_bytes": record_bytes,
+            "copyless_produce_mb_s": produce, "kafka_produce_mb_s": kafka_produce,
+            "produce_ratio": _ratio(produce, kafka_produce),
+            "copyless_consume_mb_s": consume, "kafka_consume_mb_s": kafka_consume,
+            "consume_ratio": _ratio(consume, kafka_consume),
+            "kafka_readme_produce_mb_s": readme[0], "kafka_readme_consume_mb_s": readme[1],
+            "target_met": (produce >= kafka_produce and consume >= kafka_consume)
+            if kafka_produce is not None and kafka_consume is not None and consume is not None else None,
+        })
+    if target_rows:
+        bench.table("Issue-3 targets: copyless >= Kafka, acks=1, one partition, confluent-kafka (MB/s; "
+                    "ratio = copyless / Kafka; README = Kafka figures noted earlier on this machine)", target_rows)
+
+    sendfile_rows = []
+    for client in FETCH_CLIENTS:
+        for record_bytes in (100, 1000, 10_000):
+            match = dict(section="sendfile", client=client, record_bytes=record_bytes)
+            on = _value(rows, "consume_mb_per_s", broker="copyless", **match)
+            off = _value(rows, "consume_mb_per_s", broker="copyless --no-sendfile", **match)
+            kafka = _value(rows, "consume_mb_per_s", broker="kafka", **match)
+            if on is None and off is None:
+                continue
+            sendfile_rows.append({"client": client, "record_bytes": record_bytes, "sendfile_mb_s": on,
+                                  "no_sendfile_mb_s": off, "ratio": _ratio(on, off),
+                                  "target_1_5x_met": (on / off >= 1.5) if on and off else None,
+                                  "kafka_mb_s": kafka, "copyless_vs_kafka": _ratio(on, kafka)})
+    if sendfile_rows:
+        bench.table("Fetch path: copyless with sendfile vs --no-sendfile (and Kafka), consume MB/s of the same "
+                    "topics; raw-fetch = a Fetch loop that walks batch headers only (the broker's serving rate), "
+                    "confluent-kafka = librdkafka handing every record to Python (target >= 1.5x)", sendfile_rows)
+
+    comparisons = []
+    if have_kafka:
+        for row in rows:
+            if row["broker"] != ours or row["section"] not in ("targets", "matrix", "latency"):
+                continue
+            kafka_row = next((r for r in rows if r["broker"] == "kafka" and r["section"] == row["section"]
+                              and r["workload"] == row["workload"] and r["client"] == row["client"]), None)
+            if kafka_row is None:
+                continue
+            comparisons.append({
+                "section": row["section"], "workload": row["workload"], "client": row["client"],
+                "produce_ratio": _ratio(row["produce_mb_per_s"], kafka_row["produce_mb_per_s"]),
+                "consume_ratio": _ratio(row["consume_mb_per_s"], kafka_row["consume_mb_per_s"]),
+                "produce_p99_ratio": _ratio(row["produce_p99_ms"], kafka_row["produce_p99_ms"]),
+                "e2e_p99_ratio": _ratio(row["e2e_p99_ms"], kafka_row["e2e_p99_ms"]),
+            })
+        bench.table("copyless / Kafka, same workload, same client (throughput ratio > 1: copyless faster; "
+                    "latency ratio < 1: copyless faster)", comparisons)
+
+    latency_rows = [r for r in rows if r["section"] == "latency"]
+    if latency_rows:
+        bench.table("Latency at a fixed offered rate (1 KB records; ms from the scheduled send time)", [
+            {k: r[k] for k in ("broker", "acks", "offered_per_s", "achieved_per_s", "produce_p50_ms",
+                               "produce_p99_ms", "produce_p999_ms", "e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms")}
+            for r in latency_rows])
+
+    ratios: dict[str, Any] = {}
+    for t in target_rows:
+        if t["produce_ratio"] is not None:
+            ratios[f"produce_vs_kafka_{t['record_bytes']}B"] = t["produce_ratio"]
+            ratios[f"consume_vs_kafka_{t['record_bytes']}B"] = t["consume_ratio"]
+    for t in sendfile_rows:
+        if t["ratio"] is not None:
+            ratios[f"sendfile_vs_copy_{t['client']}_{t['record_bytes']}B"] = t["ratio"]
+    if not have_kafka:
+        bench.note("no Kafka figures in this run: ratio tables against Kafka are absent")
+
+    def chart(fig) -> None:
+        axes = fig.subplots(2, 2)
+        fig.set_size_inches(12, 9)
+        brokers = [b for b in dict.fromkeys(r["broker"] for r in rows if r["section"] == "targets")]
+        ax = axes[0][0]
+        sizes = [100, 1000, 10_000]
+        width = 0.8 / max(1, 2 * len(brokers))
+        for i, broker in enumerate(brokers):
+            for j, (key, hatch) in enumerate((("produce_mb_per_s", ""), ("consume_mb_per_s", "//"))):
+                values = [_value(rows, key, section="targets", broker=broker, client="confluent-kafka",
+                                 record_bytes=s) or 0 for s in sizes]
+                offset = (2 * i + j - (2 * len(brokers) - 1) / 2) * width
+                ax.bar([k + offset for k in range(len(sizes))], values, width, hatch=hatch,
+                       label=f"{broker} {'produce' if j == 0 else 'consume'}")
+        ax.set_xticks(range(len(sizes)), [f"{s} B" for s in sizes])
+        ax.set_ylabel("MB/s")
+        ax.set_title("targets: acks=1, 1 partition, confluent-kafka")
+        ax.legend(fontsize=7)
+        ax = axes[0][1]
+        if sendfile_rows:
+            x = range(len(sendfile_rows))
+            ax.bar([k - 0.27 for k in x], [r["sendfile_mb_s"] or 0 for r in sendfile_rows], 0.27, label="sendfile")
+            ax.bar(list(x), [r["no_sendfile_mb_s"] or 0 for r in sendfile_rows], 0.27, label="--no-sendfile")
+            if any(r["kafka_mb_s"] for r in sendfile_rows):
+                ax.bar([k + 0.27 for k in x], [r["kafka_mb_s"] or 0 for r in sendfile_rows], 0.27, label="Kafka")
+            ax.set_xticks(list(x), [f"{r['record_bytes']} B\n{r['client']}" for r in sendfile_rows], fontsize=7)
+            ax.legend(fontsize=7)
+        ax.set_ylabel("consume MB/s")
+        ax.set_title("copyless fetch path: sendfile vs copy")
+        ax = axes[1][0]
+        for number, broker in enumerate(dict.fromkeys(r["broker"] for r in latency_rows)):
+            color = f"C{number}"
+            for acks, style in (("1", "-"), ("all", "--")):
+                chosen = [r for r in latency_rows if r["broker"] == broker and r["acks"] == acks]
+                if chosen:
+                    ax.plot([r["offered_per_s"] for r in chosen], [r["e2e_p99_ms"] for r in chosen], style,
+                            color=color, marker="o", label=f"{broker} e2e p99 acks={acks}")
+                    ax.plot([r["offered_per_s"] for r in chosen], [r["produce_p99_ms"] for r in chosen], style,
+                            color=color, marker="x", alpha=0.5, label=f"{broker} produce p99 acks={acks}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered records/s (1 KB)")
+        ax.set_ylabel("ms")
+        ax.set_title("latency at a fixed rate")
+        ax.legend(fontsize=6)
+        ax = axes[1][1]
+        matrix_rows = [r for r in rows if r["section"] == "matrix"]
+        labels = list(dict.fromkeys(r["workload"] for r in matrix_rows))
+        matrix_brokers = list(dict.fromkeys(r["broker"] for r in matrix_rows))
+        width = 0.8 / max(1, len(matrix_brokers))
+        for i, broker in enumerate(matrix_brokers):
+            values = [_value(matrix_rows, "produce_mb_per_s", broker=broker, workload=label) or 0 for label in labels]
+            ax.barh([k + (i - (len(matrix_brokers) - 1) / 2) * width for k in range(len(labels))], values, width,
+                    label=broker)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlabel("produce MB/s (consumers running)")
+        ax.set_title("matrix: one factor at a time around the base")
+        ax.legend(fontsize=7)
+        fig.suptitle("copyless end to end" + (" vs Apache Kafka" if have_kafka else ""), fontsize=11)
+
+    return bench.finish(
+        ratios=ratios, chart=chart,
+        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients},
+        columns=["section", "broker", "client", "workload", "record_bytes", "acks", "partitions", "producers",
+                 "consumers", "records", "produce_mb_per_s", "consume_mb_per_s", "produce_p99_ms", "e2e_p99_ms"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""``benchmarks.throughput --bootstrap`` measures a broker it did not start (any Kafka-protocol bootstrap)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.throughput import _find_listen_address
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_listen_line_parsing():
+    line = ("copyless listening on 127.0.0.1:40047 advertised=127.0.0.1:40047 data_dir=/tmp/d loop=uvloop "
+            "sendfile=on")
+    assert _find_listen_address("INFO storage started\n" + line) == ("127.0.0.1", 40047)
+    assert _find_listen_address("listening on 0.0.0.0:9092") == ("127.0.0.1", 9092)
+    assert _find_listen_address("started in 0.1 s; data_dir=/x:1") is None
+    assert _find_listen_address("listening on 127.0.0.1:0") is None
+
+
+def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
+    broker = broker_factory()
+    out = tmp_path / "out"
+    env = dict(os.environ, COPYLESS_BENCH_TINY="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.throughput", "--quick", "--out", str(out), "--bootstrap",
+         broker.bootstrap, "--label", "under-test", "--sections", "targets,latency,sendfile",
+         "--clients", "confluent-kafka"],
+        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    document = json.loads((out / "throughput.json").read_text())
+    assert document["brokers"] == ["under-test"]
+    assert {r["broker"] for r in document["rows"]} == {"under-test"}
+    assert {r["section"] for r in document["rows"]} == {"targets", "latency"}
+    assert {r["client"] for r in document["rows"]} == {"confluent-kafka"}
+    assert any("sendfile section skipped" in n for n in document["notes"])
+    assert broker.alive(), "the benchmark must not stop a broker it did not start"
