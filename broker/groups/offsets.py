@@ -40,6 +40,7 @@ from client.protocol.records import (
     RECORD_BATCH_OVERHEAD,
     crc32c,
     decode_records,
+    encode_varint,
     iter_batches,
 )
 
@@ -250,29 +251,19 @@ def decode_group_value(group_id: str, value: bytes) -> GroupSnapshot:
 # --- record batches --------------------------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    value = (value << 1) ^ (value >> 63)  # zig-zag
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_NULL_LENGTH = _varint(-1)
+_NULL_LENGTH = encode_varint(-1)
 
 
 def _record(offset_delta: int, key: bytes, value: bytes | None) -> bytes:
     body = b"".join((
         b"\x00",  # attributes
         b"\x00",  # timestamp delta 0 (every record of a batch shares the batch's timestamp)
-        _varint(offset_delta),
-        _varint(len(key)), key,
-        _NULL_LENGTH if value is None else _varint(len(value)) + value,
+        encode_varint(offset_delta),
+        encode_varint(len(key)), key,
+        _NULL_LENGTH if value is None else encode_varint(len(value)) + value,
         b"\x00",  # no headers
     ))
-    return _varint(len(body)) + body
+    return encode_varint(len(body)) + body
 
 
 _HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount

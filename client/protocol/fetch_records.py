@@ -44,6 +44,8 @@ from client.protocol.records import (
     BatchHeader,
     InvalidBatchError,
     decompress,
+    encode_varint,
+    read_varint,
 )
 
 __all__ = [
@@ -73,20 +75,6 @@ class ConsumerRecord(NamedTuple):
     headers: tuple  # ((str, bytes | None), ...)
 
 
-def _varint_slow(data: bytes, position: int) -> tuple[int, int]:
-    shift = 0
-    raw = 0
-    while True:
-        byte = data[position]
-        position += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (raw >> 1) ^ -(raw & 1), position
-        shift += 7
-        if shift > 63:
-            raise InvalidBatchError("bad varint", f"at {position}")
-
-
 _ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]  # one-byte zig-zag varints, decoded
 
 # Column-wise decoding of a batch whose records all have one shape (see _decode_uniform).
@@ -100,16 +88,6 @@ _OFFSETS_1 = bytes(2 * d for d in range(_ONE_BYTE_OFFSETS))
 _OFFSETS_2_LOW = bytes((((2 * d) & 0x7F) | 0x80) for d in range(_ONE_BYTE_OFFSETS, _TWO_BYTE_OFFSETS))
 _OFFSETS_2_HIGH = bytes((2 * d) >> 7 for d in range(_ONE_BYTE_OFFSETS, _TWO_BYTE_OFFSETS))
 _value_structs: dict[tuple[int, int, int], struct.Struct] = {}
-
-
-def _varint_bytes(value: int) -> bytes:
-    raw = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while raw >= 0x80:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
 
 
 def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int, min_offset: int):
@@ -156,7 +134,7 @@ def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int
     value_bytes = raw >> 1
     if value_bytes > _UNIFORM_MAX_VALUE_BYTES:
         return None
-    value_prefix = _varint_bytes(value_bytes)
+    value_prefix = encode_varint(value_bytes)
     if header.attributes & TIMESTAMP_TYPE_BIT:
         timestamps_of = None
         timestamp_type = LOG_APPEND_TIME
@@ -175,7 +153,7 @@ def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int
         last = min(count, _ONE_BYTE_OFFSETS if offset_bytes == 1 else _TWO_BYTE_OFFSETS)
         records = last - first
         body = 4 + offset_bytes + len(value_prefix) + value_bytes  # attributes, ts, key, headerCount
-        length_prefix = _varint_bytes(body)
+        length_prefix = encode_varint(body)
         record_bytes = len(length_prefix) + body
         end = start + records * record_bytes
         if end > size:
@@ -307,13 +285,13 @@ def decode_records_one_by_one(
             elif data[position + 1] < 0x80:
                 position += 3
             else:
-                position = _varint_slow(data, position)[1] + 1
+                position = read_varint(data, position)[1] + 1
             byte = data[position]
             if byte < 0x80:
                 timestamp_delta = zigzag[byte]
                 position += 1
             else:
-                timestamp_delta, position = _varint_slow(data, position)
+                timestamp_delta, position = read_varint(data, position)
             byte = data[position]
             if byte < 0x80:
                 offset = base_offset + zigzag[byte]
@@ -325,7 +303,7 @@ def decode_records_one_by_one(
                     offset = base_offset + ((raw >> 1) ^ -(raw & 1))
                     position += 2
                 else:
-                    delta, position = _varint_slow(data, position)
+                    delta, position = read_varint(data, position)
                     offset = base_offset + delta
             byte = data[position]
             if byte == 1:
@@ -336,7 +314,7 @@ def decode_records_one_by_one(
                     key_length = (byte >> 1) ^ -(byte & 1)
                     position += 1
                 else:
-                    key_length, position = _varint_slow(data, position)
+                    key_length, position = read_varint(data, position)
                 key = data[position : position + key_length]
                 position += key_length
             byte = data[position]
@@ -361,7 +339,7 @@ def decode_records_one_by_one(
                         value = data[position + 2 : end]
                         position = end
                 else:
-                    value_length, position = _varint_slow(data, position)
+                    value_length, position = read_varint(data, position)
                     if value_length < 0:
                         value = None
                     else:
@@ -371,13 +349,13 @@ def decode_records_one_by_one(
                 headers = no_headers
                 position += 1
             else:
-                header_count, position = _varint_slow(data, position)
+                header_count, position = read_varint(data, position)
                 items = []
                 for _h in range(header_count):
-                    name_length, position = _varint_slow(data, position)
+                    name_length, position = read_varint(data, position)
                     name = data[position : position + name_length].decode("utf-8", "replace")
                     position += name_length
-                    header_value_length, position = _varint_slow(data, position)
+                    header_value_length, position = read_varint(data, position)
                     if header_value_length < 0:
                         header_value = None
                     else:

@@ -70,6 +70,8 @@ __all__ = [
     "set_log_append_time",
     "iter_batches",
     "Record",
+    "encode_varint",
+    "read_varint",
     "decode_records",
     "iter_record_timestamps",
 ]
@@ -290,8 +292,23 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
-def _read_varint(buf, position: int) -> tuple[int, int]:
-    """Zig-zag varint (up to 64 bits) at ``position``: returns (value, next position)."""
+def encode_varint(value: int) -> bytes:
+    """Zig-zag varint encoding (protobuf sint64) of ``value``, as record fields use it."""
+    raw = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def read_varint(buf, position: int) -> tuple[int, int]:
+    """Zig-zag varint (up to 64 bits) at ``position``: returns (value, next position).
+
+    Raises:
+        InvalidBatchError: the varint runs off the end of ``buf`` or past 64 bits.
+    """
     shift = 0
     raw = 0
     while True:
@@ -371,30 +388,30 @@ def decode_records(buf, position: int = 0) -> list[Record]:
     cursor = 0
     append_time = header.max_timestamp if header.is_log_append_time else None
     for _ in range(header.records_count):
-        length, cursor = _read_varint(data, cursor)
+        length, cursor = read_varint(data, cursor)
         end = cursor + length
         if length < 0 or end > len(data):
             raise InvalidBatchError("truncated record", f"length {length} at {cursor}")
         cursor += 1  # attributes (unused)
-        timestamp_delta, cursor = _read_varint(data, cursor)
-        offset_delta, cursor = _read_varint(data, cursor)
-        key_length, cursor = _read_varint(data, cursor)
+        timestamp_delta, cursor = read_varint(data, cursor)
+        offset_delta, cursor = read_varint(data, cursor)
+        key_length, cursor = read_varint(data, cursor)
         key = None
         if key_length >= 0:
             key = bytes(data[cursor : cursor + key_length])
             cursor += key_length
-        value_length, cursor = _read_varint(data, cursor)
+        value_length, cursor = read_varint(data, cursor)
         value = None
         if value_length >= 0:
             value = bytes(data[cursor : cursor + value_length])
             cursor += value_length
-        header_count, cursor = _read_varint(data, cursor)
+        header_count, cursor = read_varint(data, cursor)
         headers = []
         for _h in range(header_count):
-            hkey_length, cursor = _read_varint(data, cursor)
+            hkey_length, cursor = read_varint(data, cursor)
             hkey = bytes(data[cursor : cursor + hkey_length]).decode("utf-8", "replace")
             cursor += hkey_length
-            hvalue_length, cursor = _read_varint(data, cursor)
+            hvalue_length, cursor = read_varint(data, cursor)
             hvalue = None
             if hvalue_length >= 0:
                 hvalue = bytes(data[cursor : cursor + hvalue_length])
