@@ -31,10 +31,12 @@ _madvise.restype = ctypes.c_int
 _populate_write_supported = True
 
 
-def preallocate(fd: int, length: int) -> None:
-    """Reserve real blocks for [0, length) (posix_fallocate). Never a sparse file: a sparse mapped file on a
-    full disk kills the process with SIGBUS on first touch; a preallocated one already owns its blocks."""
-    os.posix_fallocate(fd, 0, length)
+def preallocate(fd: int, length: int, start: int = 0) -> None:
+    """Reserve real blocks for [start, length) (posix_fallocate). A write through a map into a page without
+    blocks on a full disk kills the process with SIGBUS; a preallocated page already owns its blocks, so
+    the log only ever writes below what was preallocated (see Segment.allocated_bytes)."""
+    if length > start:
+        os.posix_fallocate(fd, start, length - start)
 
 
 def map_address(region: mmap.mmap) -> int:

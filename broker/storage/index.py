@@ -18,6 +18,8 @@ segments). Indexes are never trusted after a crash: recovery rebuilds them from 
 
 from __future__ import annotations
 
+import errno
+import logging
 import mmap
 import os
 from pathlib import Path
@@ -26,6 +28,9 @@ from . import index_search
 from ._fileops import preallocate
 
 __all__ = ["SparseIndex", "OffsetIndex", "TimeIndex"]
+
+log = logging.getLogger("copyless.storage")
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class SparseIndex:
@@ -42,6 +47,8 @@ class SparseIndex:
         # What lookups read: the writable map while active, a read-only map (or b"") once sealed, None until
         # a sealed index is first used.
         self._data = writable_map
+        # True while the entries live in an anonymous map (rebuilt on a full disk; see make_writable).
+        self.in_memory = False
 
     # --- construction (worker thread or start-up) ---------------------------------------------------------
 
@@ -65,26 +72,48 @@ class SparseIndex:
         entries = size // cls.entry.size
         return cls(path, fd, entries, entries, None)
 
-    def make_writable(self, max_index_bytes: int) -> None:
-        """Preallocate to the maximum size and map read-write (the active segment's index)."""
+    def make_writable(self, max_index_bytes: int, *, memory_fallback: bool = False) -> None:
+        """Preallocate to the maximum size and map read-write (the active segment's index).
+
+        With ``memory_fallback``, a full disk (ENOSPC, EDQUOT, EFBIG) is not an error: the entries are kept in
+        an anonymous map instead (recovery on a full disk must not need new space) and written to the file
+        when the index is sealed; a later call moves them back into a preallocated file when space allows.
+        """
         length = max(self.entry.size, max_index_bytes - max_index_bytes % self.entry.size)
         used = self.entries * self.entry.size
         if length < used:
             length = used
-        preallocate(self.fd, length)
-        region = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        previous_writable = self._writable_map
+        try:
+            preallocate(self.fd, length)
+            region = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if self.in_memory and used:
+                region[:used] = previous_writable[:used]
+            self.in_memory = False
+        except OSError as exc:
+            if not memory_fallback or exc.errno not in _DISK_FULL:
+                raise
+            if self.in_memory:  # already in memory: keep it (it has room for what recovery needs)
+                return
+            region = mmap.mmap(-1, length)
+            if used:
+                region[:used] = os.pread(self.fd, used, 0)
+            self.in_memory = True
         self.max_entries = length // self.entry.size
         previous, self._data = self._data, region
         self._writable_map = region
-        if isinstance(previous, mmap.mmap):
-            previous.close()
+        for stale in {id(r): r for r in (previous, previous_writable) if isinstance(r, mmap.mmap)}.values():
+            if stale is not region:
+                stale.close()
 
     def reset(self, max_index_bytes: int) -> None:
-        """Drop every entry (recovery rebuild): unmap, truncate to 0, preallocate and map again."""
+        """Drop every entry (recovery rebuild): unmap, truncate to 0, preallocate and map again (in memory
+        when the disk is full: see make_writable)."""
         self._release_maps()
         os.ftruncate(self.fd, 0)
         self.entries = 0
-        self.make_writable(max_index_bytes)
+        self.in_memory = False
+        self.make_writable(max_index_bytes, memory_fallback=True)
 
     # --- loop thread ----------------------------------------------------------------------------------
 
@@ -123,6 +152,8 @@ class SparseIndex:
 
     def seal_readers(self) -> None:
         """Point lookups at a read-only map of the used entries (worker thread, before trim)."""
+        if self.in_memory:
+            self._write_out()
         length = self.entries * self.entry.size
         previous = self._data
         self._data = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ) if length else b""
@@ -130,6 +161,25 @@ class SparseIndex:
         writable, self._writable_map = self._writable_map, None
         for region in {id(r): r for r in (writable, previous) if isinstance(r, mmap.mmap)}.values():
             region.close()
+
+    def _write_out(self) -> None:
+        """Persist entries kept in memory (sealing on a full disk). If even that finds no space, the file is
+        left empty: an empty index is valid (lookups scan from position 0) and recovery rebuilds it."""
+        length = self.entries * self.entry.size
+        data = bytes(self._writable_map[:length])
+        try:
+            written = 0
+            while written < length:
+                written += os.pwrite(self.fd, data[written:], written)
+            os.ftruncate(self.fd, length)
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            log.warning("%s: no space to write %d index bytes; left empty (lookups scan the segment)",
+                        self.path, length)
+            os.ftruncate(self.fd, 0)
+            self.entries = 0
+        self.in_memory = False
 
     def trim(self) -> None:
         """Cut the preallocated tail (worker thread; after seal_readers, so nothing maps the tail)."""

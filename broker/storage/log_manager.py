@@ -90,6 +90,9 @@ class LogManager:
             clean = remove_marker(self.data_dir / filenames.CLEAN_SHUTDOWN_MARKER)
             recovery_points = {} if clean else read_checkpoint(self.data_dir / filenames.RECOVERY_POINT_CHECKPOINT)
             entries = sorted(os.scandir(self.data_dir), key=lambda entry: entry.name)
+            # No marker because nothing was ever written here (only the lock file we just created): a new
+            # data directory, not a crash.
+            new = not clean and all(entry.name == filenames.LOCK_FILE for entry in entries)
         except OSError as exc:
             raise storage_error_from(exc, "opening the data directory", self.data_dir) from None
         self._background = Background()
@@ -117,10 +120,15 @@ class LogManager:
             for key in ("segments", "segments_recovered", "bytes_rescanned", "bytes_discarded", "segments_removed"):
                 totals[key] += getattr(stats, key)
         seconds = time.perf_counter() - started
-        self.startup_stats = {"clean": clean, "seconds": seconds, **totals}
-        log.info("storage started in %.3f s (%s shutdown): %d logs, %d segments, %d recovered, %d bytes rescanned,"
-                 " %d discarded", seconds, "clean" if clean else "unclean", totals["logs"], totals["segments"],
-                 totals["segments_recovered"], totals["bytes_rescanned"], totals["bytes_discarded"])
+        self.startup_stats = {"clean": clean, "new": new, "seconds": seconds, **totals}
+        if new:
+            log.info("storage started in %.3f s: new data directory %s", seconds, self.data_dir)
+        else:
+            log.log(logging.INFO if clean else logging.WARNING,
+                    "storage started in %.3f s (%s): %d logs, %d segments, %d recovered, %d bytes rescanned,"
+                    " %d discarded", seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
+                    totals["logs"], totals["segments"], totals["segments_recovered"], totals["bytes_rescanned"],
+                    totals["bytes_discarded"])
         if not clean and self._logs:
             self.checkpoint_recovery_points()
         self.started = True
@@ -177,7 +185,7 @@ class LogManager:
 
     def create_log(self, topic: str, partition: int, config: LogConfig | None = None) -> PartitionLog:
         """Create (or return the existing) log; an existing log takes ``config`` for what follows (new
-        segments, flush and retention policies). Blocking: preallocates the first segment."""
+        segments, flush and retention policies). Blocking: allocates the first segment's first step."""
         self._require_started()
         config = config or self.topic_configs.get(topic, self.default_config)
         if not topic or "/" in topic or topic in (".", ".."):

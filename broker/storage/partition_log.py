@@ -31,11 +31,12 @@ from typing import Iterator, NamedTuple
 from client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_batches, iter_record_timestamps
 
 from . import filenames
+from . import segment as segment_module
 from ._failpoints import failpoint
 from .background import Background
 from .checkpoint import fsync_directory
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, StorageError, storage_error_from
+from .errors import OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
 from .file_slice import FileSlice
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
 
@@ -59,7 +60,13 @@ PREPARE_HORIZON_MS = 10_000
 RATE_SAMPLE_MS = 100
 # A roll that finds the warm-up still creating the files waits this long before creating its own.
 PREPARED_WAIT_S = 5.0
+# After a roll failed for lack of space, how often an append may start a background preallocation retry.
+ROLL_RETRY_INTERVAL_S = 0.25
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
+# Allocate (and pre-fault) at least this much of the observed append rate ahead of the write position; the
+# rate of a fresh segment counts from RATE_FLOOR_MS so one early batch does not look like a flood.
+ALLOCATE_AHEAD_MS = 1_000
+RATE_FLOOR_MS = 10
 
 
 class AppendResult(NamedTuple):
@@ -117,12 +124,16 @@ class PartitionLog:
         self._directory_durable = True
         self._closed = False
         self._last_unprepared_warning_s = -1e9
+        # Set while no segment can be preallocated (disk full): rolls are then retried only in the background
+        # (see _take_prepared), never by a posix_fallocate on the append path.
+        self._roll_error: StorageError | None = None
+        self._roll_retry_s = 0.0
         self._rate_sample_ms = 0
         self._rate_sample_bytes = 0
         self._rate_sample_segment: Segment | None = None
         self._recent_bytes_per_ms = 0.0
         self.stats = {"rolls": 0, "rolls_unprepared": 0, "roll_waits": 0, "flushes": 0, "appends": 0,
-                      "segments_deleted": 0}
+                      "segments_deleted": 0, "extensions": 0, "extensions_sync": 0}
 
     # --- properties ----------------------------------------------------------------------------------------
 
@@ -193,6 +204,7 @@ class PartitionLog:
             active = self._roll(now)
         base_offset = self.log_end_offset
         if total <= active.room_bytes:
+            self._ensure_allocated(active, active.written_position + total, now)
             next_offset = active.append_run(view, batches, base_offset, leader_epoch, log_append_time_ms)
         else:
             next_offset = self._append_split(view, batches, leader_epoch, log_append_time_ms, now)
@@ -200,6 +212,15 @@ class PartitionLog:
         self.log_end_offset = next_offset
         self._commit_point = (next_offset, active, active.committed_position)
         self.stats["appends"] += 1
+        if active.allocated_bytes < active.capacity_bytes:
+            step = self._allocation_step_bytes(active, now)
+            # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
+            if active.allocated_bytes - active.written_position < step // 2 and (
+                    time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
+                    or active.extension_failed_s < 0) and active.start_extension():
+                self.stats["extensions"] += 1
+                self._background.submit_warm(active._extension_done, active.extend_ahead,
+                                             active.allocated_bytes + step)
         if self._prepared is None and self._should_prepare(active, now):
             self._prepare_next()
         flush_messages = self.config.flush_messages
@@ -230,11 +251,38 @@ class PartitionLog:
                 continue
             run_end = batches[stop - 1][0] + batches[stop - 1][1].size
             run = [(position - start, header) for position, header in batches[index:stop]]
+            self._ensure_allocated(active, active.written_position + run_end - start, now)
             next_offset = active.append_run(view[start:run_end], run, next_offset, leader_epoch, log_append_time_ms)
             self.log_end_offset = next_offset
             self._commit_point = (next_offset, active, active.committed_position)
             index = stop
         return next_offset
+
+    def _allocation_step_bytes(self, active: Segment, now: int) -> int:
+        """How far ahead of the write position to allocate: ALLOCATION_STEP_BYTES, or ALLOCATE_AHEAD_MS of
+        the observed append rate when that is more (a partition taking 1 GB/s gets whole segments)."""
+        rate = self._recent_bytes_per_ms
+        started = active.first_append_ms
+        if started is not None:
+            rate = max(rate, active.written_position / max(now - started, RATE_FLOOR_MS))
+        return max(segment_module.ALLOCATION_STEP_BYTES, int(rate * ALLOCATE_AHEAD_MS))
+
+    def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
+        """Before writing up to ``end``: the rare append that outran extend_ahead allocates synchronously
+        (one posix_fallocate on this thread, counted). Raises StorageError (disk full), nothing appended."""
+        if end <= active.allocated_bytes:
+            return
+        self.stats["extensions_sync"] += 1
+        try:
+            if active.extension_failed_s < 0:  # a whole step, unless the disk is known to be (nearly) full
+                try:
+                    active.allocate_to(active.allocated_bytes + self._allocation_step_bytes(active, now))
+                except OSError:
+                    active.extension_failed_s = time.monotonic()
+            active.allocate_to(end)  # at least this append
+        except OSError as exc:
+            raise storage_error_from(exc, "allocating", active.log_path,
+                                     bytes_needed=end - active.allocated_bytes) from None
 
     def _should_roll(self, active: Segment, total_bytes: int, record_count: int, now: int) -> bool:
         """Kafka ``LogSegment.shouldRoll``: size, segment.ms, index full, relative offset overflow."""
@@ -277,13 +325,16 @@ class PartitionLog:
         """Queue creation + warm-up of the next segment on the warm thread (non-blocking)."""
         self._prepared_sequence += 1
         prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
-                                   self.config.segment_bytes, self.config.segment_index_bytes)
+                                   self.config.segment_bytes, self.config.segment_index_bytes,
+                                   self._allocation_step_bytes(self._active, now_ms()))
         self._prepared = prepared
         self._prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
                                                              self.config.index_interval_bytes)
 
     def _take_prepared(self) -> PreparedSegment:
         """The prepared next segment; created synchronously (counted, logged) if the warm-up is not there."""
+        if self._roll_error is not None:
+            return self._take_prepared_after_error()
         prepared, future = self._prepared, self._prepared_future
         self._prepared = self._prepared_future = None
         if prepared is not None and not prepared.ready.is_set():
@@ -316,8 +367,11 @@ class PartitionLog:
             prepared.create()
         except OSError as exc:
             prepared.warm_done.set()
-            raise storage_error_from(exc, "creating a segment", prepared.log_path,
-                                     bytes_needed=self.config.segment_bytes) from None
+            self._roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
+                                                  bytes_needed=self.config.segment_bytes)
+            self._roll_retry_s = time.monotonic() + ROLL_RETRY_INTERVAL_S
+            log.error("%s-%d: appends paused: %s", self.topic, self.partition, self._roll_error)
+            raise self._paused_error() from None
         now = time.monotonic()
         if now - self._last_unprepared_warning_s >= 60:
             self._last_unprepared_warning_s = now
@@ -326,6 +380,39 @@ class PartitionLog:
                         (time.perf_counter() - started) * 1e3, self.stats["rolls_unprepared"])
         self._background.submit_warm(prepared.warm_done, prepared.warm, self.config.index_interval_bytes)
         return prepared
+
+    def _take_prepared_after_error(self) -> PreparedSegment:
+        """Rolls are paused since a segment could not be preallocated: take a segment the background retry
+        has prepared, else start such a retry (at most every ROLL_RETRY_INTERVAL_S, and only when statvfs
+        shows room for it: one syscall, ~2 us) and refuse this append. Loop thread, never blocks."""
+        prepared, future = self._prepared, self._prepared_future
+        if prepared is not None and prepared.ready.is_set():
+            self._prepared = self._prepared_future = None
+            self._roll_error = None
+            log.info("%s-%d: a segment could be preallocated again: appends resume", self.topic, self.partition)
+            return prepared
+        if prepared is not None and future is not None and future.done():
+            # The retry failed (create() removed its files); remember why.
+            self._prepared = self._prepared_future = None
+            exc = future.exception()
+            if isinstance(exc, OSError):
+                self._roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
+                                                      bytes_needed=self.config.segment_bytes)
+        now = time.monotonic()
+        if self._prepared is None and now >= self._roll_retry_s:
+            self._roll_retry_s = now + ROLL_RETRY_INTERVAL_S
+            config = self.config
+            needed = config.segment_bytes + 2 * config.segment_index_bytes
+            available = free_bytes(self.directory)
+            if available is None or available >= needed:
+                self._prepare_next()
+        raise self._paused_error()
+
+    def _paused_error(self) -> StorageError:
+        cause = self._roll_error
+        return StorageError("appends paused: no segment could be preallocated (retrying in the background)",
+                            path=cause.path, errno=cause.errno,
+                            **{**cause.numbers, "bytes_free": free_bytes(self.directory)})
 
     def _roll(self, now: int) -> Segment:
         """Seal the active segment and continue in the prepared one. Loop thread, no I/O: the new segment's
@@ -409,7 +496,7 @@ class PartitionLog:
     def wait_warm(self, timeout_s: float | None = None) -> bool:
         """Block until the active segment and the prepared next one (if any) are pre-faulted. For benchmarks
         and tests; never on the loop thread. Returns False on timeout."""
-        events = [event for event in (self._active._warm_done,
+        events = [event for event in (self._active._warm_done, self._active._extension_done,
                                       self._prepared.warm_done if self._prepared is not None else None)
                   if event is not None]
         return all(event.wait(timeout_s) for event in events)
@@ -697,7 +784,7 @@ class PartitionLog:
     @classmethod
     def create_new(cls, topic: str, partition: int, directory: Path, config: LogConfig,
                    background: Background, base_offset: int = 0) -> "PartitionLog":
-        """A new, empty log with one segment at ``base_offset`` (blocking: preallocates it)."""
+        """A new, empty log with one segment at ``base_offset`` (blocking: allocates its first step)."""
         directory.mkdir(parents=True, exist_ok=True)
         prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config.segment_bytes,
                                    config.segment_index_bytes)
@@ -771,23 +858,22 @@ class PartitionLog:
             if segment.offset_index.writable or segment.time_index.writable:
                 segment.seal_recovered()
         last = kept[-1]
+        roll_error: StorageError | None = None
         try:
             last.make_active(config.segment_bytes, config.segment_index_bytes)
         except OSError as exc:
-            # Typically ENOSPC: keep the log readable; appends will try to roll and report StorageError.
-            log.error("%s: cannot reopen %s for appends: %s", directory, last.log_path.name,
-                      storage_error_from(exc, "preallocating", last.log_path, bytes_needed=config.segment_bytes))
-            if last.map is not None:
-                last.map.close()
-                last.map = None
-            last.capacity_bytes = last.written_position = last.committed_position
-            last.sealed = True
-            last._warm_done = None
+            # Typically ENOSPC: start degraded. The log serves reads; appends get StorageError until a
+            # segment can be preallocated (retried in the background, see _take_prepared).
+            roll_error = storage_error_from(exc, "preallocating", last.log_path, bytes_needed=config.segment_bytes)
+            log.error("%s: cannot reopen %s for appends: %s", directory, last.log_path.name, roll_error)
+            last.make_read_only()
         if recovered:
             os.fdatasync(last.fd)
             last.flushed_position = last.committed_position
         fsync_directory(directory)
         log_ = cls(topic, partition, directory, config, background, kept)
+        if roll_error is not None:
+            log_._roll_error = roll_error
         if last.map is not None:
             background.submit_warm(last._warm_done, last.warm_remainder)
         stats = LoadStats(len(kept), recovered, rescanned, discarded, removed, time.perf_counter() - started)

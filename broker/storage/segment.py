@@ -7,17 +7,21 @@ previous batch's last offset + 1. A batch never straddles two segments.
 
 Positions, in bytes from the start of the file, kept per segment (RocketMQ's ``MappedFile``)::
 
-    flushed_position <= committed_position <= written_position <= capacity_bytes
-    fdatasync'ed        visible to readers     copied into the map   preallocated length
+    flushed_position <= committed_position <= written_position <= allocated_bytes <= capacity_bytes
+    fdatasync'ed        visible to readers     copied into the map   own real blocks    mapped, file size
 
-The active segment is preallocated (``posix_fallocate``) to ``segment_bytes`` and mapped once; appends are a
-memcpy into the map plus in-place header rewrites. Reads never touch the map: they hand out
-``(fd, position, length)`` regions and scan headers with ``os.pread`` (coherent with the map: one page cache).
-Sealing (at a roll) unmaps, trims the preallocated zero tail and fdatasyncs, on a worker thread.
+The active segment's file has its full logical size (``segment_bytes``) and is mapped once, but only a prefix
+owns blocks (``posix_fallocate``): it grows in steps (64 MiB, or a second of the observed append rate) ahead
+of the write position, allocated and pre-faulted on the warm thread. Nothing is ever written at or past
+``allocated_bytes`` (a write into a sparse page on a full disk is SIGBUS): an append that outruns the steps
+allocates synchronously first, or fails with StorageError. Appends are a memcpy into the map plus in-place
+header rewrites. Reads never touch the map: they hand out ``(fd, position, length)`` regions and scan
+headers with ``os.pread`` (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the
+zero or sparse tail and fdatasyncs, on a worker thread.
 
-A crash leaves the active file at full length with a zero (or torn) tail; recovery rescans batches with
-their CRC-32C, stops at the first bad one, truncates there (the file is not mapped during recovery: truncating
-a mapped file and touching the lost pages is SIGBUS) and rebuilds both indexes.
+A crash leaves the active file at full length with a zero, sparse (it reads as zeros) or torn tail; recovery
+rescans batches with their CRC-32C, stops at the first bad one, truncates there (the file is not mapped
+during recovery: truncating a mapped file and touching the lost pages is SIGBUS) and rebuilds both indexes.
 
 Pinning (RocketMQ ``ReferenceResource``): every handed-out FileSlice pins its segment; a segment retired by
 retention closes its fd and unlinks its files only once the pin count is zero.
@@ -56,12 +60,27 @@ __all__ = ["Segment", "PreparedSegment", "scan_headers", "RecoveryOutcome"]
 
 log = logging.getLogger("copyless.storage")
 
-# Header scans read this much per pread. A read starts at the sparse index entry at or below the target,
-# at most ~index_interval_bytes (4 KiB) before it, so 8 KiB usually covers the whole scan in one syscall
-# (~40 headers of 100-byte batches; a pread per 61-byte header would cost ~1.5 us each). Bigger windows
-# would only copy more record bytes into Python memory for nothing: the fetch itself never copies them
-# (sendfile), and with 1 MiB batches each header costs one small pread either way.
-SCAN_CHUNK_BYTES = 8 << 10
+# Header scans (offset -> position for a fetch, timestamp lookups, load_clean) pread windows of the log into
+# Python memory. A fetch's scan starts at the sparse index entry at or below the target, at most
+# index_interval_bytes (4096) plus one batch before it, so a first window of 8 KiB covers the whole scan in one
+# pread whenever batches are <= 4 KiB (~80 headers of 100-byte batches). Measured here: a pread costs ~2 us
+# for 61 B, 4 KiB or 8 KiB alike (the syscall dominates) but 6.7 us for 64 KiB, so a fixed 64 KiB window
+# would triple the cost of the common fetch and copy 8x the record bytes for nothing (the fetch itself
+# sends them with sendfile). Scans that run past the first window (start-up, batch_headers, a segment
+# without index entries) double the window up to 64 KiB: ~10 GB/s of scan instead of ~4 GB/s. After a batch
+# at least as large as the window, the next read is just its 61-byte header: with 1 MiB batches a scan
+# reads 61 B per batch, not a window of record bytes.
+SCAN_FIRST_WINDOW_BYTES = 8 << 10
+SCAN_MAX_WINDOW_BYTES = 64 << 10
+# Every header-scan pread, counted (bytes copied into Python by scans; proves the windows stay small).
+SCAN_STATS = {"preads": 0, "bytes": 0}
+# The active segment's file has its logical size (segment_bytes, so one map covers it) from the start, but
+# only a prefix owns blocks: posix_fallocate + pre-fault run in steps ahead of the write position, on the
+# warm thread. 1 GiB up front per partition meant 1 TB reserved for a 1000-partition topic, and the kernel
+# zeroing those pages was ~half the broker's CPU in short produce runs. 64 MiB is ~10 ms of pre-faulting
+# here (~6.7 GB/s), and at least a second of the observed append rate is allocated ahead (see
+# PartitionLog), so a steady stream never waits for a step.
+ALLOCATION_STEP_BYTES = int(os.environ.get("COPYLESS_ALLOCATION_STEP_BYTES", 64 << 20))
 # Recovery reads whole batches for their CRC: 8 MiB per pread (GIL released) keeps syscalls rare.
 RECOVERY_CHUNK_BYTES = 8 << 20
 _MIN_BATCH_BYTES = RECORD_BATCH_OVERHEAD
@@ -79,10 +98,19 @@ def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, BatchHead
     buffer = b""
     buffer_start = start
     position = start
+    window = SCAN_FIRST_WINDOW_BYTES
+    previous_size = 0
     while end - position >= _MIN_BATCH_BYTES:
         relative = position - buffer_start
         if relative < 0 or relative + RECORD_BATCH_OVERHEAD > len(buffer):
-            buffer = os.pread(fd, min(SCAN_CHUNK_BYTES, end - position), position)
+            if previous_size >= SCAN_FIRST_WINDOW_BYTES:
+                length = RECORD_BATCH_OVERHEAD  # big batches: read the next header only
+            else:
+                length = window
+                window = min(window * 2, SCAN_MAX_WINDOW_BYTES)
+            buffer = os.pread(fd, min(length, end - position), position)
+            SCAN_STATS["preads"] += 1
+            SCAN_STATS["bytes"] += len(buffer)
             buffer_start = position
             relative = 0
             if len(buffer) < RECORD_BATCH_OVERHEAD:
@@ -92,6 +120,7 @@ def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, BatchHead
             return
         yield position, header
         position += header.size
+        previous_size = header.size
 
 
 @dataclass
@@ -111,10 +140,14 @@ class PreparedSegment:
     while pre-faulting is still running (the warm-up then races the appends harmlessly).
     """
 
-    def __init__(self, directory: Path, name: str, segment_bytes: int, index_bytes: int) -> None:
+    def __init__(self, directory: Path, name: str, segment_bytes: int, index_bytes: int,
+                 allocate_bytes: int | None = None) -> None:
         self.directory = directory
         self.name = name
         self.segment_bytes = segment_bytes
+        # The prefix given real blocks (and pre-faulted) up front; the rest follows in steps while appends
+        # approach it (Segment.extend_ahead).
+        self.allocated_bytes = min(segment_bytes, allocate_bytes or ALLOCATION_STEP_BYTES)
         self.index_bytes = index_bytes
         self.log_path = directory / f"{name}{filenames.LOG_SUFFIX}"
         self.index_path = directory / f"{name}{filenames.INDEX_SUFFIX}"
@@ -136,7 +169,10 @@ class PreparedSegment:
         started = time.perf_counter()
         fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            preallocate(fd, self.segment_bytes)
+            # Logical size = segment_bytes (a map may not extend past the end of its file), blocks only for
+            # the allocated prefix: the tail stays sparse and is never written until allocated.
+            preallocate(fd, self.allocated_bytes)
+            os.ftruncate(fd, self.segment_bytes)
             region = mmap.mmap(fd, self.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             try:
                 offset_index = OffsetIndex.create(self.index_path, self.index_bytes)
@@ -166,7 +202,7 @@ class PreparedSegment:
         started = time.perf_counter()
         try:
             stop = lambda: self.stop_warm  # noqa: E731
-            self.warm_method = populate(self.map, self.fd, 0, self.segment_bytes, stop)
+            self.warm_method = populate(self.map, self.fd, 0, self.allocated_bytes, stop)
             expected_entries = self.segment_bytes // max(index_interval_bytes, 64) + 2
             for index in (self.offset_index, self.time_index):
                 length = min(index.max_entries, expected_entries) * index.entry.size
@@ -234,6 +270,14 @@ class Segment:
         self.index_interval_bytes = index_interval_bytes
         self.map: mmap.mmap | None = None
         self.capacity_bytes = size_bytes
+        # Bytes [0, allocated_bytes) own real blocks. The map covers capacity_bytes but nothing may ever
+        # be written at or past allocated_bytes (a sparse page on a full disk is SIGBUS): appends extend it
+        # first, in steps ahead of the write position (extend_ahead, warm thread) or, when they outrun
+        # that, synchronously (allocate_to).
+        self.allocated_bytes = size_bytes
+        self._extension_done = threading.Event()
+        self._extension_done.set()
+        self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
         self.flushed_position = size_bytes
@@ -294,6 +338,7 @@ class Segment:
         segment.named = False
         segment.map = prepared.map
         segment.capacity_bytes = prepared.segment_bytes
+        segment.allocated_bytes = prepared.allocated_bytes
         segment.sealed = False
         segment._warm_done = prepared.warm_done
         segment._prepared = prepared
@@ -377,13 +422,17 @@ class Segment:
     def recover(self, index_bytes: int) -> RecoveryOutcome:
         """Rescan every batch (framing, magic, CRC-32C, offset continuity), truncate at the first bad one and
         rebuild both indexes. Start-up only, before the segment is mapped. Touches the whole file."""
-        self.offset_index.reset(index_bytes)
-        self.time_index.reset(index_bytes)
+        file_size = os.fstat(self.fd).st_size
+        # The index rule adds at most one entry per index_interval_bytes (or per batch) of log: sizing the
+        # rebuilt indexes to that bound, not to segment_index_bytes, keeps a recovery from needing more
+        # space than the trimmed indexes it replaces (a 512 KiB segment: 1 KiB of .index, not 10 MiB).
+        bound_entries = file_size // max(self.index_interval_bytes, RECORD_BATCH_OVERHEAD) + 2
+        for index in (self.offset_index, self.time_index):
+            index.reset(min(index_bytes, bound_entries * index.entry.size))
         self.next_offset = self.base_offset
         self.max_timestamp = -1
         self.offset_of_max_timestamp = self.base_offset
         self.bytes_since_last_index_entry = 0
-        file_size = os.fstat(self.fd).st_size
         position = 0
         batches = 0
         stop_reason = None
@@ -430,21 +479,42 @@ class Segment:
         """Preallocate and map a reopened last segment so appends can continue (start-up). Pre-faulting of
         the rest is left to the caller (a worker thread: see warm_remainder)."""
         capacity = max(segment_bytes, self.committed_position)
-        preallocate(self.fd, capacity)
-        self.map = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        allocated = min(capacity, self.committed_position + ALLOCATION_STEP_BYTES)
+        preallocate(self.fd, allocated)
+        os.ftruncate(self.fd, capacity)
+        region = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            for index in (self.offset_index, self.time_index):
+                full_entries = index_bytes // index.entry.size
+                if not index.writable or index.in_memory or index.max_entries < full_entries:
+                    index.make_writable(index_bytes)
+        except BaseException:
+            region.close()
+            raise
+        self.map = region
         self.capacity_bytes = capacity
-        for index in (self.offset_index, self.time_index):
-            if not index.writable:
-                index.make_writable(index_bytes)
+        self.allocated_bytes = allocated
         self.sealed = False
         self._warm_done = threading.Event()
+
+    def make_read_only(self) -> None:
+        """After make_active failed (disk full): give back any partial preallocation and take no appends
+        (room_bytes == 0), so nothing ever writes past the blocks this file owns. Start-up, unmapped."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        os.ftruncate(self.fd, self.committed_position)
+        self.capacity_bytes = self.allocated_bytes = self.written_position = self.committed_position
+        self.sealed = True
+        self._warm_done = None
 
     def warm_remainder(self) -> None:
         """Pre-fault the unwritten part of a reopened active segment (worker thread)."""
         try:
             if self.map is not None and not self.sealed:
                 stop = lambda: self.sealed or self.closed or self.stop_warm  # noqa: E731
-                populate(self.map, self.fd, self.written_position, self.capacity_bytes - self.written_position, stop)
+                start = self.written_position
+                populate(self.map, self.fd, start, self.allocated_bytes - start, stop)
                 expected_entries = self.capacity_bytes // max(self.index_interval_bytes, 64) + 2
                 for index in (self.offset_index, self.time_index):
                     start = index.entries * index.entry.size
@@ -466,6 +536,40 @@ class Segment:
     def room_bytes(self) -> int:
         return self.capacity_bytes - self.written_position
 
+    def allocate_to(self, end: int) -> None:
+        """Give [allocated_bytes, end) real blocks now (loop thread: the rare append that outran
+        extend_ahead; one posix_fallocate, no pre-faulting). Raises OSError (ENOSPC...)."""
+        end = min(max(end, self.allocated_bytes), self.capacity_bytes)
+        preallocate(self.fd, end, self.allocated_bytes)
+        self.allocated_bytes = max(self.allocated_bytes, end)  # an extend_ahead may have gone further
+
+    def start_extension(self) -> bool:
+        """Loop thread: mark an extend_ahead as queued (False if one already is). seal/close wait for it."""
+        if not self._extension_done.is_set() or self.sealed:
+            return False
+        self._extension_done.clear()
+        return True
+
+    def extend_ahead(self, end: int) -> None:
+        """Warm thread: allocate [allocated_bytes, end), publish it, then pre-fault it. Appends may write a
+        byte only once allocated_bytes covers it, so publishing after posix_fallocate is what keeps writes
+        off sparse pages; pre-faulting after publishing merely races the appends (they fault the rest)."""
+        try:
+            if self.sealed or self.closed or self.stop_warm or self.map is None:
+                return
+            start = self.allocated_bytes
+            end = min(end, self.capacity_bytes)
+            if end <= start:
+                return
+            preallocate(self.fd, end, start)
+            self.allocated_bytes = max(self.allocated_bytes, end)
+            stop = lambda: self.sealed or self.closed or self.stop_warm  # noqa: E731
+            populate(self.map, self.fd, start, end - start, stop)
+        except OSError as exc:  # the append path extends synchronously and reports the error there
+            first = self.extension_failed_s < 0
+            self.extension_failed_s = time.monotonic()
+            log.log(logging.WARNING if first else logging.DEBUG, "extending %s failed: %s", self.log_path, exc)
+
     def append_run(self, view: memoryview, batches: list[tuple[int, BatchHeader]], first_offset: int,
                    leader_epoch: int, log_append_time_ms: int | None) -> int:
         """Copy ``view`` (whole batches, positions in ``batches`` relative to it) to the end of the map and
@@ -478,6 +582,9 @@ class Segment:
         if start == 0:
             self.first_append_ms = now_ms()
         end = start + len(view)
+        # The SIGBUS invariant: never touch a byte that owns no block.
+        if end > self.allocated_bytes:
+            raise AssertionError(f"append to {end} past the allocated prefix {self.allocated_bytes}")
         region = self.map
         region[start:end] = view
         self.written_position = end
@@ -581,6 +688,7 @@ class Segment:
             self._prepared.stop_warm = True
         if self._warm_done is not None:
             self._warm_done.wait()
+        self._extension_done.wait()
         region, self.map = self.map, None
         if region is not None:
             region.close()
@@ -621,6 +729,7 @@ class Segment:
             self._prepared.stop_warm = True
         if self._warm_done is not None:
             self._warm_done.wait()
+        self._extension_done.wait()
         region, self.map = self.map, None
         if region is not None:
             region.close()

@@ -1,6 +1,16 @@
-import pytest
+import os
+# Segments here are 64 KiB - 8 MiB: allocate them in 16 KiB steps (64 MiB in production) so that every test,
+# and every subprocess it starts, runs the stepped allocation with its sparse tails. Set before
+# broker.storage is imported by the test modules.
+os.environ.setdefault("COPYLESS_ALLOCATION_STEP_BYTES", str(16 << 10))
 
-from broker.storage import LogConfig, LogManager
+import pytest  # noqa: E402
+
+from broker.storage import LogConfig, LogManager  # noqa: E402
+from broker.storage import segment as _segment  # noqa: E402
+
+# Also when another conftest imported broker.storage before the variable was set.
+_segment.ALLOCATION_STEP_BYTES = int(os.environ["COPYLESS_ALLOCATION_STEP_BYTES"])
 
 SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None)
 
@@ -26,3 +36,4 @@ def manager_factory(tmp_path):
     for manager in started:
         if manager.started:
             manager.shutdown()
+

@@ -3,11 +3,15 @@ rolls, restart, retention, flush, pinning."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from storage_batches import build_batch, records_of
 
+from broker.storage import segment as segment_module
 from broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError, StorageError
 from client.protocol.records import iter_batches, read_header, validate_batch
 
@@ -188,6 +192,33 @@ def test_unclean_restart_recovers_and_rebuilds_indexes(manager_factory, small_co
         with partition_log.read(offset, 1).slice as region:
             assert any(r.offset == offset for r in records_of(region.read_bytes()))
     assert partition_log.offset_for_timestamp(1_000 + 200 * 10) == (200, 3_000)
+
+
+def test_start_up_says_new_clean_or_unclean(manager_factory, small_config, caplog):
+    """A brand-new data dir has no clean-shutdown marker because nothing was ever there: it must not be
+    reported as a crash. A clean stop says clean; only a real crash says unclean (as a warning)."""
+
+    def start_up_records():
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="copyless.storage"):
+            manager = manager_factory(small_config)
+        return manager, [r for r in caplog.records if r.getMessage().startswith("storage started")]
+
+    manager, (record,) = start_up_records()
+    assert "new data directory" in record.getMessage() and "unclean" not in record.getMessage()
+    assert record.levelno == logging.INFO and manager.startup_stats["new"]
+    manager.create_log("t", 0)
+    append_values(manager.get_log("t", 0), 3)
+    manager.shutdown()
+    manager, (record,) = start_up_records()
+    assert "clean shutdown" in record.getMessage() and "unclean" not in record.getMessage()
+    assert not manager.startup_stats["new"]
+    manager.abandon()
+    manager, (record,) = start_up_records()
+    assert "unclean shutdown" in record.getMessage() and record.levelno == logging.WARNING
+    assert not manager.startup_stats["new"] and not manager.startup_stats["clean"]
+    # A data dir that lost its marker but holds logs is a crash, not a new directory.
+    assert manager.get_log("t", 0).log_end_offset == 3
 
 
 def test_torn_tail_is_truncated_at_the_last_whole_batch(manager_factory, small_config):
@@ -382,3 +413,92 @@ def test_corruption_in_a_middle_segment_cuts_the_log_there(manager_factory, smal
     assert manager.startup_stats["segments_removed"] == len(bases) - 3
     with partition_log.read(bases[2] + 1, 1 << 20).slice as region:
         assert records_of(region.read_bytes())[-1].offset == bases[2] + 1
+
+
+def scan_cost(function):
+    """(preads, bytes) that header scans made while ``function`` ran, and its result."""
+    before = dict(segment_module.SCAN_STATS)
+    result = function()
+    after = segment_module.SCAN_STATS
+    return after["preads"] - before["preads"], after["bytes"] - before["bytes"], result
+
+
+def test_header_scans_read_small_windows_and_only_headers_of_big_batches(manager_factory):
+    config = LogConfig(segment_bytes=8 << 20, segment_index_bytes=64 << 10, index_interval_bytes=4096,
+                       retention_ms=None)
+    big = manager_factory(config).create_log("big", 0)
+    for number in range(40):
+        big.append(build_batch([bytes([number]) * 100_000], [number]))
+    # A whole-segment scan of 100 KB batches reads one first window, then just each 61-byte header.
+    preads, copied, headers = scan_cost(lambda: list(big.batch_headers(0)))
+    assert [h.base_offset for h in headers] == list(range(40))
+    assert copied <= segment_module.SCAN_FIRST_WINDOW_BYTES + 61 * 40, copied
+
+
+def test_header_scans_of_small_batches_fit_one_window_per_fetch(manager_factory):
+    config = LogConfig(segment_bytes=8 << 20, segment_index_bytes=64 << 10, index_interval_bytes=4096,
+                       retention_ms=None)
+    partition_log = manager_factory(config).create_log("small", 0)
+    append_values(partition_log, 2_000, size=60)  # ~130-byte batches, ~260 KiB
+    # A fetch: index floor, then a scan of at most ~4 KiB: one pread of the 8 KiB first window.
+    for offset in (0, 1, 555, 1_234, 1_999):
+        preads, copied, result = scan_cost(lambda: partition_log.read(offset, 1 << 20))
+        with result.slice as region:
+            assert records_of(region.read_bytes())[0].offset == offset
+        assert preads == 1 and copied <= segment_module.SCAN_FIRST_WINDOW_BYTES, (offset, preads, copied)
+    # A long scan grows its window (8, 16, 32, then 64 KiB): ~260 KiB in 6 preads, not 33 of 8 KiB.
+    preads, copied, headers = scan_cost(lambda: list(partition_log.batch_headers(0)))
+    assert [h.base_offset for h in headers] == list(range(2_000))
+    assert preads <= 7, preads
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.sampled_from([10, 3_000, 9_000, 70_000]), min_size=1, max_size=30),
+       start_at=st.integers(min_value=0, max_value=29))
+def test_header_scan_finds_every_batch_whatever_the_mix_of_sizes(tmp_path, sizes, start_at):
+    """Windows that grow, header-only reads after big batches, and batches straddling windows: the scan
+    must yield exactly the batches a full parse of the bytes finds, from any batch start."""
+    data = b"".join(build_batch([bytes(size)], [number]) for number, size in enumerate(sizes))
+    positions = [position for position, _ in iter_batches(data)]
+    start = positions[min(start_at, len(positions) - 1)]
+    path = tmp_path / f"scan-{len(data)}-{start}.log"
+    path.write_bytes(data + bytes(5_000))  # a zero tail, as in an active segment
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = [position for position, _ in segment_module.scan_headers(fd, start, len(data) + 5_000)]
+    finally:
+        os.close(fd)
+        path.unlink()
+    assert found == [position for position in positions if position >= start]
+
+
+def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_factory):
+    """The active segment has its full logical size (one map) but blocks only for a prefix that grows in
+    steps; an append past the prefix allocates first (counted), and a crash leaves a sparse tail that
+    recovery treats like the zero tail of a preallocated file."""
+    step = segment_module.ALLOCATION_STEP_BYTES
+    config = LogConfig(segment_bytes=8 << 20, segment_index_bytes=64 << 10, retention_ms=None)
+    manager = manager_factory(config)
+    partition_log = manager.create_log("sparse", 0)
+    active = partition_log.segments[-1]
+    stat = os.fstat(active.fd)
+    assert active.allocated_bytes == step < active.capacity_bytes == stat.st_size == 8 << 20
+    assert stat.st_blocks * 512 <= step + (64 << 10), "the whole segment was allocated up front"
+    # One batch bigger than the prefix: allocated synchronously before the copy.
+    big = build_batch([b"B" * (4 * step)], [1])
+    assert partition_log.append(big).base_offset == 0
+    assert partition_log.stats["extensions_sync"] == 1
+    assert active.written_position <= active.allocated_bytes
+    for number in range(1, 60):
+        partition_log.append(build_batch([bytes([number]) * 3000], [number]))
+        assert active.written_position <= active.allocated_bytes
+    assert partition_log.wait_warm(30)
+    assert os.fstat(active.fd).st_blocks * 512 >= active.written_position
+    assert os.fstat(active.fd).st_size == 8 << 20
+    manager.abandon()  # the file keeps its logical size with a sparse (never written) tail
+    manager = manager_factory(config)
+    partition_log = manager.get_log("sparse", 0)
+    assert partition_log.log_end_offset == 60 and manager.startup_stats["bytes_discarded"] > 0
+    with partition_log.read(59, 1 << 20).slice as region:
+        assert records_of(region.read_bytes())[-1].value == bytes([59]) * 3000
+    assert partition_log.append(build_batch([b"after"], [2])).base_offset == 60
