@@ -259,13 +259,13 @@ class PartitionLog:
         return next_offset
 
     def _allocation_step_bytes(self, active: Segment, now: int) -> int:
-        """How far ahead of the write position to allocate: ALLOCATION_STEP_BYTES, or ALLOCATE_AHEAD_MS of
+        """How far ahead of the write position to allocate: the configured step (default: the whole segment), or ALLOCATE_AHEAD_MS of
         the observed append rate when that is more (a partition taking 1 GB/s gets whole segments)."""
         rate = self._recent_bytes_per_ms
         started = active.first_append_ms
         if started is not None:
             rate = max(rate, active.written_position / max(now - started, RATE_FLOOR_MS))
-        return max(segment_module.ALLOCATION_STEP_BYTES, int(rate * ALLOCATE_AHEAD_MS))
+        return max(segment_module.allocation_step_bytes(self.config.segment_bytes), int(rate * ALLOCATE_AHEAD_MS))
 
     def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
         """Before writing up to ``end``: the rare append that outran extend_ahead allocates synchronously
