@@ -137,6 +137,9 @@ class BrokerProcess:
         log_file.write(f"\n==== start: {' '.join(self.command(f'127.0.0.1:{port}'))}\n".encode())
         log_offset = self.log_path.stat().st_size
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # Brokers under test run the production storage defaults, even when tests/storage (which switches
+        # its own logs to stepped allocation through this variable) ran earlier in the same session.
+        env.pop("COPYLESS_ALLOCATION_STEP_BYTES", None)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
         self.process = subprocess.Popen(
             self.command(f"127.0.0.1:{port}"),
