@@ -153,6 +153,20 @@ def _touch(records) -> int:
     return total
 
 
+async def _drain(consumer, count: int, bar) -> tuple[float, float]:
+    """Read ``count`` records with ``getmany`` (both clients share the call); returns (wall s, CPU s)."""
+    seen = 0
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    while seen < count:
+        batch = await consumer.getmany(timeout_ms=1000)
+        for records in batch.values():
+            _touch(records)
+            seen += len(records)
+            bar.advance(len(records))
+    return time.perf_counter() - started, time.process_time() - cpu_started
+
+
 async def consume_ours(bootstrap: str, topic: str, count: int, bar) -> tuple[float, float]:
     from client import Consumer, TopicPartition
 
@@ -160,16 +174,7 @@ async def consume_ours(bootstrap: str, topic: str, count: int, bar) -> tuple[flo
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, 0)])
-        seen = 0
-        started = time.perf_counter()
-        cpu_started = time.process_time()
-        while seen < count:
-            batch = await consumer.getmany(timeout_ms=1000)
-            for records in batch.values():
-                _touch(records)
-                seen += len(records)
-                bar.advance(len(records))
-        elapsed = time.perf_counter() - started, time.process_time() - cpu_started
+        elapsed = await _drain(consumer, count, bar)
     finally:
         await consumer.close()
     return elapsed
@@ -183,16 +188,7 @@ async def consume_aiokafka(bootstrap: str, topic: str, count: int, bar) -> tuple
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, 0)])
-        seen = 0
-        started = time.perf_counter()
-        cpu_started = time.process_time()
-        while seen < count:
-            batch = await consumer.getmany(timeout_ms=1000)
-            for records in batch.values():
-                _touch(records)
-                seen += len(records)
-                bar.advance(len(records))
-        elapsed = time.perf_counter() - started, time.process_time() - cpu_started
+        elapsed = await _drain(consumer, count, bar)
     finally:
         await consumer.stop()
     return elapsed

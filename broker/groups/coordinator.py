@@ -628,14 +628,10 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         if group is None:
             return SyncResult(ErrorCode.unknown_member_id)
-        fenced = self._fencing_error(group, member_id, group_instance_id)
-        if fenced is not None:
-            return SyncResult(fenced)
-        member = group.members.get(member_id)
-        if member is None:
-            return SyncResult(ErrorCode.unknown_member_id)
-        if generation_id != group.generation_id:
-            return SyncResult(ErrorCode.illegal_generation)
+        error = self._member_generation_error(group, member_id, group_instance_id, generation_id)
+        if error is not None:
+            return SyncResult(error)
+        member = group.members[member_id]
         if (protocol_type is not None and protocol_type != group.protocol_type) or \
                 (protocol_name is not None and protocol_name != group.protocol_name):
             return SyncResult(ErrorCode.inconsistent_group_protocol)
@@ -681,14 +677,10 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
-        fenced = self._fencing_error(group, member_id, group_instance_id)
-        if fenced is not None:
-            return fenced
-        member = group.members.get(member_id)
-        if member is None:
-            return ErrorCode.unknown_member_id
-        if generation_id != group.generation_id:
-            return ErrorCode.illegal_generation
+        error = self._member_generation_error(group, member_id, group_instance_id, generation_id)
+        if error is not None:
+            return error
+        member = group.members[member_id]
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         if group.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.rebalance_in_progress
@@ -753,14 +745,10 @@ class GroupCoordinator:
             return ErrorCode.illegal_generation
         if generation_id < 0 and not member_id and group.state is GroupState.EMPTY:
             return ErrorCode.none
-        fenced = self._fencing_error(group, member_id, group_instance_id)
-        if fenced is not None:
-            return fenced
-        member = group.members.get(member_id)
-        if member is None:
-            return ErrorCode.unknown_member_id
-        if generation_id != group.generation_id:
-            return ErrorCode.illegal_generation
+        error = self._member_generation_error(group, member_id, group_instance_id, generation_id)
+        if error is not None:
+            return error
+        member = group.members[member_id]
         if group.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.rebalance_in_progress
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
@@ -848,6 +836,19 @@ class GroupCoordinator:
         if self.status == "loading":
             return ErrorCode.coordinator_load_in_progress
         return ErrorCode.coordinator_not_available
+
+    def _member_generation_error(self, group, member_id: str, group_instance_id: str | None,
+                                 generation_id: int) -> ErrorCode | None:
+        """The error for a request naming a member and a generation (SyncGroup, Heartbeat, OffsetCommit),
+        in Kafka's order: a fenced static instance, an unknown member, a stale generation; None if valid."""
+        fenced = self._fencing_error(group, member_id, group_instance_id)
+        if fenced is not None:
+            return fenced
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if generation_id != group.generation_id:
+            return ErrorCode.illegal_generation
+        return None
 
     @staticmethod
     def _fencing_error(group: _Group, member_id: str, group_instance_id: str | None) -> ErrorCode | None:
