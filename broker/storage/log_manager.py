@@ -90,9 +90,11 @@ class LogManager:
             clean = remove_marker(self.data_dir / filenames.CLEAN_SHUTDOWN_MARKER)
             recovery_points = {} if clean else read_checkpoint(self.data_dir / filenames.RECOVERY_POINT_CHECKPOINT)
             entries = sorted(os.scandir(self.data_dir), key=lambda entry: entry.name)
-            # No marker because nothing was ever written here (only the lock file we just created): a new
-            # data directory, not a crash.
-            new = not clean and all(entry.name == filenames.LOCK_FILE for entry in entries)
+            # No marker because no log was ever written here: a new data directory, not a crash. The broker
+            # keeps its own files beside the logs (meta.properties, topics.json) and writes them first, so
+            # "new" means no partition directory and no recovery checkpoint, not an empty directory.
+            new = not clean and not any(
+                entry.is_dir() or entry.name == filenames.RECOVERY_POINT_CHECKPOINT for entry in entries)
         except OSError as exc:
             raise storage_error_from(exc, "opening the data directory", self.data_dir) from None
         self._background = Background()

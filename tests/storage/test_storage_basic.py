@@ -194,9 +194,12 @@ def test_unclean_restart_recovers_and_rebuilds_indexes(manager_factory, small_co
     assert partition_log.offset_for_timestamp(1_000 + 200 * 10) == (200, 3_000)
 
 
-def test_start_up_says_new_clean_or_unclean(manager_factory, small_config, caplog):
+def test_start_up_says_new_clean_or_unclean(manager_factory, small_config, caplog, tmp_path):
     """A brand-new data dir has no clean-shutdown marker because nothing was ever there: it must not be
-    reported as a crash. A clean stop says clean; only a real crash says unclean (as a warning)."""
+    reported as a crash, even when the broker has already put its own files there. A clean stop says clean;
+    only a real crash says unclean (as a warning)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.properties").write_text("node.id=0\n")  # the broker writes it before storage
 
     def start_up_records():
         caplog.clear()
