@@ -691,8 +691,9 @@ class Segment:
                                          final=True)
         self.sealed = True
 
-    def seal_finish(self) -> None:
-        """Unmap, trim the preallocated tail, fdatasync log and indexes (worker thread, after seal_begin)."""
+    def _unmap(self) -> None:
+        """Stop and wait out every pre-fault of this segment, then unmap it (worker thread): a pre-fault
+        running into a closed map would touch freed memory."""
         if self._prepared is not None:
             self._prepared.stop_warm = True
         if self._warm_done is not None:
@@ -701,6 +702,10 @@ class Segment:
         region, self.map = self.map, None
         if region is not None:
             region.close()
+
+    def seal_finish(self) -> None:
+        """Unmap, trim the preallocated tail, fdatasync log and indexes (worker thread, after seal_begin)."""
+        self._unmap()
         failpoint("seal.after_unmap")
         os.ftruncate(self.fd, self.committed_position)
         self.capacity_bytes = self.committed_position
@@ -734,14 +739,7 @@ class Segment:
         with self._lock:
             self.closed = True
         self.sealed = True
-        if self._prepared is not None:
-            self._prepared.stop_warm = True
-        if self._warm_done is not None:
-            self._warm_done.wait()
-        self._extension_done.wait()
-        region, self.map = self.map, None
-        if region is not None:
-            region.close()
+        self._unmap()
         self.offset_index.close()
         self.time_index.close()
         if self.fd >= 0:
