@@ -140,6 +140,7 @@ class BrokerProcess:
         # Brokers under test run the production storage defaults, even when tests/storage (which switches
         # its own logs to stepped allocation through this variable) ran earlier in the same session.
         env.pop("COPYLESS_ALLOCATION_STEP_BYTES", None)
+        env.pop("COPYLESS_WARM_AHEAD_BYTES", None)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
         self.process = subprocess.Popen(
             self.command(f"127.0.0.1:{port}"),

@@ -63,10 +63,16 @@ PREPARED_WAIT_S = 5.0
 # After a roll failed for lack of space, how often an append may start a background preallocation retry.
 ROLL_RETRY_INTERVAL_S = 0.25
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
-# Allocate (and pre-fault) at least this much of the observed append rate ahead of the write position; the
-# rate of a fresh segment counts from RATE_FLOOR_MS so one early batch does not look like a flood.
+# Allocate at least this much of the observed append rate ahead of the write position (stepped allocation
+# only); the rate of a fresh segment counts from RATE_FLOOR_MS so one early batch does not look like a flood.
 ALLOCATE_AHEAD_MS = 1_000
 RATE_FLOOR_MS = 10
+# Pre-fault at least this much of the observed append rate ahead of the write position (see
+# segment.WARM_AHEAD_BYTES for the floor and why it is a window). Half a second: the warm thread pre-faults
+# recycled memory at ~6.7 GB/s, so it stays ahead of any append rate this machine reaches once it has a head
+# start of a few milliseconds; a longer window only pre-faults more pages a run may never use. A partition
+# appending at 6 GB/s (the storage benchmark's 1 MiB batches) gets whole segments, as before.
+WARM_AHEAD_MS = 500
 
 
 class AppendResult(NamedTuple):
@@ -212,8 +218,9 @@ class PartitionLog:
         self.log_end_offset = next_offset
         self._commit_point = (next_offset, active, active.committed_position)
         self.stats["appends"] += 1
+        rate = self._append_rate(active, now)
         if active.allocated_bytes < active.capacity_bytes:
-            step = self._allocation_step_bytes(active, now)
+            step = max(segment_module.allocation_step_bytes(self.config.segment_bytes), int(rate * ALLOCATE_AHEAD_MS))
             # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
             if active.allocated_bytes - active.written_position < step // 2 and (
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
@@ -221,8 +228,9 @@ class PartitionLog:
                 self.stats["extensions"] += 1
                 self._background.submit_warm(active._extension_done, active.extend_ahead,
                                              active.allocated_bytes + step)
-        if self._prepared is None and self._should_prepare(active, now):
+        if self._prepared is None and self._should_prepare(active, now, rate):
             self._prepare_next()
+        self._prefault_ahead(active, max(segment_module.warm_ahead_bytes(), int(rate * WARM_AHEAD_MS)))
         flush_messages = self.config.flush_messages
         if flush_messages is not None and next_offset - self.flushed_offset >= flush_messages:
             self._request_flush(None)
@@ -258,14 +266,44 @@ class PartitionLog:
             index = stop
         return next_offset
 
-    def _allocation_step_bytes(self, active: Segment, now: int) -> int:
-        """How far ahead of the write position to allocate: the configured step (default: the whole segment), or ALLOCATE_AHEAD_MS of
-        the observed append rate when that is more (a partition taking 1 GB/s gets whole segments)."""
-        rate = self._recent_bytes_per_ms
+    def _append_rate(self, active: Segment, now: int) -> float:
+        """Bytes per ms appended to the active segment: the larger of its lifetime average and the last
+        ~RATE_SAMPLE_MS, so a burst after an idle spell is noticed at once."""
+        written = active.written_position
+        if now - self._rate_sample_ms >= RATE_SAMPLE_MS:
+            if self._rate_sample_segment is active:
+                self._recent_bytes_per_ms = (written - self._rate_sample_bytes) / (now - self._rate_sample_ms)
+            else:
+                self._recent_bytes_per_ms = 0.0
+            self._rate_sample_ms, self._rate_sample_bytes, self._rate_sample_segment = now, written, active
         started = active.first_append_ms
-        if started is not None:
-            rate = max(rate, active.written_position / max(now - started, RATE_FLOOR_MS))
-        return max(segment_module.allocation_step_bytes(self.config.segment_bytes), int(rate * ALLOCATE_AHEAD_MS))
+        if started is None:
+            return self._recent_bytes_per_ms
+        return max(self._recent_bytes_per_ms, written / max(now - started, RATE_FLOOR_MS))
+
+    def _allocation_step_bytes(self, active: Segment, now: int) -> int:
+        """How far ahead of the write position to allocate: the configured step (default: the whole segment),
+        or ALLOCATE_AHEAD_MS of the observed append rate when that is more."""
+        return max(segment_module.allocation_step_bytes(self.config.segment_bytes),
+                   int(self._append_rate(active, now) * ALLOCATE_AHEAD_MS))
+
+    def _prefault_ahead(self, active: Segment, window: int) -> None:
+        """Keep ``window`` bytes ahead of the write position pre-faulted (loop thread; a few comparisons per
+        append). A refill is asked for once half the window is used, so the warm thread works in steps of
+        at least half a window (8 MiB+), one task per segment at a time. The part of the window that
+        reaches past the active segment's end goes to the head of the prepared next one, so the first
+        appends after a roll land in warm pages while a spare that is never rolled into stays cold."""
+        written = active.written_position
+        prefault = active.prefault
+        if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
+            self._background.submit_warm(prefault.idle, active.chase)
+        spill = written + window - active.capacity_bytes
+        prepared = self._prepared
+        if spill > 0 and prepared is not None and not prepared.taken:
+            head = prepared.prefault
+            if head.target - (written - active.capacity_bytes) < window >> 1 and head.want(
+                    min(spill, prepared.allocated_bytes)):
+                self._background.submit_warm(head.idle, prepared.chase)
 
     def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
         """Before writing up to ``end``: the rare append that outran extend_ahead allocates synchronously
@@ -297,21 +335,14 @@ class PartitionLog:
             return True
         return self.log_end_offset + record_count - 1 - active.base_offset > MAX_RELATIVE_OFFSET
 
-    def _should_prepare(self, active: Segment, now: int) -> bool:
+    def _should_prepare(self, active: Segment, now: int, bytes_per_ms: float) -> bool:
         """True once the active segment should fill (by bytes, index entries or segment.ms) within
-        PREPARE_HORIZON_MS."""
+        PREPARE_HORIZON_MS at ``bytes_per_ms``."""
         started = active.first_append_ms
         if started is None:
             return False
         written = active.written_position
-        if now - self._rate_sample_ms >= RATE_SAMPLE_MS:
-            if self._rate_sample_segment is active:
-                self._recent_bytes_per_ms = (written - self._rate_sample_bytes) / (now - self._rate_sample_ms)
-            else:
-                self._recent_bytes_per_ms = 0.0
-            self._rate_sample_ms, self._rate_sample_bytes, self._rate_sample_segment = now, written, active
         elapsed_ms = max(now - started, 1)
-        bytes_per_ms = max(written / elapsed_ms, self._recent_bytes_per_ms)
         if written >= active.capacity_bytes * PREPARE_MIN_FILL and active.room_bytes <= bytes_per_ms * PREPARE_HORIZON_MS:
             return True
         index = active.offset_index
@@ -494,10 +525,14 @@ class PartitionLog:
         return self._roll(now_ms())
 
     def wait_warm(self, timeout_s: float | None = None) -> bool:
-        """Block until the active segment and the prepared next one (if any) are pre-faulted. For benchmarks
-        and tests; never on the loop thread. Returns False on timeout."""
+        """Block until the active segment and the prepared next one (if any) are created and pre-faulted as
+        far as their windows ask. For benchmarks and tests; never on the loop thread. Returns False on
+        timeout."""
+        prepared = self._prepared
         events = [event for event in (self._active._warm_done, self._active._extension_done,
-                                      self._prepared.warm_done if self._prepared is not None else None)
+                                      self._active.prefault.idle,
+                                      prepared.warm_done if prepared is not None else None,
+                                      prepared.prefault.idle if prepared is not None else None)
                   if event is not None]
         return all(event.wait(timeout_s) for event in events)
 
@@ -798,6 +833,8 @@ class PartitionLog:
         fsync_directory(directory)
         fsync_directory(directory.parent)
         background.submit_warm(prepared.warm_done, prepared.warm, config.index_interval_bytes)
+        if segment.prefault.want(min(segment_module.warm_ahead_bytes(), segment.allocated_bytes)):
+            background.submit_warm(segment.prefault.idle, segment.chase)
         return cls(topic, partition, directory, config, background, [segment])
 
     @classmethod
@@ -876,6 +913,9 @@ class PartitionLog:
             log_._roll_error = roll_error
         if last.map is not None:
             background.submit_warm(last._warm_done, last.warm_remainder)
+            window_end = min(last.written_position + segment_module.warm_ahead_bytes(), last.allocated_bytes)
+            if last.prefault.want(window_end):
+                background.submit_warm(last.prefault.idle, last.chase)
         stats = LoadStats(len(kept), recovered, rescanned, discarded, removed, time.perf_counter() - started)
         return log_, stats
 

@@ -10,11 +10,12 @@ Positions, in bytes from the start of the file, kept per segment (RocketMQ's ``M
     flushed_position <= committed_position <= written_position <= allocated_bytes <= capacity_bytes
     fdatasync'ed        visible to readers     copied into the map   own real blocks    mapped, file size
 
-The active segment's file has its full logical size (``segment_bytes``) and is mapped once, but only a prefix
-owns blocks (``posix_fallocate``): it grows in steps (64 MiB, or a second of the observed append rate) ahead
-of the write position, allocated and pre-faulted on the warm thread. Nothing is ever written at or past
-``allocated_bytes`` (a write into a sparse page on a full disk is SIGBUS): an append that outruns the steps
-allocates synchronously first, or fails with StorageError. Appends are a memcpy into the map plus in-place
+The active segment's file has its full logical size (``segment_bytes``) and is mapped once. Blocks
+(``posix_fallocate``) cover a prefix: the whole segment by default, or steps ahead of the write position
+when configured. Nothing is ever written at or past ``allocated_bytes`` (a write into a sparse page on a full
+disk is SIGBUS): an append that outruns the steps allocates synchronously first, or fails with StorageError.
+Pages are pre-faulted (MADV_POPULATE_WRITE) on the warm thread in a window that runs ahead of the write
+position (``Prefault``), and spills into the head of the next segment shortly before a roll. Appends are a memcpy into the map plus in-place
 header rewrites. Reads never touch the map: they hand out ``(fd, position, length)`` regions and scan
 headers with ``os.pread`` (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the
 zero or sparse tail and fdatasyncs, on a worker thread.
@@ -75,19 +76,85 @@ SCAN_MAX_WINDOW_BYTES = 64 << 10
 # Every header-scan pread, counted (bytes copied into Python by scans; proves the windows stay small).
 SCAN_STATS = {"preads": 0, "bytes": 0}
 # The active segment's file has its logical size (segment_bytes, so one map covers it) from the start, but
-# only a prefix owns blocks: posix_fallocate + pre-fault run ahead of the write position on the warm thread,
-# and an append never writes past the allocated prefix. By default the prefix is the whole segment (the
-# RocketMQ pattern: a fresh partition's first burst lands in pre-faulted pages; measured 1 MiB appends at
-# 2.6-3.5x os.write). A positive COPYLESS_ALLOCATION_STEP_BYTES allocates in steps of that size (or a second
-# of the observed append rate, if more) instead: 1 GiB up front per partition reserves 1 TB for a
-# 1000-partition topic, but a burst into a brand-new partition then outruns the background pre-faulting
-# (1 MiB appends fell to 0.8x os.write with 64 MiB steps), so steps are for brokers with many quiet partitions.
+# only a prefix owns blocks, and an append never writes past the allocated prefix. By default the prefix is
+# the whole segment (the RocketMQ pattern: disk reserved up front, so a full disk fails a roll, never an
+# append in the middle of a segment; posix_fallocate of 1 GiB takes milliseconds on ext4). A positive
+# COPYLESS_ALLOCATION_STEP_BYTES allocates in steps of that size (or a second of the observed append rate, if
+# more) on the warm thread instead: 1 GiB up front per partition reserves 1 TB for a 1000-partition topic,
+# so steps are for brokers with many quiet partitions.
 ALLOCATION_STEP_BYTES = int(os.environ.get("COPYLESS_ALLOCATION_STEP_BYTES", 0))
 
 
 def allocation_step_bytes(segment_bytes: int) -> int:
-    """Bytes to allocate (and pre-fault) ahead of the write position: the whole segment unless configured."""
+    """Bytes to allocate ahead of the write position: the whole segment unless configured."""
     return ALLOCATION_STEP_BYTES if ALLOCATION_STEP_BYTES > 0 else segment_bytes
+
+
+# Pre-faulting runs a window ahead of the write position, not over whole segments. Allocation (blocks) is
+# cheap and is what keeps writes off sparse pages; pre-faulting is CPU: measured here, MADV_POPULATE_WRITE
+# costs 0.15 s per GiB on memory the guest recently freed but 2.6-3.3 s per GiB on memory it never touched
+# (the hypervisor backs each page on first touch), and it dirties zero pages that writeback would write out
+# if the appends did not overwrite them first. Pre-faulting a whole 1 GiB segment at creation, plus the next
+# one at half full, cost up to 6 s of CPU on a 2-core machine for a topic that received 768 MiB, and kept
+# the warm thread busy through the consumers' reads. The window is the larger of this floor and
+# WARM_AHEAD_MS of the observed append rate (PartitionLog), so a partition taking 6 GB/s still writes into
+# warm pages while a quiet one holds only the floor.
+WARM_AHEAD_BYTES = int(os.environ.get("COPYLESS_WARM_AHEAD_BYTES", 16 << 20))
+
+
+def warm_ahead_bytes() -> int:
+    """The floor of the pre-fault window ahead of the write position."""
+    return WARM_AHEAD_BYTES
+
+
+class Prefault:
+    """Pre-faulting of one segment's log map, chasing a target the appends move ahead of them.
+
+    The loop thread raises ``target`` (``want``); at most one ``chase`` task per segment is queued or running
+    on the warm thread at a time, and it re-reads the target after every step, so a segment being appended
+    to is pre-faulted by one long task in large steps, not by one small task per append. ``position``: every
+    page below it was pre-faulted (or written). A missed wake-up (the target raised just as a chase ends) only
+    delays the next step to the next append's ``want``.
+    """
+
+    __slots__ = ("position", "target", "stopped", "idle", "method", "seconds")
+
+    def __init__(self, position: int = 0) -> None:
+        self.position = position
+        self.target = position
+        self.stopped = False
+        self.idle = threading.Event()  # set while no chase is queued or running
+        self.idle.set()
+        self.method = ""
+        self.seconds = 0.0
+
+    def want(self, end: int) -> bool:
+        """Loop thread: pre-fault up to ``end``. True when the caller must queue a chase (none is queued)."""
+        if end > self.target:
+            self.target = end
+        if self.stopped or self.position >= self.target or not self.idle.is_set():
+            return False
+        self.idle.clear()
+        return True
+
+    def chase(self, region: mmap.mmap | None, fd: int, limit, floor=lambda: 0) -> None:
+        """Warm thread: pre-fault [max(position, floor()), target), never past ``limit`` (the allocated prefix:
+        a pre-fault of a sparse page could hit a full disk). The caller keeps the map open until ``idle``;
+        ``limit`` and ``floor`` are callables read at each step."""
+        started = time.perf_counter()
+        try:
+            while not self.stopped and region is not None:
+                start = max(self.position, floor())  # pages the appends already wrote need no pre-fault
+                end = min(self.target, limit())
+                if end <= start:
+                    break
+                self.method = populate(region, fd, start, end - start, lambda: self.stopped)
+                self.position = end
+        except OSError as exc:  # not fatal: the appends fault the pages in themselves
+            log.warning("pre-faulting failed: %s", exc)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.idle.set()
 
 
 # Recovery reads whole batches for their CRC: 8 MiB per pread (GIL released) keeps syscalls rare.
@@ -143,10 +210,12 @@ class RecoveryOutcome:
 
 
 class PreparedSegment:
-    """The next segment, created and warmed ahead of a roll under a temporary name (worker thread).
+    """The next segment, created ahead of a roll under a temporary name (worker thread).
 
     ``ready`` is set once the files exist, are preallocated and mapped: from then on a roll may take it even
-    while pre-faulting is still running (the warm-up then races the appends harmlessly).
+    while pre-faulting is still running (the warm-up then races the appends harmlessly). Its log is
+    pre-faulted only as far as the active segment's pre-fault window reaches past the active end
+    (``prefault``, moved by the appends), so a spare that is never rolled into costs no pre-faulting.
     """
 
     def __init__(self, directory: Path, name: str, segment_bytes: int, index_bytes: int,
@@ -166,10 +235,10 @@ class PreparedSegment:
         self.offset_index: OffsetIndex | None = None
         self.time_index: TimeIndex | None = None
         self.ready = threading.Event()
-        self.warm_done = threading.Event()
+        self.warm_done = threading.Event()  # create + index warm-up finished (or failed)
+        self.prefault = Prefault()
         self.stop_warm = False
         self.taken = False
-        self.warm_method = ""
         self.create_seconds = 0.0
         self.warm_seconds = 0.0
 
@@ -202,16 +271,16 @@ class PreparedSegment:
         self.ready.set()
 
     def warm(self, index_interval_bytes: int = 4096) -> None:
-        """Pre-fault the whole map and the part of each index map the segment will use (worker thread).
+        """Pre-fault the part of each index map the segment will use (worker thread); the log itself is
+        pre-faulted by ``chase`` as the window asks.
 
-        The indexes matter as much as the log: the first write to each page of a mapped file goes through
-        the filesystem's page_mkwrite, which on ext4 may wait for a journal commit; unwarmed index pages
-        cost 5-20 ms stalls on the first index entry of each fresh segment here.
+        The first write to each page of a mapped file goes through the filesystem's page_mkwrite, which on
+        ext4 may wait for a journal commit; unwarmed index pages cost 5-20 ms stalls on the first index entry
+        of each fresh segment here. Both indexes of a 1 GiB segment fit in ~5 MiB: always warmed whole.
         """
         started = time.perf_counter()
         try:
             stop = lambda: self.stop_warm  # noqa: E731
-            self.warm_method = populate(self.map, self.fd, 0, self.allocated_bytes, stop)
             expected_entries = self.segment_bytes // max(index_interval_bytes, 64) + 2
             for index in (self.offset_index, self.time_index):
                 length = min(index.max_entries, expected_entries) * index.entry.size
@@ -232,11 +301,17 @@ class PreparedSegment:
         self.warm(index_interval_bytes)
         return self
 
+    def chase(self) -> None:
+        """Warm thread: pre-fault the log up to the prefault target (nothing if the files do not exist)."""
+        self.prefault.chase(None if self.stop_warm else self.map, self.fd, lambda: self.allocated_bytes)
+
     def discard(self) -> None:
         """Close and remove an unused prepared segment (worker thread or shutdown)."""
         self.stop_warm = True
+        self.prefault.stopped = True
         if self.ready.is_set():
             self.warm_done.wait()
+            self.prefault.idle.wait()
             if self.map is not None:
                 self.map.close()
                 self.map = None
@@ -301,7 +376,8 @@ class Segment:
         self.bytes_since_last_index_entry = 0
         self.sealed = True
         self.named = True  # False while the files still carry their prepared names
-        self._warm_done: threading.Event | None = None
+        self._warm_done: threading.Event | None = None  # index warm-up (and creation) of this segment
+        self.prefault = Prefault(size_bytes)  # the log's pre-fault window (only an active segment moves it)
         self.stop_warm = False
         self._prepared: PreparedSegment | None = None
         # Pinning.
@@ -350,6 +426,7 @@ class Segment:
         segment.allocated_bytes = prepared.allocated_bytes
         segment.sealed = False
         segment._warm_done = prepared.warm_done
+        segment.prefault = prepared.prefault  # a chase of the spare's head may still be running: it carries on
         segment._prepared = prepared
         return segment
 
@@ -485,8 +562,8 @@ class Segment:
         return RecoveryOutcome(position, file_size - position, batches, stop_reason)
 
     def make_active(self, segment_bytes: int, index_bytes: int) -> None:
-        """Preallocate and map a reopened last segment so appends can continue (start-up). Pre-faulting of
-        the rest is left to the caller (a worker thread: see warm_remainder)."""
+        """Preallocate and map a reopened last segment so appends can continue (start-up). Pre-faulting is
+        left to worker threads (warm_remainder for the indexes, the appends' pre-fault window for the log)."""
         capacity = max(segment_bytes, self.committed_position)
         allocated = min(capacity, self.committed_position + allocation_step_bytes(segment_bytes))
         preallocate(self.fd, allocated)
@@ -505,6 +582,7 @@ class Segment:
         self.allocated_bytes = allocated
         self.sealed = False
         self._warm_done = threading.Event()
+        self.prefault = Prefault(self.committed_position)
 
     def make_read_only(self) -> None:
         """After make_active failed (disk full): give back any partial preallocation and take no appends
@@ -518,12 +596,10 @@ class Segment:
         self._warm_done = None
 
     def warm_remainder(self) -> None:
-        """Pre-fault the unwritten part of a reopened active segment (worker thread)."""
+        """Pre-fault the unused part of a reopened active segment's indexes (worker thread)."""
         try:
             if self.map is not None and not self.sealed:
                 stop = lambda: self.sealed or self.closed or self.stop_warm  # noqa: E731
-                start = self.written_position
-                populate(self.map, self.fd, start, self.allocated_bytes - start, stop)
                 expected_entries = self.capacity_bytes // max(self.index_interval_bytes, 64) + 2
                 for index in (self.offset_index, self.time_index):
                     start = index.entries * index.entry.size
@@ -560,9 +636,9 @@ class Segment:
         return True
 
     def extend_ahead(self, end: int) -> None:
-        """Warm thread: allocate [allocated_bytes, end), publish it, then pre-fault it. Appends may write a
-        byte only once allocated_bytes covers it, so publishing after posix_fallocate is what keeps writes
-        off sparse pages; pre-faulting after publishing merely races the appends (they fault the rest)."""
+        """Warm thread: allocate [allocated_bytes, end) and publish it. Appends may write a byte only once
+        allocated_bytes covers it, so publishing after posix_fallocate is what keeps writes off sparse pages.
+        Pre-faulting is the window's job (chase)."""
         try:
             if self.sealed or self.closed or self.stop_warm or self.map is None:
                 return
@@ -572,12 +648,16 @@ class Segment:
                 return
             preallocate(self.fd, end, start)
             self.allocated_bytes = max(self.allocated_bytes, end)
-            stop = lambda: self.sealed or self.closed or self.stop_warm  # noqa: E731
-            populate(self.map, self.fd, start, end - start, stop)
         except OSError as exc:  # the append path extends synchronously and reports the error there
             first = self.extension_failed_s < 0
             self.extension_failed_s = time.monotonic()
             log.log(logging.WARNING if first else logging.DEBUG, "extending %s failed: %s", self.log_path, exc)
+
+    def chase(self) -> None:
+        """Warm thread: pre-fault the log from the write position up to the window's target."""
+        usable = not (self.sealed or self.closed or self.stop_warm)
+        self.prefault.chase(self.map if usable else None, self.fd, lambda: self.allocated_bytes,
+                            lambda: self.written_position)
 
     def append_run(self, view: memoryview, batches: list[tuple[int, BatchHeader]], first_offset: int,
                    leader_epoch: int, log_append_time_ms: int | None) -> int:
@@ -680,6 +760,7 @@ class Segment:
     def stop_warming(self) -> None:
         """Ask a running pre-fault of this segment to stop at its next step (any thread)."""
         self.stop_warm = True
+        self.prefault.stopped = True
         if self._prepared is not None:
             self._prepared.stop_warm = True
 
@@ -696,8 +777,10 @@ class Segment:
         running into a closed map would touch freed memory."""
         if self._prepared is not None:
             self._prepared.stop_warm = True
+        self.prefault.stopped = True
         if self._warm_done is not None:
             self._warm_done.wait()
+        self.prefault.idle.wait()
         self._extension_done.wait()
         region, self.map = self.map, None
         if region is not None:

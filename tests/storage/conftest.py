@@ -3,6 +3,8 @@ import os
 # and every subprocess it starts, runs the stepped allocation with its sparse tails. Set before
 # broker.storage is imported by the test modules.
 os.environ.setdefault("COPYLESS_ALLOCATION_STEP_BYTES", str(16 << 10))
+# Likewise a 16 KiB pre-fault window floor (16 MiB in production), so windows move and spill within them.
+os.environ.setdefault("COPYLESS_WARM_AHEAD_BYTES", str(16 << 10))
 
 import pytest  # noqa: E402
 
@@ -11,6 +13,7 @@ from broker.storage import segment as _segment  # noqa: E402
 
 # Also when another conftest imported broker.storage before the variable was set.
 _segment.ALLOCATION_STEP_BYTES = int(os.environ["COPYLESS_ALLOCATION_STEP_BYTES"])
+_segment.WARM_AHEAD_BYTES = int(os.environ["COPYLESS_WARM_AHEAD_BYTES"])
 
 SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None)
 

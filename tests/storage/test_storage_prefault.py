@@ -1,0 +1,128 @@
+"""The pre-fault window: which pages of a segment's map are faulted in, read from /proc/self/pagemap.
+
+A page whose page-table entry is present was pre-faulted (or written); pre-faulting the whole segment up
+front would show every page present. mincore() cannot tell: it reports pages in the page cache, and the
+kernel's read-ahead puts neighbours of every touched page there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from storage_batches import build_batch
+
+from broker.storage import LogConfig
+from broker.storage import partition_log as partition_log_module
+from broker.storage import segment as segment_module
+from broker.storage._fileops import map_address
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+KIB, MIB = 1 << 10, 1 << 20
+WINDOW = 256 * KIB
+SEGMENT = 4 * MIB
+PRESENT = 1 << 63
+CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None)
+
+
+def present_pages(region, start: int, end: int) -> list[bool]:
+    """For each page of [start, end) of a map: is its page-table entry present?"""
+    first = (map_address(region) + start) // PAGE
+    count = (end - start) // PAGE
+    with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+        raw = os.pread(pagemap.fileno(), 8 * count, 8 * first)
+    return [bool(int.from_bytes(raw[i:i + 8], "little") & PRESENT) for i in range(0, len(raw), 8)]
+
+
+def mapped_bytes(region, start: int, end: int) -> int:
+    return sum(present_pages(region, start, end)) * PAGE
+
+
+@pytest.fixture
+def window_manager(manager_factory, monkeypatch):
+    """Logs with whole-segment allocation and a fixed 256 KiB window (no rate-based growth)."""
+    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
+    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
+    monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 0)
+    return manager_factory(CONFIG)
+
+
+@pytest.fixture
+def window_log(window_manager):
+    return window_manager.create_log("window", 0)
+
+
+def append_batch(partition_log, number: int, value_bytes: int = 16 * KIB - 200) -> None:
+    partition_log.append(build_batch([bytes([number % 251]) * value_bytes], [number]))
+
+
+def append_until(partition_log, position: int) -> None:
+    """Append 16 KiB batches until the active segment holds at least ``position`` bytes."""
+    number = 0
+    while partition_log.segments[-1].written_position < position:
+        append_batch(partition_log, number)
+        number += 1
+
+
+def append_until_roll(partition_log) -> None:
+    rolls = partition_log.stats["rolls"]
+    number = 0
+    while partition_log.stats["rolls"] == rolls:
+        append_batch(partition_log, number)
+        number += 1
+
+
+def test_a_new_segment_is_pre_faulted_only_a_window_ahead(window_log):
+    assert window_log.wait_warm(30)
+    active = window_log.segments[-1]
+    assert active.allocated_bytes == SEGMENT, "blocks are still reserved for the whole segment"
+    assert mapped_bytes(active.map, 0, WINDOW) == WINDOW
+    assert mapped_bytes(active.map, WINDOW, SEGMENT) == 0, "pre-faulted past the window"
+
+
+def test_the_window_follows_the_appends_in_steps(window_log):
+    active = window_log.segments[-1]
+    append_until(window_log, 1 * MIB)
+    assert window_log.wait_warm(30)
+    written = active.written_position
+    assert mapped_bytes(active.map, 0, written // PAGE * PAGE) == written // PAGE * PAGE
+    # A refill is asked for once half the window is used: at least half a window ahead is warm, never more
+    # than a whole window.
+    ahead = present_pages(active.map, written // PAGE * PAGE, SEGMENT)
+    warm_ahead = ahead.index(False) * PAGE if False in ahead else len(ahead) * PAGE
+    assert WINDOW // 2 - PAGE <= warm_ahead <= WINDOW + PAGE
+    assert not any(ahead[warm_ahead // PAGE:]), "pages past the window's end are mapped"
+    assert active.prefault.position >= written + WINDOW // 2 - PAGE
+
+
+def test_the_window_spills_into_the_next_segment_before_a_roll(window_log):
+    active = window_log.segments[-1]
+    append_until(window_log, SEGMENT - WINDOW // 4)
+    assert window_log.wait_warm(30)
+    prepared = window_log._prepared
+    assert prepared is not None and prepared.ready.is_set(), "the next segment is prepared before the roll"
+    spill = prepared.prefault.position // PAGE * PAGE
+    assert WINDOW // 2 - PAGE <= spill <= WINDOW
+    assert mapped_bytes(prepared.map, 0, spill) == spill
+    assert mapped_bytes(prepared.map, spill + PAGE, SEGMENT) == 0, "the whole spare segment was pre-faulted"
+    append_until_roll(window_log)
+    assert window_log.stats["rolls"] == 1 and window_log.segments[-1] is not active
+    new = window_log.segments[-1]
+    assert new.prefault is prepared.prefault, "the window carries over the roll"
+    append_until(window_log, 512 * KIB)
+    assert window_log.wait_warm(30)
+    assert mapped_bytes(new.map, 0, 512 * KIB) == 512 * KIB
+    assert mapped_bytes(new.map, 512 * KIB + WINDOW + PAGE, SEGMENT) == 0
+
+
+def test_a_reopened_active_segment_gets_a_window(window_manager, window_log, manager_factory):
+    append_until(window_log, 1 * MIB)
+    written = window_log.segments[-1].written_position
+    window_manager.shutdown()
+    reopened = manager_factory(CONFIG, directory=window_manager.data_dir).get_log("window", 0)
+    assert reopened.wait_warm(30)
+    active = reopened.segments[-1]
+    assert active.written_position == written
+    start = (written + PAGE - 1) // PAGE * PAGE
+    assert mapped_bytes(active.map, start, start + WINDOW - 2 * PAGE) == WINDOW - 2 * PAGE
+    assert mapped_bytes(active.map, written + WINDOW + PAGE, SEGMENT) == 0
