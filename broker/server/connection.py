@@ -78,17 +78,23 @@ class Connection:
                 if frame is None:
                     if self.server.closing:
                         return
-                    try:
-                        received = self.sock.recv_into(recv_view)
-                    except BlockingIOError:
-                        await wait_readable(loop, self.fd)
+                    partial = self.frames.take_partial()
+                    if partial is not None:
+                        frame = await self._receive_rest(loop, *partial)
+                        if frame is None:
+                            return  # closed by the client mid-frame
+                    else:
+                        try:
+                            received = self.sock.recv_into(recv_view)
+                        except BlockingIOError:
+                            await wait_readable(loop, self.fd)
+                            continue
+                        except InterruptedError:
+                            continue
+                        if received == 0:
+                            return  # orderly close by the client
+                        self.frames.feed(recv_view[:received])
                         continue
-                    except InterruptedError:
-                        continue
-                    if received == 0:
-                        return  # orderly close by the client
-                    self.frames.feed(recv_view[:received])
-                    continue
                 self.busy = True
                 try:
                     keep_open = await self._handle_frame(loop, frame)
@@ -107,6 +113,23 @@ class Connection:
                 self.sock.close()
             except OSError:
                 pass
+
+    async def _receive_rest(self, loop, frame: bytearray, filled: int) -> bytearray | None:
+        """Receive the rest of a large frame straight into it (see FrameBuffer.take_partial); None if the
+        client closed the connection first."""
+        with memoryview(frame) as view:
+            while filled < len(frame):
+                try:
+                    received = self.sock.recv_into(view[filled:])
+                except BlockingIOError:
+                    await wait_readable(loop, self.fd)
+                    continue
+                except InterruptedError:
+                    continue
+                if received == 0:
+                    return None
+                filled += received
+        return frame
 
     def _close_reason(self, reason: str) -> None:
         self.broker.stats.connections_closed_on_error += 1

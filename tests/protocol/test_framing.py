@@ -56,3 +56,49 @@ def test_compaction_keeps_later_frames_intact():
     while (frame := buffer.next_frame()) is not None:
         out.append(frame)
     assert out == frames
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=300), st.integers(64 << 10, 300 << 10)), max_size=8), st.data())
+def test_large_frames_taken_partially_and_filled_directly_match(frames, data):
+    """A connection reading as the broker does: large frames move out with take_partial once an eighth has
+    arrived and the rest is copied straight into them, small ones go through feed/next_frame."""
+    frames = [bytes([n % 251]) * n if isinstance(n, int) else n for n in frames]
+    stream = encode(frames)
+    chunk = data.draw(st.integers(1, 256 << 10), label="recv size")
+    buffer = FrameBuffer()
+    out, position, taken = [], 0, 0
+    while position < len(stream) or buffer.buffered_bytes:
+        frame = buffer.next_frame()
+        if frame is None:
+            partial = buffer.take_partial()
+            if partial is not None:
+                frame, filled = partial
+                assert len(frame) >= 64 << 10 and filled * 8 >= len(frame) and buffer.buffered_bytes == 0
+                rest = len(frame) - filled
+                frame[filled:] = stream[position:position + rest]
+                position += rest
+                taken += 1
+            else:
+                assert position < len(stream), "data left that never makes a frame"
+                buffer.feed(stream[position:position + chunk])
+                position += chunk
+                continue
+        out.append(bytes(frame))
+    assert out == frames
+    # A large frame arriving in pieces of at most an eighth is always incomplete when its eighth is in.
+    assert taken >= sum(1 for f in frames if len(f) >= max(64 << 10, 8 * chunk))
+
+
+def test_take_partial_leaves_small_complete_and_invalid_frames_alone():
+    buffer = FrameBuffer(max_frame_bytes=1 << 20)
+    buffer.feed(struct.pack(">i", 100_000) + b"x" * 20_000)
+    assert buffer.take_partial() == (bytearray(b"x" * 20_000) + bytearray(80_000), 20_000)
+    buffer.feed(struct.pack(">i", 100_000) + b"x" * 10_000)  # less than an eighth
+    assert buffer.take_partial() is None
+    buffer = FrameBuffer(max_frame_bytes=1 << 20)
+    buffer.feed(struct.pack(">i", 2 << 20) + b"x" * (1 << 20))  # over the limit: next_frame refuses it
+    assert buffer.take_partial() is None
+    buffer = FrameBuffer()
+    buffer.feed(struct.pack(">i", 1000) + b"x" * 500)  # small
+    assert buffer.take_partial() is None
