@@ -51,10 +51,21 @@ def make_batch(total_bytes: int) -> bytes:
 
 
 def open_log(directory: Path, segment_bytes: int):
+    settle_writeback()
     config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)
     manager = LogManager(directory, default_config=config, background_interval_ms=None)
     manager.startup()
     return manager, manager.create_log("bench", 0, config)
+
+
+def settle_writeback() -> None:
+    """Write back what earlier measurements left dirty before the next one starts: each run dirties up to
+    two GiB, and the kernel's background writeback of one run's files would otherwise land in the next
+    run's timed window. A run's own writeback still can: the slow roll runs had 0.2-0.5 GB under writeback
+    at the roll with every page of the next segment pre-faulted, and a page written back is write-protected
+    again, so the next append into it faults. That is the likely cause of the spread of
+    ``after_roll_vs_warm_runs`` (the same runs in fresh processes: 0.90-1.05, one 0.52)."""
+    os.sync()
 
 
 def timed_appends(partition_log, batch: bytes, count: int) -> tuple[float, list[float]]:
@@ -92,6 +103,7 @@ def measure_append(scratch: Path, batch: bytes, segment_bytes: int, *, steady: b
 
 def measure_write(scratch: Path, batch: bytes, segment_bytes: int) -> tuple[float, float, float]:
     """The same bytes through os.write to a fresh file."""
+    settle_writeback()
     path = scratch / "plain.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     count = max(1, int(segment_bytes * 0.8) // len(batch))

@@ -290,19 +290,21 @@ class PartitionLog:
     def _prefault_ahead(self, active: Segment, window: int) -> None:
         """Keep ``window`` bytes ahead of the write position pre-faulted (loop thread; a few comparisons per
         append). A refill is asked for once half the window is used, so the warm thread works in steps of
-        at least half a window (8 MiB+), one task per segment at a time. The part of the window that
-        reaches past the active segment's end goes to the head of the prepared next one, so the first
-        appends after a roll land in warm pages while a spare that is never rolled into stays cold."""
+        at least half a window (8 MiB+), one task per segment at a time. Once the window reaches past the
+        active segment's end, a whole window at the head of the prepared next one is pre-faulted, so the
+        appends after a roll land in warm pages with no pre-faulting running beside them for the first half
+        window (with only the spill pre-faulted, the rest of the head was pre-faulted while the first
+        appends after the roll ran, and 1 MiB appends there ran at 0.58-0.70x the warm rate instead of
+        0.94-1.03x), while a spare that is never rolled into stays cold."""
         written = active.written_position
         prefault = active.prefault
         if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
             self._background.submit_warm(prefault.idle, active.chase)
-        spill = written + window - active.capacity_bytes
+        room = active.capacity_bytes - written
         prepared = self._prepared
-        if spill > 0 and prepared is not None and not prepared.taken:
+        if room < window and prepared is not None and not prepared.taken:
             head = prepared.prefault
-            if head.target - (written - active.capacity_bytes) < window >> 1 and head.want(
-                    min(spill, prepared.allocated_bytes)):
+            if room + head.target < window >> 1 and head.want(min(window, prepared.allocated_bytes)):
                 self._background.submit_warm(head.idle, prepared.chase)
 
     def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
