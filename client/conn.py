@@ -42,15 +42,40 @@ WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
 
 
 class _InFlight:
-    __slots__ = ("correlation_id", "future", "decoder", "wants_lease", "deadline", "api_key")
+    """One request awaiting its response: its ``future``, or (``Connection.send(on_response=...)``) its
+    ``callback``, which the connection calls itself."""
 
-    def __init__(self, correlation_id, future, decoder, wants_lease, deadline, api_key):
+    __slots__ = ("correlation_id", "future", "callback", "decoder", "wants_lease", "deadline", "api_key")
+
+    def __init__(self, correlation_id, future, callback, decoder, wants_lease, deadline, api_key):
         self.correlation_id = correlation_id
         self.future = future
+        self.callback = callback
         self.decoder = decoder
         self.wants_lease = wants_lease
         self.deadline = deadline
         self.api_key = api_key
+
+    def settle(self, result, error: BaseException | None, *, mark_retrieved: bool = False) -> None:
+        """Deliver the outcome once: to the callback, or to the future if it is still pending
+        (``mark_retrieved``: an error set on the future counts as retrieved)."""
+        callback = self.callback
+        if callback is not None:
+            self.callback = None
+            try:
+                callback(result, error)
+            except Exception:  # the caller's bug: report it like an event-loop callback, keep reading
+                log.exception("response callback for api %s failed", self.api_key)
+            return
+        future = self.future
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+            if mark_retrieved:
+                future.exception()
+        else:
+            future.set_result(result)
 
 
 class Connection:
@@ -178,12 +203,19 @@ class Connection:
         expect_response: bool = True,
         wants_lease: bool = False,
         check_version: bool = True,
+        on_response=None,
     ) -> asyncio.Future | None:
         """Queue one request (``body`` = list of buffers) and try to write it now.
 
         Returns a future resolved with ``decoder(frame, 4)`` (``frame`` is bytes, or a ``LeasedFrame``
         when ``wants_lease``; the decoder then owns the lease), or None when no response is expected
-        (Produce with acks=0).
+        (Produce with acks=0) or ``on_response`` is given.
+
+        ``on_response(result, error)``, instead of a future: called exactly once, with the decoded
+        response and None, or None and the error that failed the request (the connection closed, timed
+        out, or sent something undecodable), from inside the connection's read handler (or ``close``,
+        which ``send`` itself may call when the write fails), without the event loop's extra round through
+        its ready queue that a future's done-callbacks take. It must not raise.
 
         Raises:
             KafkaConnectionError: the connection is closed.
@@ -201,9 +233,12 @@ class Connection:
         queue.extend(body)
         future = None
         if expect_response:
-            future = self._loop.create_future()
+            if on_response is None:
+                future = self._loop.create_future()
             deadline = time.monotonic() + self.request_timeout_ms / 1000
-            self._in_flight.append(_InFlight(correlation_id, future, decoder, wants_lease, deadline, api_key))
+            self._in_flight.append(
+                _InFlight(correlation_id, future, on_response, decoder, wants_lease, deadline, api_key)
+            )
             if self._timeout_handle is None:
                 self._timeout_handle = self._loop.call_later(
                     self.request_timeout_ms / 1000 + 0.05, self._check_timeouts
@@ -322,7 +357,6 @@ class Connection:
             )
             return
         entry = self._in_flight.popleft()
-        future = entry.future
         try:
             if entry.wants_lease:
                 result = entry.decoder(frame, 4)
@@ -335,14 +369,14 @@ class Connection:
                         frame.release()
         except Exception as exc:  # a response we cannot decode: the stream is unusable
             log.warning("undecodable response to api %s from %s:%s: %r", entry.api_key, self.host, self.port, exc)
-            if not future.done():
-                future.set_exception(KafkaConnectionError(f"undecodable response: {exc!r}"))
+            entry.settle(None, KafkaConnectionError(f"undecodable response: {exc!r}"))
             self.close(KafkaConnectionError(f"undecodable response: {exc!r}"))
             return
-        if not future.done():
-            future.set_result(result)
-        elif entry.wants_lease and hasattr(result, "release"):
-            result.release()
+        if entry.future is not None and entry.future.done():
+            if entry.wants_lease and hasattr(result, "release"):
+                result.release()
+            return
+        entry.settle(result, None)
 
     def _check_timeouts(self) -> None:
         self._timeout_handle = None
@@ -382,9 +416,7 @@ class Connection:
             self._timeout_handle = None
         in_flight, self._in_flight = self._in_flight, collections.deque()
         for entry in in_flight:
-            if not entry.future.done():
-                entry.future.set_exception(self.closed_error)
-                # Mark retrieved: callers that stopped waiting must not trigger "exception never retrieved".
-                entry.future.exception()
+            # Mark retrieved: callers that stopped waiting must not trigger "exception never retrieved".
+            entry.settle(None, self.closed_error, mark_retrieved=True)
         self._wake_drain_waiters()
 

@@ -192,3 +192,15 @@ def test_append_value_copies_mutable_values():
     builder.append_value(0, value)
     value[:] = b"b" * 10  # the caller reuses its buffer before the batch is built
     assert [r.value for r in records.decode_records(builder.build().to_bytes())] == [b"a" * 10] * 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=978_307_200, max_value=4_102_444_800), st.integers(min_value=-3, max_value=3))
+def test_run_bounds_are_what_time_time_reads_at_the_millisecond_bounds(seconds, offset_ns):
+    """The producer tests time.time() against a run's bounds; they must be the floats CPython's time.time()
+    returns at those nanoseconds (``_PyTime_AsSecondsDouble``: whole seconds exactly, else ns / 1e9)."""
+    from client.protocol.batch_builder import _clock_seconds
+
+    for ns in (seconds * 1_000_000_000 + offset_ns, seconds * 1_000_000_000 + 123_000_000 + offset_ns):
+        expected = float(ns // 1_000_000_000) if ns % 1_000_000_000 == 0 else float(ns) / 1e9
+        assert _clock_seconds(ns) == expected

@@ -103,3 +103,53 @@ def test_in_flight_requests_fail_when_the_peer_closes(loop_name):
             await server.wait_closed()
 
     _run(loop_name, scenario())
+
+
+@pytest.mark.parametrize("loop_name", ["uvloop", "asyncio"])
+def test_on_response_callbacks_are_called_once_from_the_read_handler(loop_name):
+    """``send(on_response=...)``: no future; the callback gets (result, None) while the response is being
+    dispatched (the request behind it still in flight), and (None, error) exactly once when the
+    connection goes away."""
+
+    async def scenario():
+        server = await asyncio.start_server(lambda r, w: _serve(r, w, slow=False), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = await Connection.open("127.0.0.1", port)
+        calls = []
+        try:
+            decode = lambda f, o: bytes(f[o:])  # noqa: E731
+            returned = connection.send(
+                ApiKey.PRODUCE,
+                [b"a"],
+                decode,
+                check_version=False,
+                on_response=lambda r, e: calls.append(("a", r, e, connection.in_flight_count)),
+            )
+            assert returned is None
+            # A plain future behind it resolves after the callback ran (responses are read in order).
+            plain = connection.send(ApiKey.PRODUCE, [b"b"], decode, check_version=False)
+            plain.add_done_callback(lambda _f: calls.append(("b done", len(calls))))
+            await asyncio.wait_for(plain, 30)
+            assert calls[0] == ("a", hashlib.sha256(b"a").digest(), None, 1)
+            doomed = []
+            connection.send(
+                ApiKey.METADATA, [b"close"], decode, check_version=False, on_response=lambda r, e: doomed.append((r, e))
+            )
+            connection.send(
+                ApiKey.PRODUCE, [b"c"], decode, check_version=False, on_response=lambda r, e: doomed.append((r, e))
+            )
+            for _ in range(3000):
+                if len(doomed) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(doomed) == 2 and all(r is None and isinstance(e, KafkaConnectionError) for r, e in doomed)
+            assert connection.closed
+            connection.close()  # closing again calls nothing twice
+            assert len(doomed) == 2
+        finally:
+            connection.close()
+            server.close()
+            await server.wait_closed()
+        assert calls[1] == ("b done", 1)
+
+    _run(loop_name, scenario())
