@@ -1,12 +1,20 @@
 """The broker end to end: throughput and latency of Kafka clients against copyless, and against Apache Kafka.
 
-What runs (every workload on every broker under test, one broker at a time so they never share the CPU;
+What runs (every workload on every broker under test, one workload at a time so two never share the CPU;
 each broker first gets one unmeasured warm-up workload — JIT, page cache, connections):
 
 - ``targets``: the issue-3 table. One producer then one consumer, acks=1, one partition, confluent-kafka
   (librdkafka), records of 100 B, 1 KB and 10 KB: produce MB/s (send N records, ``flush``) then consume
   MB/s (read them back from offset 0), as Kafka's own perf tools measure. copyless's own client (client/)
-  runs the same produce and consume when it is installed.
+  runs the same produce and consume when it is installed. Method: copyless and Kafka are both running
+  (one idle while the other is measured) for ``--rounds`` rounds (3; 1 with ``--quick``); each round runs
+  every workload (record size x client) on copyless and then on Kafka, or Kafka first in even rounds, each
+  run on a fresh topic that is deleted once measured (the last round's confluent-kafka topics are kept
+  for ``sendfile``). A ratio within a round compares two runs seconds apart, so it cancels the drift of a
+  shared machine (other tenants' load, page cache, thermal state) that a broker-after-broker run turns
+  into a difference between brokers; the median over rounds resists one run hit by a scheduler hiccup.
+  Tables give per workload the median MB/s of each broker, the ratio of the medians (the headline
+  ``ratios``) and the copyless/Kafka ratio of each round.
 - ``sendfile``: the same topics read again from copyless serving fetches with ``os.sendfile``, then from
   the same data dir restarted with ``--no-sendfile`` (record bytes copied through Python), and from Kafka,
   by two consumers: ``raw-fetch`` (a Fetch v4 loop that reads each response into one reusable buffer and
@@ -19,24 +27,29 @@ each broker first gets one unmeasured warm-up workload — JIT, page cache, conn
   Latency is measured from each record's *scheduled* send time, so a stalled producer cannot hide queueing
   delay (no coordinated omission); the first 20% of each run (at most 2 s) is warm-up and not counted.
 
+Order: targets first; then matrix, latency and the fetch path on Kafka, which is then stopped; then the
+same on copyless; then copyless's data dir again with ``--no-sendfile``.
+
 Brokers: ``--bootstrap HOST:PORT`` measures any Kafka-protocol broker already running (never stopped by
 this benchmark). Otherwise (compare mode) the benchmark starts ``copyless serve --data-dir D --listen
 127.0.0.1:0`` (reading the bound address from its startup line), later the same data dir with
 ``--no-sendfile``, and, when ``../shared/anchors/kafka`` (or ``--kafka-home``) holds the reference Apache
 Kafka, ``run-kafka.sh PORT DATA_DIR`` on a free port pair from 19292 up; every broker it started is
-stopped by pid, also when the run fails or is terminated. Without Kafka it says so and still runs; tiny
-(test) runs never use it. Workers are separate processes forked from a clean forkserver, so the GIL of one
-client never limits another.
+stopped by pid, also when the run fails, is interrupted or terminated. Without Kafka it says so and still
+runs; tiny (test) runs never use it. Workers are separate processes forked from a clean forkserver, so
+the GIL of one client never limits another.
 
-Rows: ``section, broker, client, workload, producers, consumers, record_bytes, acks, partitions, records,
-produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for latency rows,
-``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms, e2e_p99_ms,
-e2e_p999_ms``. MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3 targets, the fetch
-path, copyless/Kafka ratios per workload, latency.
+Rows: ``section, broker, client, workload, round, producers, consumers, record_bytes, acks, partitions,
+records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for
+latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
+e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows. MB/s counts record values (1 MB = 10^6
+bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka ratios per
+matrix and latency workload, latency.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing
 import os
@@ -45,6 +58,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -516,8 +530,13 @@ class BrokerHandle:
         self.pid = pid
         self.process = process
         self.log_path = log_path
+        self.stopped = False
 
     def stop(self) -> None:
+        """Stop the broker this benchmark started; later calls do nothing (its pid may be reused by then)."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.process is not None:
             if self.process.poll() is None:
                 self.process.send_signal(signal.SIGTERM)
@@ -569,6 +588,18 @@ def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True,
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env=env, cwd=str(data_dir.parent))
     log_file.close()
+    try:
+        host, port = _await_listen_address(process, log_path, offset)
+    except BaseException:  # also an interrupt while it starts: no handle exists yet to stop it later
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+        raise
+    return BrokerHandle("copyless" if sendfile else "copyless --no-sendfile", f"{host}:{port}",
+                        process=process, log_path=log_path)
+
+
+def _await_listen_address(process, log_path: Path, offset: int) -> tuple[str, int]:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         with open(log_path, "rb") as f:
@@ -576,13 +607,10 @@ def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True,
             text = f.read().decode("utf-8", "replace")
         found = _find_listen_address(text)
         if found is not None:
-            return BrokerHandle("copyless" if sendfile else "copyless --no-sendfile", f"{found[0]}:{found[1]}",
-                                process=process, log_path=log_path)
+            return found
         if process.poll() is not None:
             raise RuntimeError(f"copyless exited with {process.returncode} before listening:\n{text[-3000:]}")
         if time.monotonic() > deadline:
-            process.kill()
-            process.wait(30)
             raise RuntimeError(f"copyless printed no listening address in {STARTUP_TIMEOUT_S:.0f} s:\n{text[-3000:]}")
         time.sleep(0.05)
 
@@ -603,12 +631,31 @@ def start_kafka(kafka_home: Path, data_dir: Path) -> BrokerHandle:
     if port is None:
         raise RuntimeError(f"no free port pair in {KAFKA_PORTS.start}..{KAFKA_PORTS.stop}")
     data_dir.mkdir(parents=True, exist_ok=True)
-    completed = subprocess.run([str(kafka_home / "run-kafka.sh"), str(port), str(data_dir)],
-                               capture_output=True, text=True, timeout=STARTUP_TIMEOUT_S + 30)
+    try:
+        completed = subprocess.run([str(kafka_home / "run-kafka.sh"), str(port), str(data_dir)],
+                                   capture_output=True, text=True, timeout=STARTUP_TIMEOUT_S + 30)
+    except BaseException:  # timeout or interrupt: the JVM may be up without its pid printed yet
+        _stop_kafka_in(data_dir)
+        raise
     if completed.returncode != 0:
         raise RuntimeError(f"run-kafka.sh failed: {completed.stderr.strip()[-2000:]}")
     pid = int(completed.stdout.strip().split()[-1])
     return BrokerHandle("kafka", f"127.0.0.1:{port}", pid=pid, log_path=data_dir / "kafka.out")
+
+
+def _stop_kafka_in(data_dir: Path) -> None:
+    """Stop the JVM that run-kafka.sh launched for ``data_dir``: the only process whose command line names
+    ``data_dir/server.properties`` (a scratch path unique to this run)."""
+    config = str(data_dir / "server.properties")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            arguments = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if config in arguments:
+            BrokerHandle("kafka", "", pid=int(entry.name)).stop()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -638,6 +685,11 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError(f"topic {topic} not ready")
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    admin = _admin(bootstrap)  # keep a reference: a collected AdminClient fails its pending futures
+    admin.delete_topics([topic], request_timeout=30)[topic].result(60)
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
@@ -780,16 +832,20 @@ def _records_for(record_bytes: int, budget_bytes: int, cap: int) -> int:
 
 
 def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
-    budget = bench.pick(full=256 << 20, quick=24 << 20, tiny=1 << 20)
-    cap = bench.pick(full=1_000_000, quick=100_000, tiny=2_000)
+    # Per run of a targets workload (every round, every broker): long enough that a scheduler hiccup is a
+    # small share of the window, short enough that 3 rounds on two brokers stay near 10 minutes.
+    target_budget = bench.pick(full=768 << 20, quick=24 << 20, tiny=1 << 20)
+    target_cap = bench.pick(full=1_500_000, quick=100_000, tiny=2_000)
     targets = []
     for client in clients:
         # The project's client is measured at every size in full runs, at 100 B (its target) otherwise.
         sizes = (100,) if bench.tiny or (bench.quick and client != "confluent-kafka") else (100, 1000, 10_000)
         for record_bytes in sizes:
-            targets.append(Workload("targets", record_bytes, _records_for(record_bytes, budget, cap),
-                                    client=client, label=f"{record_bytes} B {client}"))
+            records = _records_for(record_bytes, target_budget, target_cap)
+            targets.append(Workload("targets", record_bytes, records, client=client,
+                                    label=f"{record_bytes} B {client}"))
     matrix_budget = bench.pick(full=128 << 20, quick=12 << 20, tiny=1 << 19)
+    cap = bench.pick(full=1_000_000, quick=100_000, tiny=2_000)
     base = Workload("matrix", 1000, _records_for(1000, matrix_budget, cap), concurrent=True, label="base")
     if bench.tiny:
         variations = [dict(producers=2, consumers=2, partitions=2, acks="all")]
@@ -818,8 +874,10 @@ def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
     return {"targets": targets, "matrix": matrix, "latency": latency, "warmup": warmup}
 
 
-def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any]) -> dict[str, Any]:
+def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any],
+         round_number: int | None = None) -> dict[str, Any]:
     return bench.row(section=work.section, broker=broker, client=work.client, workload=work.label,
+                     round=round_number,
                      producers=work.producers if not work.consume_only else 0, consumers=work.consumers,
                      record_bytes=work.record_bytes, acks=work.acks, partitions=work.partitions,
                      records=figures.get("records", figures.get("consumed")),
@@ -842,6 +900,191 @@ def _copyless_client_available() -> bool:
     return importlib.util.find_spec("client.producer") is not None
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} < 1")
+    return value
+
+
+class Session:
+    """One run's measurements: the planned workloads, the brokers measured (in order) and, per broker, the
+    targets topics kept for the fetch-path section."""
+
+    def __init__(self, bench: Benchmark, ctx, plans: dict[str, list[Workload]], rounds: int,
+                 sendfile_plan: list[Workload], fetch_bytes: int) -> None:
+        self.bench = bench
+        self.ctx = ctx
+        self.plans = plans
+        self.rounds = rounds
+        self.sendfile_plan = sendfile_plan  # the targets workloads whose topics the fetch path reads again
+        self.fetch_bytes = fetch_bytes
+        self.brokers_run: list[str] = []
+        self.kept: dict[str, list[Workload]] = {}
+        self.bar = None  # the progress bar of the workloads being run
+        self._undeletable: set[str] = set()
+
+    def workload_count(self, sections: list[str], brokers: int, fetch_brokers: int) -> int:
+        targets = self.rounds * len(self.plans["targets"]) if "targets" in sections else 0
+        others = sum(len(self.plans.get(s, [])) for s in _other_sections(sections))
+        fetch = len(self.sendfile_plan) * len(FETCH_CLIENTS) if "sendfile" in sections else 0
+        return (targets + others) * brokers + fetch * fetch_brokers
+
+    def _enter(self, handle: BrokerHandle) -> None:
+        if handle.name not in self.brokers_run:
+            self.brokers_run.append(handle.name)
+
+    def _measure(self, handle: BrokerHandle, work: Workload, round_number: int | None = None) -> Workload:
+        """Run ``work`` on a fresh topic and record its row; returns it with that topic."""
+        work = replace(work, topic=_topic(handle.name, work))
+        where = f" (round {round_number}/{self.rounds})" if round_number else ""
+        self.bar.describe(f"{handle.name}: {work.section} {work.label}{where}")
+        _row(self.bench, handle.name, work, run_workload(self.ctx, handle.bootstrap, work), round_number)
+        self.bar.advance(1)
+        return work
+
+    def warm_up(self, handle: BrokerHandle) -> None:
+        self._enter(handle)
+        for work in self.plans["warmup"]:
+            self.bar.describe(f"{handle.name}: warm-up")
+            run_workload(self.ctx, handle.bootstrap, replace(work, topic=_topic(handle.name, work)))
+
+    def targets(self, handles: list[BrokerHandle], keep_for_fetch: bool) -> None:
+        """Every round runs each targets workload on every broker back to back, the first broker alternating
+        by round: the runs a per-round ratio compares are seconds apart, whatever the machine does later."""
+        for handle in handles:
+            self._enter(handle)
+        for number in range(1, self.rounds + 1):
+            order = handles if number % 2 else handles[::-1]
+            for work in self.plans["targets"]:
+                for handle in order:
+                    measured = self._measure(handle, work, number)
+                    if keep_for_fetch and number == self.rounds and work in self.sendfile_plan:
+                        self.kept.setdefault(handle.name, []).append(measured)
+                    else:
+                        self._drop(handle, measured)
+
+    def _drop(self, handle: BrokerHandle, work: Workload) -> None:
+        # copyless preallocates whole segments: without this, rounds of topics would hold tens of GB, and
+        # their dirty pages would be written back during later rounds' measurements.
+        if handle.name in self._undeletable:
+            return
+        try:
+            delete_topic(handle.bootstrap, work.topic)
+        except Exception as exc:  # a broker that cannot delete topics is still measured
+            self._undeletable.add(handle.name)
+            self.bench.note(f"{handle.name}: measured topics not deleted ({exc}); they stay until the run ends")
+
+    def sections(self, handle: BrokerHandle, wanted: list[str]) -> None:
+        """The once-per-broker sections (matrix, latency), one workload at a time."""
+        self._enter(handle)
+        for section in wanted:
+            for work in self.plans.get(section, []):
+                self._measure(handle, work)
+
+    def fetch_topics(self, handle: BrokerHandle) -> list[Workload]:
+        """The targets topics kept on ``handle`` or, when targets did not run, the same topics filled unmeasured."""
+        if handle.name not in self.kept:
+            filled = []
+            for work in self.sendfile_plan:
+                work = replace(work, topic=_topic(handle.name, work))
+                self.bar.describe(f"{handle.name}: filling {work.label} for the fetch path")
+                run_workload(self.ctx, handle.bootstrap, work)
+                filled.append(work)
+            self.kept[handle.name] = filled
+        return self.kept[handle.name]
+
+    def fetch_path(self, handle: BrokerHandle, topics: list[Workload]) -> None:
+        """Read ``topics`` again with each fetch client (the sendfile section)."""
+        self._enter(handle)
+        for work in topics:
+            topic_bytes = work.records * work.record_bytes
+            for client in FETCH_CLIENTS:
+                passes = max(1, min(50, self.fetch_bytes // topic_bytes)) if client == "raw-fetch" else 1
+                consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
+                                  label=f"{work.record_bytes} B {client}")
+                self.bar.describe(f"{handle.name}: fetch path {consume.label}")
+                _row(self.bench, handle.name, consume, run_workload(self.ctx, handle.bootstrap, consume))
+                self.bar.advance(1)
+
+
+def _other_sections(sections: list[str]) -> list[str]:
+    return [s for s in sections if s not in ("targets", "sendfile")]
+
+
+def _started(stack: contextlib.ExitStack, start, *args, **kwargs) -> BrokerHandle:
+    """Start a broker and have ``stack`` stop it, whatever happens afterwards."""
+    handle = start(*args, **kwargs)
+    stack.callback(handle.stop)
+    return handle
+
+
+def _reference_kafka(bench: Benchmark, args) -> tuple[bool, str]:
+    """Whether compare mode starts the reference Kafka, and what the results say about it."""
+    if bench.tiny:
+        return False, "skipped (tiny mode: test runs never depend on the reference Kafka)"
+    if args.no_kafka:
+        return False, "skipped (--no-kafka)"
+    if not (args.kafka_home / "run-kafka.sh").exists() or shutil.which("java") is None:
+        return False, f"not found at {args.kafka_home} (or no java): copyless measured alone"
+    return True, f"Apache Kafka from {args.kafka_home}"
+
+
+def _measure_external(session: Session, handle: BrokerHandle, sections: list[str]) -> None:
+    """``--bootstrap``: the targets rounds, then the other sections, on a broker this benchmark did not start."""
+    with session.bench.progress(session.workload_count(sections, 1, 0), "workloads") as bar:
+        session.bar = bar
+        session.warm_up(handle)
+        if "targets" in sections:
+            session.targets([handle], keep_for_fetch=False)
+        session.sections(handle, _other_sections(sections))
+    if "sendfile" in sections:
+        session.bench.note("sendfile section skipped: it needs a copyless broker this benchmark starts")
+
+
+def _compare(session: Session, args, sections: list[str], scratch: Path) -> str:
+    """Compare mode: copyless and Kafka both up for the targets rounds; then the other sections on Kafka,
+    which is then stopped, and on copyless; then copyless's data dir again with --no-sendfile for the fetch
+    path. Returns what the results say about Kafka."""
+    bench = session.bench
+    use_kafka, kafka_state = _reference_kafka(bench, args)
+    bench.note(f"reference Kafka: {kafka_state}")
+    with_sendfile = "sendfile" in sections
+    total = session.workload_count(sections, 2 if use_kafka else 1, 3 if use_kafka else 2)
+    with bench.progress(total, "workloads") as bar, contextlib.ExitStack() as stack:
+        session.bar = bar
+        data_dir = scratch / "copyless-data"
+        data_dir.mkdir()
+        copyless = _started(stack, start_copyless, data_dir, scratch / "copyless.log")
+        kafka = None
+        if use_kafka:
+            try:
+                kafka = _started(stack, start_kafka, args.kafka_home, scratch / "kafka-data")
+            except Exception as exc:
+                bench.note(f"reference Kafka did not start: {exc}")
+                kafka_state = f"failed to start: {exc}"
+        handles = [h for h in (copyless, kafka) if h is not None]
+        for handle in handles:
+            session.warm_up(handle)
+        if "targets" in sections:
+            session.targets(handles, keep_for_fetch=with_sendfile)
+        if kafka is not None:
+            session.sections(kafka, _other_sections(sections))
+            if with_sendfile:
+                session.fetch_path(kafka, session.fetch_topics(kafka))
+            kafka.stop()  # what follows measures copyless alone on the machine
+        session.sections(copyless, _other_sections(sections))
+        if with_sendfile:
+            topics = session.fetch_topics(copyless)
+            session.fetch_path(copyless, topics)
+            copyless.stop()
+            # The same data dir, the same topics, fetches copied through Python instead.
+            no_sendfile = _started(stack, start_copyless, data_dir, scratch / "copyless-nosendfile.log",
+                                   sendfile=False)
+            session.fetch_path(no_sendfile, topics)
+    return kafka_state
+
+
 def main(argv=None) -> dict[str, Any]:
     def arguments(parser) -> None:
         parser.add_argument("--bootstrap", help="measure this running Kafka-protocol broker (HOST:PORT) "
@@ -854,11 +1097,15 @@ def main(argv=None) -> dict[str, Any]:
                             help="confluent-kafka,copyless (default: both when client/ has a producer)")
         parser.add_argument("--sections", default="targets,sendfile,matrix,latency",
                             help="subset of targets,sendfile,matrix,latency")
+        parser.add_argument("--rounds", type=_positive_int, default=None,
+                            help="rounds of the targets section, each running every workload on every broker "
+                                 "(default 3; 1 with --quick)")
 
     bench = Benchmark("throughput", "end to end: Kafka clients against copyless and Apache Kafka "
                       "(throughput, latency at a fixed rate)", argv, arguments=arguments)
     args = bench.args
     sections = [s for s in args.sections.split(",") if s]
+    rounds = args.rounds or bench.pick(full=3, quick=1, tiny=1)
     if args.clients == "auto":
         clients = ["confluent-kafka"] + (["copyless"] if _copyless_client_available() else [])
         if "copyless" not in clients:
@@ -869,6 +1116,10 @@ def main(argv=None) -> dict[str, Any]:
         bench.note("copyless's own client (producer and consumer) runs the targets section; every other "
                    "workload uses confluent-kafka; consumers use assign() from offset 0, no group")
     plans = plan(bench, clients)
+    if "targets" in sections:
+        bench.note(f"targets: {rounds} round(s); each runs every workload on each broker back to back on a fresh "
+                   "topic, the first broker alternating by round; tables give the median over rounds, the ratio "
+                   "of the medians and the ratio within each round")
     bench.note("latency percentiles are measured from each record's scheduled send time and exclude the first "
                "20% of each run (at most 2 s) as warm-up; consume MB/s runs from the fetch that returned the "
                "first record to the last record")
@@ -876,118 +1127,18 @@ def main(argv=None) -> dict[str, Any]:
     # librdkafka threads are ever forked, and each worker starts in milliseconds instead of a second.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["confluent_kafka"])
-
-    brokers_run: list[str] = []
-    executed: list[tuple[str, Workload]] = []  # (broker, workload with its topic)
-    kafka_state = "not used"
-
-    def run_all(handle: BrokerHandle, wanted: list[str], bar) -> None:
-        brokers_run.append(handle.name)
-        for work in plans["warmup"]:
-            bar.describe(f"{handle.name}: warm-up")
-            run_workload(ctx, handle.bootstrap, replace(work, topic=_topic(handle.name, work)))
-        for section in wanted:
-            for work in plans.get(section, []):
-                if handle.name == "kafka" and work.client == "copyless" and section != "targets":
-                    continue
-                work = replace(work, topic=_topic(handle.name, work))
-                bar.describe(f"{handle.name}: {section} {work.label}")
-                figures = run_workload(ctx, handle.bootstrap, work)
-                _row(bench, handle.name, work, figures)
-                executed.append((handle.name, work))
-                bar.advance(1)
-
-    def sendfile_pass(handle: BrokerHandle, filled: list[Workload], bar) -> None:
-        if handle.name not in brokers_run:
-            brokers_run.append(handle.name)
-        for work in filled:
-            topic_bytes = work.records * work.record_bytes
-            for client in FETCH_CLIENTS:
-                passes = max(1, min(50, fetch_bytes // topic_bytes)) if client == "raw-fetch" else 1
-                consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
-                                  label=f"{work.record_bytes} B {client}")
-                bar.describe(f"{handle.name}: fetch path {consume.label}")
-                figures = run_workload(ctx, handle.bootstrap, consume)
-                _row(bench, handle.name, consume, figures)
-                bar.advance(1)
-
     sendfile_plan = [w for w in plans["targets"] if w.client == "confluent-kafka"
                      and (not bench.quick or bench.tiny or w.record_bytes == 10_000)]
-    fetch_sizes = {w.record_bytes for w in sendfile_plan}
     # The raw Fetch loop serves ~1 GB/s: read each topic several times so the window is long enough to time.
     fetch_bytes = bench.pick(full=2 << 30, quick=256 << 20, tiny=0)
-    main_sections = [s for s in sections if s != "sendfile"]
-    per_broker = sum(len(plans.get(s, [])) for s in main_sections)
+    session = Session(bench, ctx, plans, rounds, sendfile_plan, fetch_bytes)
     with bench.scratch_dir() as scratch:
         if args.bootstrap:
-            with bench.progress(per_broker, "workloads") as bar:
-                run_all(BrokerHandle(args.label, args.bootstrap), main_sections, bar)
-            if "sendfile" in sections:
-                bench.note("sendfile section skipped: it needs a copyless broker this benchmark starts")
+            kafka_state = "not used"
+            _measure_external(session, BrokerHandle(args.label, args.bootstrap), sections)
         else:
-            kafka_home = args.kafka_home
-            use_kafka = (not args.no_kafka and not bench.tiny and (kafka_home / "run-kafka.sh").exists()
-                         and shutil.which("java") is not None)
-            if bench.tiny:
-                kafka_state = "skipped (tiny mode: test runs never depend on the reference Kafka)"
-            elif args.no_kafka:
-                kafka_state = "skipped (--no-kafka)"
-            elif not use_kafka:
-                kafka_state = f"not found at {kafka_home} (or no java): copyless measured alone"
-            else:
-                kafka_state = f"Apache Kafka from {kafka_home}"
-            bench.note(f"reference Kafka: {kafka_state}")
-            with_sendfile = "sendfile" in sections
-            fetch_passes = len(sendfile_plan) * len(FETCH_CLIENTS)
-            total = (per_broker + (fetch_passes if with_sendfile else 0)) * (2 if use_kafka else 1) + (
-                fetch_passes if with_sendfile else 0)
-            with bench.progress(total, "workloads") as bar:
-                data_dir = scratch / "copyless-data"
-                data_dir.mkdir()
-                handle = start_copyless(data_dir, scratch / "copyless.log")
-                filled: list[Workload] = []
-                try:
-                    run_all(handle, main_sections, bar)
-                    if with_sendfile:
-                        filled = [w for b, w in executed if w.section == "targets" and w.client == "confluent-kafka"
-                                  and w.record_bytes in fetch_sizes]
-                        if not filled:  # targets not run: fill the same topics without measuring
-                            for work in sendfile_plan:
-                                work = replace(work, topic=_topic(handle.name, work))
-                                run_workload(ctx, handle.bootstrap, work)
-                                filled.append(work)
-                        sendfile_pass(handle, filled, bar)
-                finally:
-                    handle.stop()
-                if with_sendfile:
-                    # The same data dir, the same topics, fetches copied through Python instead.
-                    handle = start_copyless(data_dir, scratch / "copyless-nosendfile.log", sendfile=False)
-                    try:
-                        sendfile_pass(handle, filled, bar)
-                    finally:
-                        handle.stop()
-                if use_kafka:
-                    try:
-                        kafka = start_kafka(kafka_home, scratch / "kafka-data")
-                    except Exception as exc:
-                        bench.note(f"reference Kafka did not start: {exc}")
-                        kafka_state = f"failed to start: {exc}"
-                        kafka = None
-                    if kafka is not None:
-                        try:
-                            run_all(kafka, main_sections, bar)
-                            if with_sendfile:
-                                kafka_filled = [w for b, w in executed if b == "kafka" and w.section == "targets"
-                                                and w.client == "confluent-kafka" and w.record_bytes in fetch_sizes]
-                                if not kafka_filled:
-                                    for work in sendfile_plan:
-                                        work = replace(work, topic=_topic("kafka", work))
-                                        run_workload(ctx, kafka.bootstrap, work)
-                                        kafka_filled.append(work)
-                                sendfile_pass(kafka, kafka_filled, bar)
-                        finally:
-                            kafka.stop()
-    return _finish(bench, brokers_run, kafka_state, clients)
+            kafka_state = _compare(session, args, sections, scratch)
+    return _finish(bench, session.brokers_run, kafka_state, clients, rounds)
 
 
 def _value(rows: list[dict[str, Any]], key: str, **match) -> float | None:
@@ -1001,35 +1152,56 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients: list[str]) -> dict[str, Any]:
+def _median(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _target_runs(rows: list[dict[str, Any]], broker: str, client: str, record_bytes: int) -> dict[int, dict]:
+    """One targets workload's rows on one broker, by round."""
+    return {r["round"]: r for r in rows if r["section"] == "targets" and r["broker"] == broker
+            and r["client"] == client and r["record_bytes"] == record_bytes}
+
+
+def _round_ratios(ours: dict[int, dict], kafka: dict[int, dict], key: str) -> list[float] | None:
+    """ours / Kafka within each round (rounded for the tables): the spread the medians summarise."""
+    ratios = [_ratio(ours[n][key], kafka[n][key]) for n in sorted(ours) if n in kafka]
+    return [round(r, 3) for r in ratios if r is not None] or None
+
+
+def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_bytes: int) -> dict[str, Any]:
+    """The targets table's line for one workload: medians over rounds, their ratio, the per-round ratios."""
+    mine = _target_runs(rows, ours, client, record_bytes)
+    kafka = _target_runs(rows, "kafka", client, record_bytes)
+    entry: dict[str, Any] = {"client": client, "record_bytes": record_bytes, "rounds": len(mine)}
+    for what in ("produce", "consume"):
+        key = f"{what}_mb_per_s"
+        median, kafka_median = _median(r[key] for r in mine.values()), _median(r[key] for r in kafka.values())
+        entry.update({f"copyless_{what}_mb_s": median, f"kafka_{what}_mb_s": kafka_median,
+                      f"{what}_ratio": _ratio(median, kafka_median),
+                      f"{what}_ratio_by_round": _round_ratios(mine, kafka, key)})
+    readme = KAFKA_README_MB_S.get(record_bytes) if client == "confluent-kafka" else None
+    entry["kafka_readme_produce_mb_s"], entry["kafka_readme_consume_mb_s"] = readme or (None, None)
+    figures = [entry[k] for k in ("copyless_produce_mb_s", "kafka_produce_mb_s", "copyless_consume_mb_s",
+                                  "kafka_consume_mb_s")]
+    entry["target_met"] = (figures[0] >= figures[1] and figures[2] >= figures[3]) if None not in figures else None
+    return entry
+
+
+def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients: list[str],
+            rounds: int) -> dict[str, Any]:
     rows = bench.rows
     have_kafka = "kafka" in brokers_run
     ours = "copyless" if "copyless" in brokers_run else (brokers_run[0] if brokers_run else "copyless")
 
-    # Issue-3 targets: produce/consume MB/s at 100 B, 1 KB, 10 KB, acks=1, one partition, confluent-kafka.
-    target_rows = []
-    for record_bytes in (100, 1000, 10_000):
-        match = dict(section="targets", client="confluent-kafka", record_bytes=record_bytes)
-        produce = _value(rows, "produce_mb_per_s", broker=ours, **match)
-        consume = _value(rows, "consume_mb_per_s", broker=ours, **match)
-        if produce is None:
-            continue
-        kafka_produce = _value(rows, "produce_mb_per_s", broker="kafka", **match)
-        kafka_consume = _value(rows, "consume_mb_per_s", broker="kafka", **match)
-        readme = KAFKA_README_MB_S[record_bytes]
-        target_rows.append({
-            "record_bytes": record_bytes,
-            "copyless_produce_mb_s": produce, "kafka_produce_mb_s": kafka_produce,
-            "produce_ratio": _ratio(produce, kafka_produce),
-            "copyless_consume_mb_s": consume, "kafka_consume_mb_s": kafka_consume,
-            "consume_ratio": _ratio(consume, kafka_consume),
-            "kafka_readme_produce_mb_s": readme[0], "kafka_readme_consume_mb_s": readme[1],
-            "target_met": (produce >= kafka_produce and consume >= kafka_consume)
-            if kafka_produce is not None and kafka_consume is not None and consume is not None else None,
-        })
+    # Issue-3 targets: produce/consume MB/s at 100 B, 1 KB, 10 KB, acks=1, one partition, per client.
+    workloads = dict.fromkeys((r["client"], r["record_bytes"]) for r in rows
+                              if r["section"] == "targets" and r["broker"] == ours)
+    target_rows = [_target_entry(rows, ours, client, record_bytes) for client, record_bytes in workloads]
     if target_rows:
-        bench.table("Issue-3 targets: copyless >= Kafka, acks=1, one partition, confluent-kafka (MB/s; "
-                    "ratio = copyless / Kafka; README = Kafka figures noted earlier on this machine)", target_rows)
+        bench.table(f"Issue-3 targets: copyless >= Kafka, acks=1, one partition (MB/s, median of {rounds} "
+                    "round(s); ratio = copyless / Kafka of the medians; by round = copyless / Kafka within each "
+                    "round; README = Kafka figures noted earlier on this machine, confluent-kafka)", target_rows)
 
     sendfile_rows = []
     for client in FETCH_CLIENTS:
@@ -1052,7 +1224,8 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
     comparisons = []
     if have_kafka:
         for row in rows:
-            if row["broker"] != ours or row["section"] not in ("targets", "matrix", "latency"):
+            # targets are compared above, as medians over rounds
+            if row["broker"] != ours or row["section"] not in ("matrix", "latency"):
                 continue
             kafka_row = next((r for r in rows if r["broker"] == "kafka" and r["section"] == row["section"]
                               and r["workload"] == row["workload"] and r["client"] == row["client"]), None)
@@ -1065,8 +1238,9 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
                 "produce_p99_ratio": _ratio(row["produce_p99_ms"], kafka_row["produce_p99_ms"]),
                 "e2e_p99_ratio": _ratio(row["e2e_p99_ms"], kafka_row["e2e_p99_ms"]),
             })
-        bench.table("copyless / Kafka, same workload, same client (throughput ratio > 1: copyless faster; "
-                    "latency ratio < 1: copyless faster)", comparisons)
+        if comparisons:
+            bench.table("copyless / Kafka, same workload, same client (throughput ratio > 1: copyless faster; "
+                        "latency ratio < 1: copyless faster)", comparisons)
 
     latency_rows = [r for r in rows if r["section"] == "latency"]
     if latency_rows:
@@ -1077,7 +1251,7 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
 
     ratios: dict[str, Any] = {}
     for t in target_rows:
-        if t["produce_ratio"] is not None:
+        if t["client"] == "confluent-kafka" and t["produce_ratio"] is not None:
             ratios[f"produce_vs_kafka_{t['record_bytes']}B"] = t["produce_ratio"]
             ratios[f"consume_vs_kafka_{t['record_bytes']}B"] = t["consume_ratio"]
     for t in sendfile_rows:
@@ -1095,14 +1269,14 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
         width = 0.8 / max(1, 2 * len(brokers))
         for i, broker in enumerate(brokers):
             for j, (key, hatch) in enumerate((("produce_mb_per_s", ""), ("consume_mb_per_s", "//"))):
-                values = [_value(rows, key, section="targets", broker=broker, client="confluent-kafka",
-                                 record_bytes=s) or 0 for s in sizes]
+                values = [_median(r[key] for r in _target_runs(rows, broker, "confluent-kafka", s).values()) or 0
+                          for s in sizes]
                 offset = (2 * i + j - (2 * len(brokers) - 1) / 2) * width
                 ax.bar([k + offset for k in range(len(sizes))], values, width, hatch=hatch,
                        label=f"{broker} {'produce' if j == 0 else 'consume'}")
         ax.set_xticks(range(len(sizes)), [f"{s} B" for s in sizes])
         ax.set_ylabel("MB/s")
-        ax.set_title("targets: acks=1, 1 partition, confluent-kafka")
+        ax.set_title(f"targets: acks=1, 1 partition, confluent-kafka (median of {rounds} round(s))")
         ax.legend(fontsize=7)
         ax = axes[0][1]
         if sendfile_rows:
@@ -1148,8 +1322,8 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
 
     return bench.finish(
         ratios=ratios, chart=chart,
-        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients},
-        columns=["section", "broker", "client", "workload", "record_bytes", "acks", "partitions", "producers",
+        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients, "rounds": rounds},
+        columns=["section", "broker", "client", "workload", "round", "record_bytes", "acks", "partitions", "producers",
                  "consumers", "records", "produce_mb_per_s", "consume_mb_per_s", "produce_p99_ms", "e2e_p99_ms"])
 
 
