@@ -907,7 +907,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-class Session:
+class Campaign:
     """One run's measurements: the planned workloads, the brokers measured (in order) and, per broker, the
     targets topics kept for the fetch-path section."""
 
@@ -1030,29 +1030,29 @@ def _reference_kafka(bench: Benchmark, args) -> tuple[bool, str]:
     return True, f"Apache Kafka from {args.kafka_home}"
 
 
-def _measure_external(session: Session, handle: BrokerHandle, sections: list[str]) -> None:
+def _measure_external(campaign: Campaign, handle: BrokerHandle, sections: list[str]) -> None:
     """``--bootstrap``: the targets rounds, then the other sections, on a broker this benchmark did not start."""
-    with session.bench.progress(session.workload_count(sections, 1, 0), "workloads") as bar:
-        session.bar = bar
-        session.warm_up(handle)
+    with campaign.bench.progress(campaign.workload_count(sections, 1, 0), "workloads") as bar:
+        campaign.bar = bar
+        campaign.warm_up(handle)
         if "targets" in sections:
-            session.targets([handle], keep_for_fetch=False)
-        session.sections(handle, _other_sections(sections))
+            campaign.targets([handle], keep_for_fetch=False)
+        campaign.sections(handle, _other_sections(sections))
     if "sendfile" in sections:
-        session.bench.note("sendfile section skipped: it needs a copyless broker this benchmark starts")
+        campaign.bench.note("sendfile section skipped: it needs a copyless broker this benchmark starts")
 
 
-def _compare(session: Session, args, sections: list[str], scratch: Path) -> str:
+def _compare(campaign: Campaign, args, sections: list[str], scratch: Path) -> str:
     """Compare mode: copyless and Kafka both up for the targets rounds; then the other sections on Kafka,
     which is then stopped, and on copyless; then copyless's data dir again with --no-sendfile for the fetch
     path. Returns what the results say about Kafka."""
-    bench = session.bench
+    bench = campaign.bench
     use_kafka, kafka_state = _reference_kafka(bench, args)
     bench.note(f"reference Kafka: {kafka_state}")
     with_sendfile = "sendfile" in sections
-    total = session.workload_count(sections, 2 if use_kafka else 1, 3 if use_kafka else 2)
+    total = campaign.workload_count(sections, 2 if use_kafka else 1, 3 if use_kafka else 2)
     with bench.progress(total, "workloads") as bar, contextlib.ExitStack() as stack:
-        session.bar = bar
+        campaign.bar = bar
         data_dir = scratch / "copyless-data"
         data_dir.mkdir()
         copyless = _started(stack, start_copyless, data_dir, scratch / "copyless.log")
@@ -1065,23 +1065,23 @@ def _compare(session: Session, args, sections: list[str], scratch: Path) -> str:
                 kafka_state = f"failed to start: {exc}"
         handles = [h for h in (copyless, kafka) if h is not None]
         for handle in handles:
-            session.warm_up(handle)
+            campaign.warm_up(handle)
         if "targets" in sections:
-            session.targets(handles, keep_for_fetch=with_sendfile)
+            campaign.targets(handles, keep_for_fetch=with_sendfile)
         if kafka is not None:
-            session.sections(kafka, _other_sections(sections))
+            campaign.sections(kafka, _other_sections(sections))
             if with_sendfile:
-                session.fetch_path(kafka, session.fetch_topics(kafka))
+                campaign.fetch_path(kafka, campaign.fetch_topics(kafka))
             kafka.stop()  # what follows measures copyless alone on the machine
-        session.sections(copyless, _other_sections(sections))
+        campaign.sections(copyless, _other_sections(sections))
         if with_sendfile:
-            topics = session.fetch_topics(copyless)
-            session.fetch_path(copyless, topics)
+            topics = campaign.fetch_topics(copyless)
+            campaign.fetch_path(copyless, topics)
             copyless.stop()
             # The same data dir, the same topics, fetches copied through Python instead.
             no_sendfile = _started(stack, start_copyless, data_dir, scratch / "copyless-nosendfile.log",
                                    sendfile=False)
-            session.fetch_path(no_sendfile, topics)
+            campaign.fetch_path(no_sendfile, topics)
     return kafka_state
 
 
@@ -1131,14 +1131,14 @@ def main(argv=None) -> dict[str, Any]:
                      and (not bench.quick or bench.tiny or w.record_bytes == 10_000)]
     # The raw Fetch loop serves ~1 GB/s: read each topic several times so the window is long enough to time.
     fetch_bytes = bench.pick(full=2 << 30, quick=256 << 20, tiny=0)
-    session = Session(bench, ctx, plans, rounds, sendfile_plan, fetch_bytes)
+    campaign = Campaign(bench, ctx, plans, rounds, sendfile_plan, fetch_bytes)
     with bench.scratch_dir() as scratch:
         if args.bootstrap:
             kafka_state = "not used"
-            _measure_external(session, BrokerHandle(args.label, args.bootstrap), sections)
+            _measure_external(campaign, BrokerHandle(args.label, args.bootstrap), sections)
         else:
-            kafka_state = _compare(session, args, sections, scratch)
-    return _finish(bench, session.brokers_run, kafka_state, clients, rounds)
+            kafka_state = _compare(campaign, args, sections, scratch)
+    return _finish(bench, campaign.brokers_run, kafka_state, clients, rounds)
 
 
 def _value(rows: list[dict[str, Any]], key: str, **match) -> float | None:
