@@ -84,13 +84,7 @@ class Connection:
                         if frame is None:
                             return  # closed by the client mid-frame
                     else:
-                        try:
-                            received = self.sock.recv_into(recv_view)
-                        except BlockingIOError:
-                            await wait_readable(loop, self.fd)
-                            continue
-                        except InterruptedError:
-                            continue
+                        received = await self._recv_into(loop, recv_view)
                         if received == 0:
                             return  # orderly close by the client
                         self.frames.feed(recv_view[:received])
@@ -119,17 +113,21 @@ class Connection:
         client closed the connection first."""
         with memoryview(frame) as view:
             while filled < len(frame):
-                try:
-                    received = self.sock.recv_into(view[filled:])
-                except BlockingIOError:
-                    await wait_readable(loop, self.fd)
-                    continue
-                except InterruptedError:
-                    continue
+                received = await self._recv_into(loop, view[filled:])
                 if received == 0:
                     return None
                 filled += received
         return frame
+
+    async def _recv_into(self, loop, view) -> int:
+        """One recv_into ``view``, waiting for the socket to be readable; 0 once the client closed."""
+        while True:
+            try:
+                return self.sock.recv_into(view)
+            except BlockingIOError:
+                await wait_readable(loop, self.fd)
+            except InterruptedError:
+                pass
 
     def _close_reason(self, reason: str) -> None:
         self.broker.stats.connections_closed_on_error += 1
