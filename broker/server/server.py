@@ -89,6 +89,7 @@ class Server:
             f"advertised={config.advertised_host}:{config.advertised_port} "
             f"data_dir={config.data_dir} loop={self.loop_name} sendfile={'on' if self.use_sendfile else 'off'} "
             f"flush_mode={config.flush_mode} segment_bytes={config.segment_bytes} "
+            f"socket_send_buffer_bytes={config.socket_send_buffer_bytes} "
             f"retention_ms={config.retention_ms} max_message_bytes={config.message_max_bytes} "
             f"auto_create_topics={config.auto_create_topics} num_partitions={config.num_partitions} "
             f"node_id={self.broker.node_id} cluster_id={self.broker.cluster_id}"
@@ -119,10 +120,7 @@ class Server:
                 sock.close()
                 return
             sock.setblocking(False)
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+            self._tune(sock)
             self._next_connection_id += 1
             connection_id = self._next_connection_id
             connection = Connection(self, sock, address, connection_id)
@@ -131,6 +129,20 @@ class Server:
             task = asyncio.create_task(connection.run(), name=f"copyless-conn-{connection_id}")
             self.connections[connection_id] = (connection, task)
             task.add_done_callback(lambda _t, cid=connection_id: self.connections.pop(cid, None))
+
+    def _tune(self, sock: socket.socket) -> None:
+        """TCP_NODELAY, and the configured socket buffers (see BrokerConfig.socket_send_buffer_bytes)."""
+        config = self.broker.config
+        options = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+        if config.socket_send_buffer_bytes != -1:
+            options.append((socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_send_buffer_bytes))
+        if config.socket_receive_buffer_bytes != -1:
+            options.append((socket.SOL_SOCKET, socket.SO_RCVBUF, config.socket_receive_buffer_bytes))
+        for level, option, value in options:
+            try:
+                sock.setsockopt(level, option, value)
+            except OSError as exc:  # an option the platform refuses is no reason to drop the client
+                log.debug("setsockopt(%s, %s) failed on an accepted connection: %s", option, value, exc)
 
     # --- periodic work ---------------------------------------------------------------------------------------------
 

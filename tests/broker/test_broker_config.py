@@ -72,3 +72,14 @@ def test_kafka_listener_syntax(tmp_path):
     config = load_toml(path)
     assert (config.listen_host, config.listen_port) == ("0.0.0.0", 19093)
     assert (config.advertised_host, config.advertised_port) == ("kafka.example", 9093)
+
+
+def test_socket_buffer_settings(tmp_path):
+    path = tmp_path / "broker.toml"
+    path.write_text('"socket.send.buffer.bytes" = -1\n"socket.receive.buffer.bytes" = 102400\n')
+    config = load_toml(path)
+    assert (config.socket_send_buffer_bytes, config.socket_receive_buffer_bytes) == (-1, 102400)
+    for bad in (0, 100, -2):
+        path.write_text(f'"socket.send.buffer.bytes" = {bad}\n')
+        with pytest.raises(ConfigError, match="socket.send.buffer.bytes"):
+            load_toml(path)

@@ -3,6 +3,7 @@ ordering and acks=0 rules, long-poll wake-ups, byte limits, zero-copy counters, 
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 
@@ -438,6 +439,17 @@ def test_idle_connections_are_closed(inproc_factory):
     for _ in range(5):
         assert active.request(ApiVersionsRequestV0()).error_code == ErrorCode.none
         time.sleep(0.05)
+
+
+def test_accepted_connections_get_the_configured_socket_buffers(inproc_factory):
+    live = inproc_factory("asyncio", socket_send_buffer_bytes=48 * 1024, socket_receive_buffer_bytes=40 * 1024)
+    client = live.client()
+    assert client.request(ApiVersionsRequestV0()).error_code == ErrorCode.none
+    [(connection, _task)] = live.server.connections.values()
+    # Linux reports twice the value set: the other half is its bookkeeping allowance (socket(7)).
+    assert connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * 48 * 1024
+    assert connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * 40 * 1024
+    assert connection.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 def test_undecodable_batch_does_not_break_timestamp_lookup(live_broker):
