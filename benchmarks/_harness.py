@@ -227,6 +227,17 @@ def cpu_seconds(pid: int | None = None, *, children: bool = False) -> float:
     return total / _CLOCK_TICKS
 
 
+def settle_writeback() -> None:
+    """Write back what earlier measurements left dirty before the next one starts.
+
+    A run that writes a GiB or two leaves it dirty, and the kernel's background writeback of it would
+    otherwise land in the next run's timed window, charged to whichever broker or method runs next. For
+    an mmap'ed log it costs twice: a page written back is write-protected again, so the next store into it
+    faults (benchmarks.storage saw after-roll appends fall to 0.52x of the warm rate in such a run).
+    """
+    os.sync()
+
+
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'; binary units, as the kernel and the articles' buffer sizes use them."""
     value = float(n)

@@ -31,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks._harness import Benchmark, percentile
+from benchmarks._harness import Benchmark, percentile, settle_writeback
 from broker.storage import LogConfig, LogManager
 from client.protocol.records import RECORD_BATCH_OVERHEAD
 
@@ -56,16 +56,6 @@ def open_log(directory: Path, segment_bytes: int):
     manager = LogManager(directory, default_config=config, background_interval_ms=None)
     manager.startup()
     return manager, manager.create_log("bench", 0, config)
-
-
-def settle_writeback() -> None:
-    """Write back what earlier measurements left dirty before the next one starts: each run dirties up to
-    two GiB, and the kernel's background writeback of one run's files would otherwise land in the next
-    run's timed window. A run's own writeback still can: the slow roll runs had 0.2-0.5 GB under writeback
-    at the roll with every page of the next segment pre-faulted, and a page written back is write-protected
-    again, so the next append into it faults. That is the likely cause of the spread of
-    ``after_roll_vs_warm_runs`` (the same runs in fresh processes: 0.90-1.05, one 0.52)."""
-    os.sync()
 
 
 def timed_appends(partition_log, batch: bytes, count: int) -> tuple[float, list[float]]:

@@ -68,7 +68,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Benchmark, percentile
+from benchmarks._harness import Benchmark, percentile, settle_writeback
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
@@ -97,7 +97,8 @@ class Workload:
     duration_s: float | None = None     # latency workloads: how long the rate is offered
     concurrent: bool = False            # consumers run while producers produce
     consume_only: bool = False          # re-read an existing topic (sendfile section)
-    read_passes: int = 1                # raw-fetch: read the topic this many times (a longer window)
+    read_passes: int = 1                # consumers read the topic this many times (a longer window) ...
+    read_seconds: float = 0.0           # ... or, when set, until this long (at most read_passes times)
     topic: str = ""
     label: str = ""
 
@@ -115,6 +116,8 @@ class WorkerResult:
     latencies_ms: list[tuple[int, float]] = field(default_factory=list)
     e2e_ms: list[tuple[int, float]] = field(default_factory=list)
     end_offsets: dict[int, int] = field(default_factory=dict)
+    partitions: list[int] = field(default_factory=list)  # consumers: the partitions read ...
+    passes: int = 0                                       # ... and how many times each was read in full
     error_text: str = ""
 
 
@@ -260,6 +263,46 @@ def _produce_copyless(bootstrap: str, work: Workload, ready, start_event, result
     result.bytes = result.records * work.record_bytes
 
 
+class _Reading:
+    """A consumer worker's progress through its partitions: the end offsets to reach (sent by the
+    orchestrator once the producers are done), the next offset wanted per partition, and the passes read.
+    A consumer may read its topic from offset 0 again (``Workload.read_passes``, ``read_seconds``): one pass
+    can be too short a window to time."""
+
+    def __init__(self, partitions: list[int], ends_queue, work: Workload, result: WorkerResult) -> None:
+        self.partitions = partitions
+        self.ends_queue = ends_queue
+        self.max_passes = max(1, work.read_passes)
+        self.min_seconds = work.read_seconds
+        self.result = result  # its ``passes`` tells the orchestrator how many records to expect
+        self.ends: dict[int, int] | None = None
+        self.next = {p: 0 for p in partitions}
+
+    def pass_ended(self) -> bool:
+        """True when every partition has reached its end offset; ``next`` then points at offset 0 again."""
+        if self.ends is None:
+            try:
+                self.ends = self.ends_queue.get_nowait()
+            except queue.Empty:
+                return False
+        if any(self.next[p] < self.ends.get(p, 0) for p in self.partitions):
+            return False
+        self.result.passes += 1
+        self.next = {p: 0 for p in self.partitions}
+        return True
+
+    def done(self, first_at: float) -> bool:
+        """After a pass: stop here, or seek back to offset 0 for another? ``first_at``: the first record's
+        fetch. With ``read_seconds`` the passes go on until that long has been read (at most ``read_passes``);
+        without, exactly ``read_passes`` are read."""
+        if self.result.passes >= self.max_passes:
+            return True
+        return bool(self.min_seconds) and time.monotonic() - first_at >= self.min_seconds
+
+    def timed_out(self) -> str:
+        return f"consumer timed out at {self.next} in pass {self.result.passes + 1}, ends {self.ends}"
+
+
 def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], ready, start_event, ends_queue,
                        result: WorkerResult) -> None:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -274,11 +317,17 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
         "fetch.max.bytes": 52_428_800,
         "max.partition.fetch.bytes": 1_048_576 * 4,
         "queued.max.messages.kbytes": 262_144,
+        # librdkafka stops fetching once 100,000 records are queued (queued.min.messages) and then waits
+        # fetch.queue.backoff.ms (1 s) before it looks again, even though the application drains those
+        # 10 MB of 100 B records in about 0.15 s: with the defaults a 100 B consume measured that timer,
+        # 15-17 MB/s on either broker, against 80-90 MB/s with the queue bounded by bytes alone (256 MiB
+        # above) and re-checked every 10 ms. The same settings go to both brokers.
+        "queued.min.messages": 10_000_000,
+        "fetch.queue.backoff.ms": 10,
         "fetch.wait.max.ms": 100,
     })
     latency = work.rate_per_s is not None
-    ends: dict[int, int] | None = None
-    last_offsets: dict[int, int] = {p: -1 for p in partitions}
+    reading = _Reading(partitions, ends_queue, work, result)
     now_ns = time.monotonic_ns
     try:
         consumer.assign([TopicPartition(work.topic, p, OFFSET_BEGINNING) for p in partitions])
@@ -289,13 +338,11 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
         result.started = time.monotonic()
         deadline = result.started + WORKER_TIMEOUT_S
         while time.monotonic() < deadline:
-            if ends is None:
-                try:
-                    ends = ends_queue.get_nowait()
-                except queue.Empty:
-                    pass
-            if ends is not None and all(last_offsets[p] + 1 >= ends.get(p, 0) for p in partitions):
-                break
+            if reading.pass_ended():
+                if reading.done(result.first_at):
+                    break
+                for p in partitions:
+                    consumer.seek(TopicPartition(work.topic, p, 0))
             called_at = time.monotonic()
             if latency:
                 # poll() returns as soon as one record is there; consume(n) would wait for n or the timeout
@@ -313,7 +360,7 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
                 value = message.value()
                 result.records += 1
                 result.bytes += len(value)
-                last_offsets[message.partition()] = message.offset()
+                reading.next[message.partition()] = message.offset() + 1
                 if latency:
                     scheduled = _TIMESTAMP.unpack_from(value)[0]
                     result.e2e_ms.append((scheduled, (received_at - scheduled) / 1e6))
@@ -321,7 +368,7 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
                 result.first_at = called_at
             result.finished = time.monotonic()
         else:
-            result.error_text = f"consumer timed out at {last_offsets}, ends {ends}"
+            result.error_text = reading.timed_out()
     finally:
         consumer.close()
 
@@ -341,20 +388,17 @@ def _consume_copyless(bootstrap: str, work: Workload, partitions: list[int], rea
             assigned = [(work.topic, p) for p in partitions]
             consumer.assign(assigned)
             consumer.seek_to_beginning(*assigned)
-            last_offsets = {p: -1 for p in partitions}
-            ends = None
+            reading = _Reading(partitions, ends_queue, work, result)
             ready.put("consumer")
             await asyncio.get_running_loop().run_in_executor(None, start_event.wait)
             result.started = time.monotonic()
             deadline = result.started + WORKER_TIMEOUT_S
             while time.monotonic() < deadline:
-                if ends is None:
-                    try:
-                        ends = ends_queue.get_nowait()
-                    except queue.Empty:
-                        pass
-                if ends is not None and all(last_offsets[p] + 1 >= ends.get(p, 0) for p in partitions):
-                    break
+                if reading.pass_ended():
+                    if reading.done(result.first_at):
+                        break
+                    for tp in assigned:
+                        consumer.seek(tp, 0)
                 called_at = time.monotonic()
                 batches = await consumer.getmany(timeout_ms=50)
                 if not batches:
@@ -363,12 +407,12 @@ def _consume_copyless(bootstrap: str, work: Workload, partitions: list[int], rea
                     for record in records:
                         result.records += 1
                         result.bytes += len(record.value)
-                    last_offsets[tp[1]] = records[-1].offset
+                    reading.next[tp[1]] = records[-1].offset + 1
                 if not result.first_at:
                     result.first_at = called_at
                 result.finished = time.monotonic()
             else:
-                result.error_text = f"consumer timed out at {last_offsets}, ends {ends}"
+                result.error_text = reading.timed_out()
         finally:
             await consumer.close()
 
@@ -412,8 +456,7 @@ def _consume_raw(bootstrap: str, work: Workload, partitions: list[int], ready, s
     max_bytes = 8 << 20
     buffer = bytearray(max_bytes * max(1, len(partitions)) + (1 << 16))
     view = memoryview(buffer)
-    offsets = {p: 0 for p in partitions}
-    ends: dict[int, int] | None = None
+    reading = _Reading(partitions, ends_queue, work, result)
     with socket.create_connection((host, int(port))) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -430,21 +473,12 @@ def _consume_raw(bootstrap: str, work: Workload, partitions: list[int], ready, s
         result.started = time.monotonic()
         deadline = result.started + WORKER_TIMEOUT_S
         correlation_id = 0
-        passes_done = 0
         while time.monotonic() < deadline:
-            if ends is None:
-                try:
-                    ends = ends_queue.get_nowait()
-                except queue.Empty:
-                    pass
-            if ends is not None and all(offsets[p] >= ends.get(p, 0) for p in partitions):
-                passes_done += 1
-                if passes_done >= work.read_passes:
-                    break
-                offsets = {p: 0 for p in partitions}  # again from the start: same bytes, page-cache warm
+            if reading.pass_ended() and reading.done(result.first_at):
+                break
             correlation_id += 1
             called_at = time.monotonic()
-            sock.sendall(_encode_fetch_v4(correlation_id, work.topic, offsets, max_bytes))
+            sock.sendall(_encode_fetch_v4(correlation_id, work.topic, reading.next, max_bytes))
             read_exactly(4)
             size = struct.unpack_from("!i", buffer)[0]
             if size > len(buffer):
@@ -473,14 +507,14 @@ def _consume_raw(bootstrap: str, work: Workload, partitions: list[int], ready, s
                         continue
                     for _, header in iter_batches(view, position, position + records_length):
                         result.records += header.records_count
-                        offsets[partition] = header.next_offset
+                        reading.next[partition] = header.next_offset
                     position += records_length
             if result.records > records_before:
                 if not result.first_at:
                     result.first_at = called_at
                 result.finished = time.monotonic()
         else:
-            result.error_text = f"raw consumer timed out at {offsets}, ends {ends}"
+            result.error_text = reading.timed_out()
     result.bytes = result.records * work.record_bytes
 
 
@@ -499,7 +533,7 @@ class _Ready:
 
 def _worker_main(role: str, bootstrap: str, work: Workload, records: int, partitions: list[int],
                  ready_queue, start_event, ends_queue, results) -> None:
-    result = WorkerResult(role=role)
+    result = WorkerResult(role=role, partitions=partitions)
     ready = _Ready(ready_queue)
     try:
         if role == "producer":
@@ -815,11 +849,14 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
         if work.rate_per_s is not None and e2e:
             figures.update(e2e_p50_ms=percentile(e2e, 50), e2e_p99_ms=percentile(e2e, 99),
                            e2e_p999_ms=percentile(e2e, 99.9))
-    expected = sum(ends.values()) * (work.read_passes if work.client == "raw-fetch" else 1)
-    if consumed != expected:
-        raise RuntimeError(f"{work.section} {work.label}: consumed {consumed} records, the log holds {expected}")
+    # Each consumer read its partitions in full ``passes`` times: exactly that many records, no more, no less.
+    expected = sum(ends.get(p, 0) * r.passes for r in consumer_results for p in r.partitions)
+    if consumed != expected or not all(r.passes for r in consumer_results):
+        passes = sorted(r.passes for r in consumer_results)
+        raise RuntimeError(f"{work.section} {work.label}: consumed {consumed} records in {passes} full pass(es) "
+                           f"over a log of {sum(ends.values())}, expected {expected}")
     if not work.consume_only and sum(ends.values()) < work.records:
-        raise RuntimeError(f"{work.section} {work.label}: {work.records} sent, the log holds {expected}")
+        raise RuntimeError(f"{work.section} {work.label}: {work.records} sent, the log holds {sum(ends.values())}")
     return figures
 
 
@@ -832,18 +869,27 @@ def _records_for(record_bytes: int, budget_bytes: int, cap: int) -> int:
 
 
 def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
-    # Per run of a targets workload (every round, every broker): long enough that a scheduler hiccup is a
-    # small share of the window, short enough that 3 rounds on two brokers stay near 10 minutes.
-    target_budget = bench.pick(full=768 << 20, quick=24 << 20, tiny=1 << 20)
-    target_cap = bench.pick(full=1_500_000, quick=100_000, tiny=2_000)
+    # Per run of a targets workload (every round, every broker): produce windows of 3-6 s at the rates seen
+    # here (70 MB/s at 100 B, 300-1400 MB/s above), so a scheduler hiccup is a small share of each; the
+    # five rounds of confluent-kafka and copyless clients on two brokers take about 17 minutes. Five, not
+    # three: on this VM one run's rate can halve when its pages are memory the hypervisor has to back
+    # first (10 KB produce: 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled memory, either broker), and a
+    # median of five shrugs off two such runs.
+    target_budget = bench.pick(full=1536 << 20, quick=24 << 20, tiny=1 << 20)
+    target_cap = bench.pick(full=3_000_000, quick=100_000, tiny=2_000)
+    # The consumer then reads the topic from offset 0 again until it has read for this long: one pass of
+    # 1.5 GiB of 10 KB records takes 1.1-1.5 s (1.1-1.4 GB/s on either broker). Tiny runs read exactly
+    # twice, so the tests cover the seek back.
+    read_seconds = bench.pick(full=5.0, quick=1.0, tiny=0.0)
+    read_passes = bench.pick(full=10, quick=3, tiny=2)
     targets = []
     for client in clients:
         # The project's client is measured at every size in full runs, at 100 B (its target) otherwise.
         sizes = (100,) if bench.tiny or (bench.quick and client != "confluent-kafka") else (100, 1000, 10_000)
         for record_bytes in sizes:
             records = _records_for(record_bytes, target_budget, target_cap)
-            targets.append(Workload("targets", record_bytes, records, client=client,
-                                    label=f"{record_bytes} B {client}"))
+            targets.append(Workload("targets", record_bytes, records, client=client, read_passes=read_passes,
+                                    read_seconds=read_seconds, label=f"{record_bytes} B {client}"))
     matrix_budget = bench.pick(full=128 << 20, quick=12 << 20, tiny=1 << 19)
     cap = bench.pick(full=1_000_000, quick=100_000, tiny=2_000)
     base = Workload("matrix", 1000, _records_for(1000, matrix_budget, cap), concurrent=True, label="base")
@@ -939,6 +985,7 @@ class Campaign:
         work = replace(work, topic=_topic(handle.name, work))
         where = f" (round {round_number}/{self.rounds})" if round_number else ""
         self.bar.describe(f"{handle.name}: {work.section} {work.label}{where}")
+        settle_writeback()  # the previous run's 1.5 GiB written back now, not in this run's window
         _row(self.bench, handle.name, work, run_workload(self.ctx, handle.bootstrap, work), round_number)
         self.bar.advance(1)
         return work
@@ -1000,10 +1047,14 @@ class Campaign:
         for work in topics:
             topic_bytes = work.records * work.record_bytes
             for client in FETCH_CLIENTS:
-                passes = max(1, min(50, self.fetch_bytes // topic_bytes)) if client == "raw-fetch" else 1
-                consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
+                if client == "raw-fetch":  # exactly this many passes: ~2 GiB at several GB/s
+                    reads = dict(read_passes=max(1, min(50, self.fetch_bytes // topic_bytes)), read_seconds=0.0)
+                else:
+                    reads = dict(read_passes=work.read_passes, read_seconds=work.read_seconds)
+                consume = replace(work, section="sendfile", consume_only=True, client=client, **reads,
                                   label=f"{work.record_bytes} B {client}")
                 self.bar.describe(f"{handle.name}: fetch path {consume.label}")
+                settle_writeback()
                 _row(self.bench, handle.name, consume, run_workload(self.ctx, handle.bootstrap, consume))
                 self.bar.advance(1)
 
@@ -1099,13 +1150,13 @@ def main(argv=None) -> dict[str, Any]:
                             help="subset of targets,sendfile,matrix,latency")
         parser.add_argument("--rounds", type=_positive_int, default=None,
                             help="rounds of the targets section, each running every workload on every broker "
-                                 "(default 3; 1 with --quick)")
+                                 "(default 5; 1 with --quick)")
 
     bench = Benchmark("throughput", "end to end: Kafka clients against copyless and Apache Kafka "
                       "(throughput, latency at a fixed rate)", argv, arguments=arguments)
     args = bench.args
     sections = [s for s in args.sections.split(",") if s]
-    rounds = args.rounds or bench.pick(full=3, quick=1, tiny=1)
+    rounds = args.rounds or bench.pick(full=5, quick=1, tiny=1)
     if args.clients == "auto":
         clients = ["confluent-kafka"] + (["copyless"] if _copyless_client_available() else [])
         if "copyless" not in clients:
@@ -1123,6 +1174,11 @@ def main(argv=None) -> dict[str, Any]:
     bench.note("latency percentiles are measured from each record's scheduled send time and exclude the first "
                "20% of each run (at most 2 s) as warm-up; consume MB/s runs from the fetch that returned the "
                "first record to the last record")
+    if "targets" in sections and plans["targets"]:
+        first = plans["targets"][0]
+        reread = (f"until it has read for {first.read_seconds:g} s (at most {first.read_passes} passes)"
+                  if first.read_seconds else f"{first.read_passes} times")
+        bench.note(f"a targets consumer reads its topic from offset 0 {reread}: one pass can take a second")
     # Workers fork from a clean single-threaded server that has already imported the Kafka client: no
     # librdkafka threads are ever forked, and each worker starts in milliseconds instead of a second.
     ctx = multiprocessing.get_context("forkserver")
