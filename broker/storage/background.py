@@ -1,10 +1,12 @@
 """The storage's worker threads, and the reaper of retired segments. Never imports asyncio.
 
-Three executors, so one kind of slow work never queues behind another:
+Four executors, so one kind of slow work never queues behind another:
 
 - ``warm`` (1 thread): create + posix_fallocate the next segment of a log while the active one still has
   room, and pre-fault each active segment's window ahead of its appends (0.15 s per GiB of recycled memory
   here, up to 3.3 s per GiB of memory the VM never touched: why it is a window, see segment.py).
+- ``prefault_helper`` (1 thread): the upper half of a pre-fault step when the appends outrun the warm
+  thread (segment.PREFAULT_SPLIT_BYTES); only ever waited on by a warm task, so it never queues behind one.
 - ``io`` (1 thread, FIFO): seal rolled segments (unmap, trim, fdatasync) and delete retired files. FIFO
   order is what lets a seal advance the recovery point: every older segment was sealed first.
 - ``flush`` (2 threads): fdatasync for flush policies and group commit. Two, so a slow fdatasync of one log
@@ -32,6 +34,7 @@ class Background:
 
     def __init__(self) -> None:
         self.warm = ThreadPoolExecutor(1, thread_name_prefix="copyless-warm")
+        self.prefault_helper = ThreadPoolExecutor(1, thread_name_prefix="copyless-prefault")
         self.io = ThreadPoolExecutor(1, thread_name_prefix="copyless-io")
         self.flush = ThreadPoolExecutor(2, thread_name_prefix="copyless-flush")
         self._lock = threading.Lock()
@@ -113,5 +116,6 @@ class Background:
         """Stop the threads after the running tasks (and, unless ``cancel_queued``, the queued ones) end."""
         self._closed = True
         # io first: a running seal may wait for a warm-up to stop, never the other way round.
-        for executor in (self.io, self.flush, self.warm):
+        # The helper after warm: a running chase waits on its helper's half.
+        for executor in (self.io, self.flush, self.warm, self.prefault_helper):
             executor.shutdown(wait=True, cancel_futures=cancel_queued)

@@ -299,13 +299,13 @@ class PartitionLog:
         written = active.written_position
         prefault = active.prefault
         if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
-            self._background.submit_warm(prefault.idle, active.chase)
+            self._background.submit_warm(prefault.idle, active.chase, self._background.prefault_helper)
         room = active.capacity_bytes - written
         prepared = self._prepared
         if room < window and prepared is not None and not prepared.taken:
             head = prepared.prefault
             if room + head.target < window >> 1 and head.want(min(window, prepared.allocated_bytes)):
-                self._background.submit_warm(head.idle, prepared.chase)
+                self._background.submit_warm(head.idle, prepared.chase, self._background.prefault_helper)
 
     def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
         """Before writing up to ``end``: the rare append that outran extend_ahead allocates synchronously
@@ -836,7 +836,7 @@ class PartitionLog:
         fsync_directory(directory.parent)
         background.submit_warm(prepared.warm_done, prepared.warm, config.index_interval_bytes)
         if segment.prefault.want(min(segment_module.warm_ahead_bytes(), segment.allocated_bytes)):
-            background.submit_warm(segment.prefault.idle, segment.chase)
+            background.submit_warm(segment.prefault.idle, segment.chase, background.prefault_helper)
         return cls(topic, partition, directory, config, background, [segment])
 
     @classmethod
@@ -917,7 +917,7 @@ class PartitionLog:
             background.submit_warm(last._warm_done, last.warm_remainder)
             window_end = min(last.written_position + segment_module.warm_ahead_bytes(), last.allocated_bytes)
             if last.prefault.want(window_end):
-                background.submit_warm(last.prefault.idle, last.chase)
+                background.submit_warm(last.prefault.idle, last.chase, background.prefault_helper)
         stats = LoadStats(len(kept), recovered, rescanned, discarded, removed, time.perf_counter() - started)
         return log_, stats
 

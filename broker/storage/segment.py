@@ -107,6 +107,13 @@ def warm_ahead_bytes() -> int:
     return WARM_AHEAD_BYTES
 
 
+# A chase this far behind its target (appends outrunning one thread's pre-faulting) splits each step: the upper
+# half goes to the helper thread. Measured on this VM, 10 KB records produced into fresh memory: 460-580 MB/s
+# with one thread, the loop thread faulting a fifth of the pages itself (a quarter of the broker's samples in
+# the kernel's page zeroing), 600-720 MB/s with two; below it, one thread keeps up and the helper stays idle.
+PREFAULT_SPLIT_BYTES = 32 << 20
+
+
 class Prefault:
     """Pre-faulting of one segment's log map, chasing a target the appends move ahead of them.
 
@@ -137,18 +144,32 @@ class Prefault:
         self.idle.clear()
         return True
 
-    def chase(self, region: mmap.mmap | None, fd: int, limit, floor=lambda: 0) -> None:
+    def chase(self, region: mmap.mmap | None, fd: int, limit, floor=lambda: 0, helper=None) -> None:
         """Warm thread: pre-fault [max(position, floor()), target), never past ``limit`` (the allocated prefix:
         a pre-fault of a sparse page could hit a full disk). The caller keeps the map open until ``idle``;
-        ``limit`` and ``floor`` are callables read at each step."""
+        ``limit`` and ``floor`` are callables read at each step. ``helper``: an executor that takes the upper
+        half of a step more than PREFAULT_SPLIT_BYTES long (waited for before the step counts as done)."""
         started = time.perf_counter()
+
+        def stopped() -> bool:
+            return self.stopped
+
         try:
             while not self.stopped and region is not None:
                 start = max(self.position, floor())  # pages the appends already wrote need no pre-fault
                 end = min(self.target, limit())
                 if end <= start:
                     break
-                self.method = populate(region, fd, start, end - start, lambda: self.stopped)
+                if helper is not None and end - start >= PREFAULT_SPLIT_BYTES:
+                    middle = start + (end - start) // 2
+                    middle -= middle % mmap.PAGESIZE
+                    upper = helper.submit(populate, region, fd, middle, end - middle, stopped)
+                    try:
+                        self.method = populate(region, fd, start, middle - start, stopped)
+                    finally:
+                        upper.result()  # the map stays open until both halves are done
+                else:
+                    self.method = populate(region, fd, start, end - start, stopped)
                 self.position = end
         except OSError as exc:  # not fatal: the appends fault the pages in themselves
             log.warning("pre-faulting failed: %s", exc)
@@ -301,9 +322,10 @@ class PreparedSegment:
         self.warm(index_interval_bytes)
         return self
 
-    def chase(self) -> None:
+    def chase(self, helper=None) -> None:
         """Warm thread: pre-fault the log up to the prefault target (nothing if the files do not exist)."""
-        self.prefault.chase(None if self.stop_warm else self.map, self.fd, lambda: self.allocated_bytes)
+        self.prefault.chase(None if self.stop_warm else self.map, self.fd, lambda: self.allocated_bytes,
+                            helper=helper)
 
     def discard(self) -> None:
         """Close and remove an unused prepared segment (worker thread or shutdown)."""
@@ -653,11 +675,11 @@ class Segment:
             self.extension_failed_s = time.monotonic()
             log.log(logging.WARNING if first else logging.DEBUG, "extending %s failed: %s", self.log_path, exc)
 
-    def chase(self) -> None:
+    def chase(self, helper=None) -> None:
         """Warm thread: pre-fault the log from the write position up to the window's target."""
         usable = not (self.sealed or self.closed or self.stop_warm)
         self.prefault.chase(self.map if usable else None, self.fd, lambda: self.allocated_bytes,
-                            lambda: self.written_position)
+                            lambda: self.written_position, helper)
 
     def append_run(self, view: memoryview, batches: list[tuple[int, BatchHeader]], first_offset: int,
                    leader_epoch: int, log_append_time_ms: int | None) -> int:

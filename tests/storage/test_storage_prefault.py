@@ -7,7 +7,9 @@ kernel's read-ahead puts neighbours of every touched page there.
 
 from __future__ import annotations
 
+import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from storage_batches import build_batch
@@ -15,7 +17,7 @@ from storage_batches import build_batch
 from broker.storage import LogConfig
 from broker.storage import partition_log as partition_log_module
 from broker.storage import segment as segment_module
-from broker.storage._fileops import map_address
+from broker.storage._fileops import map_address, preallocate
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KIB, MIB = 1 << 10, 1 << 20
@@ -126,3 +128,41 @@ def test_a_reopened_active_segment_gets_a_window(window_manager, window_log, man
     start = (written + PAGE - 1) // PAGE * PAGE
     assert mapped_bytes(active.map, start, start + WINDOW - 2 * PAGE) == WINDOW - 2 * PAGE
     assert mapped_bytes(active.map, written + WINDOW + PAGE, SEGMENT) == 0
+
+
+class RecordingExecutor(ThreadPoolExecutor):
+    """A real one-thread executor that remembers which ranges were handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.ranges: list[tuple[int, int]] = []
+
+    def submit(self, function, *args, **kwargs):
+        _region, _fd, start, length = args[:4]
+        self.ranges.append((start, start + length))
+        return super().submit(function, *args, **kwargs)
+
+
+def test_a_chase_far_behind_hands_half_of_each_step_to_the_helper(tmp_path, monkeypatch):
+    monkeypatch.setattr(segment_module, "PREFAULT_SPLIT_BYTES", 1 * MIB)
+    fd = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT, 0o644)
+    helper = RecordingExecutor()
+    try:
+        preallocate(fd, 8 * MIB)
+        region = mmap.mmap(fd, 8 * MIB)
+        prefault = segment_module.Prefault()
+        assert prefault.want(6 * MIB)
+        prefault.chase(region, fd, lambda: 8 * MIB, helper=helper)
+        assert prefault.idle.is_set() and prefault.position == 6 * MIB
+        assert helper.ranges == [(3 * MIB, 6 * MIB)]
+        assert all(present_pages(region, 0, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
+        # A step below the split stays on the chasing thread.
+        assert prefault.want(6 * MIB + 512 * KIB)
+        prefault.chase(region, fd, lambda: 8 * MIB, helper=helper)
+        assert helper.ranges == [(3 * MIB, 6 * MIB)]
+        assert all(present_pages(region, 6 * MIB, 6 * MIB + 512 * KIB))
+        assert not any(present_pages(region, 6 * MIB + 512 * KIB, 8 * MIB))
+        region.close()
+    finally:
+        helper.shutdown()
+        os.close(fd)
