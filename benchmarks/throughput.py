@@ -871,10 +871,10 @@ def _records_for(record_bytes: int, budget_bytes: int, cap: int) -> int:
 def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
     # Per run of a targets workload (every round, every broker): produce windows of 3-6 s at the rates seen
     # here (70 MB/s at 100 B, 300-1400 MB/s above), so a scheduler hiccup is a small share of each; the
-    # five rounds of confluent-kafka and copyless clients on two brokers take about 17 minutes. Five, not
+    # five rounds of confluent-kafka and copyless clients on two brokers take about 13 minutes. Five, not
     # three: on this VM one run's rate can halve when its pages are memory the hypervisor has to back
-    # first (10 KB produce: 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled memory, either broker), and a
-    # median of five shrugs off two such runs.
+    # first (copyless, 10 KB produce: 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled memory; Kafka's moved
+    # between 0.2 and 0.75 GB/s), and a median of five shrugs off two such runs.
     target_budget = bench.pick(full=1536 << 20, quick=24 << 20, tiny=1 << 20)
     target_cap = bench.pick(full=3_000_000, quick=100_000, tiny=2_000)
     # The consumer then reads the topic from offset 0 again until it has read for this long: one pass of
