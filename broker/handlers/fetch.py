@@ -7,8 +7,8 @@ Per request (``ReplicaManager.fetchMessages`` / ``readFromLog``, KIP-74):
 - until some partition has returned records, the first batch of the next one is returned whole even if it
   is larger than both limits (``min_one_message``), so a consumer never stalls on a big batch (trap T9);
   after that the limits are hard and a batch that does not fit is left for the next fetch;
-- a region may end inside a batch (the tail is cut at the byte limit); every client skips a partial
-  trailing batch;
+- a region ends on a batch boundary (``PartitionLog.read``), where Kafka cuts at the byte limit and the
+  client drops the partial trailing batch and downloads it again with its next fetch;
 - the answer waits until ``min_bytes`` of records are available or ``max_wait_ms`` passes, woken by appends
   through ``broker.appends`` (no polling); any partition error answers at once;
 - unknown partition -> UNKNOWN_TOPIC_OR_PARTITION (3); offset outside [log_start, LEO] ->

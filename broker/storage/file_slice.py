@@ -47,6 +47,11 @@ class FileSlice:
     def released(self) -> bool:
         return self._segment is None
 
+    @property
+    def ends_segment(self) -> bool:
+        """Whether the region runs to its segment's committed end (a read never spans two segments)."""
+        return self._segment is not None and self.position + self.length == self._segment.committed_position
+
     def read_bytes(self) -> bytes:
         """COPY the region into Python memory (pread). Only for the --no-sendfile comparison path and tests."""
         if self._segment is None:

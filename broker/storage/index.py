@@ -228,6 +228,15 @@ class OffsetIndex(SparseIndex):
 
         return self._search(lookup, relative_offset)
 
+    def floor_batch_start(self, position: int) -> int:
+        """File position of the last indexed batch start <= ``position``; 0 (the first batch) if none."""
+
+        def lookup(data, entries, target):
+            slot = index_search.floor_position_slot(data, entries, target)
+            return 0 if slot < 0 else index_search.offset_entry(data, slot)[1]
+
+        return self._search(lookup, position)
+
     def sane(self, next_relative_offset: int, size_bytes: int) -> bool:
         """O(1) check of a trusted index (Kafka's ``sanityCheck``): the last entry lies inside the segment."""
         if self.entries == 0:

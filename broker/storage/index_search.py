@@ -18,6 +18,7 @@ __all__ = [
     "TIME_ENTRY",
     "WARM_BYTES",
     "floor_offset_slot",
+    "floor_position_slot",
     "floor_timestamp_slot",
     "offset_entry",
     "time_entry",
@@ -60,6 +61,12 @@ def _floor_slot(data, entries: int, entry: struct.Struct, key_of, target, strict
 def floor_offset_slot(data, entries: int, relative_offset: int) -> int:
     """Slot of the last offset-index entry with relative offset <= ``relative_offset``; -1 if none."""
     return _floor_slot(data, entries, OFFSET_ENTRY, lambda e: e[0], relative_offset, strict=False)
+
+
+def floor_position_slot(data, entries: int, position: int) -> int:
+    """Slot of the last offset-index entry pointing at or below file ``position``; -1 if none (positions
+    increase with offsets, so the same search applies)."""
+    return _floor_slot(data, entries, OFFSET_ENTRY, lambda e: e[1], position, strict=False)
 
 
 def floor_timestamp_slot(data, entries: int, timestamp_ms: int) -> int:

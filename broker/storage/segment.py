@@ -746,6 +746,16 @@ class Segment:
                 return position, header
         return None
 
+    def whole_batches_end(self, start: int, limit: int) -> int:
+        """End of the last batch lying wholly in [start, limit), ``start`` being a batch start; ``start`` if
+        none does. The index gives the last indexed batch start below ``limit`` and a header scan walks the
+        rest: at most one index interval (4 KiB) of small batches, or one header of big ones. Touches disk."""
+        indexed = self.offset_index.floor_batch_start(limit)
+        end = indexed if indexed > start else start
+        for position, header in scan_headers(self.fd, end, limit):
+            end = position + header.size
+        return end
+
     def find_timestamp(self, timestamp_ms: int, end_position: int) -> tuple[int, BatchHeader] | None:
         """The first batch below ``end_position`` whose max timestamp is >= ``timestamp_ms``."""
         entry = self.time_index.floor_below(timestamp_ms)

@@ -269,14 +269,16 @@ def test_one_bad_partition_does_not_fail_the_others(broker):
 
 @pytest.mark.parametrize(
     "max_bytes,partition_max_bytes,first_partition_bytes",
-    [(100, 100, "whole"), (100_000, 100, "whole"), (2100, 100_000, 2100), (1, 1, "whole")],
-    ids=["both-small", "partition-small", "response-cuts-2nd-batch", "one-byte"],
+    [(100, 100, "whole"), (100_000, 100, "whole"), (2100, 100_000, "whole"), (2200, 100_000, "both"),
+     (1, 1, "whole")],
+    ids=["both-small", "partition-small", "response-ends-before-2nd-batch", "response-fits-both", "one-byte"],
 )
 def test_fetch_byte_limits_follow_kip74(broker, max_bytes, partition_max_bytes, first_partition_bytes):
     """Partition 0 holds a ~2 KiB batch then a small one, partition 1 a ~1 KiB batch. The first non-empty
     partition returns its first batch whole even past both limits (KIP-74: a consumer always makes
     progress); after that the limits are hard, so partition 1 comes back empty; when the response limit
-    falls inside partition 0's second batch, the records end there mid-batch (as Kafka cuts them)."""
+    falls inside partition 0's second batch, the records end before it (Kafka would cut it mid-batch and the
+    client would drop the cut part), and when both fit, both come back and partition 1 gets nothing left."""
     topic = unique_topic("kip74")
     with _wire.RawConnection(broker.host, broker.port) as conn:
         conn.roundtrip(_wire.create_topics_v2(1, topic, 2))
@@ -292,7 +294,8 @@ def test_fetch_byte_limits_follow_kip74(broker, max_bytes, partition_max_bytes, 
         body = conn.roundtrip(_wire.fetch_v4_partitions(9, topic, [0, 1], max_bytes, partition_max_bytes))
         fetched = _wire.parse_fetch_v4_partitions(body)
         assert fetched[0].error_code == 0 and fetched[0].high_watermark == 2
-        expected_length = len(big) if first_partition_bytes == "whole" else first_partition_bytes
-        assert len(fetched[0].records) == expected_length
-        assert [(h.base_offset, h.size) for h in _wire.batch_headers(fetched[0].records)] == [(0, len(big))]
+        small = _wire.record_batch([b"y" * 10])
+        expected = [(0, len(big))] + ([(1, len(small))] if first_partition_bytes == "both" else [])
+        assert [(h.base_offset, h.size) for h in _wire.batch_headers(fetched[0].records)] == expected
+        assert len(fetched[0].records) == sum(size for _, size in expected)
         assert fetched[1].error_code == 0 and fetched[1].high_watermark == 1 and fetched[1].records == b""

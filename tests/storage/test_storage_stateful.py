@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from storage_batches import build_batch, records_of
 
 from broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
-from client.protocol.records import read_header
+from client.protocol.records import iter_batches, read_header
 
 record_value = st.binary(min_size=0, max_size=300)
 batch_spec = st.tuples(st.lists(record_value, min_size=1, max_size=5), st.integers(-50, 200),
@@ -129,11 +129,18 @@ class PartitionLogMachine(RuleBasedStateMachine):
             return
         with result.slice as region:
             raw = region.read_bytes()
+            at_segment_end = region.ends_segment
         first_size = read_header(raw).size
         if first_size > max_bytes:
             assert min_one_message and len(raw) == first_size
         else:
             assert len(raw) <= max_bytes
+        # Whole batches only, and every batch that fits: the next one would pass max_bytes or lies in the
+        # next segment.
+        headers = [header for _, header in iter_batches(raw)]
+        assert sum(header.size for header in headers) == len(raw)
+        following = next(self.log.batch_headers(headers[-1].last_offset + 1), None)
+        assert following is None or at_segment_end or len(raw) + following.size > max_bytes
         got = [(r.offset, r.value, r.timestamp) for r in records_of(raw)]
         assert got, "the first batch is always whole"
         assert got[0][0] <= offset <= got[-1][0]
