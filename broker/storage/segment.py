@@ -54,7 +54,7 @@ from client.protocol.records import (
 
 from . import filenames
 from ._failpoints import failpoint
-from ._fileops import populate, preallocate
+from ._fileops import no_readaround, populate, preallocate, set_readahead
 from .index import OffsetIndex, TimeIndex
 
 __all__ = ["Segment", "PreparedSegment", "scan_headers", "RecoveryOutcome"]
@@ -272,7 +272,9 @@ class PreparedSegment:
             # the allocated prefix: the tail stays sparse and is never written until allocated.
             preallocate(fd, self.allocated_bytes)
             os.ftruncate(fd, self.segment_bytes)
+            set_readahead(fd, False)
             region = mmap.mmap(fd, self.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            no_readaround(region)
             try:
                 offset_index = OffsetIndex.create(self.index_path, self.index_bytes)
                 try:
@@ -590,7 +592,9 @@ class Segment:
         allocated = min(capacity, self.committed_position + allocation_step_bytes(segment_bytes))
         preallocate(self.fd, allocated)
         os.ftruncate(self.fd, capacity)
+        set_readahead(self.fd, False)
         region = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        no_readaround(region)
         try:
             for index in (self.offset_index, self.time_index):
                 full_entries = index_bytes // index.entry.size
@@ -613,6 +617,7 @@ class Segment:
             self.map.close()
             self.map = None
         os.ftruncate(self.fd, self.committed_position)
+        set_readahead(self.fd, True)
         self.capacity_bytes = self.allocated_bytes = self.written_position = self.committed_position
         self.sealed = True
         self._warm_done = None
@@ -823,6 +828,7 @@ class Segment:
         self._unmap()
         failpoint("seal.after_unmap")
         os.ftruncate(self.fd, self.committed_position)
+        set_readahead(self.fd, True)
         self.capacity_bytes = self.committed_position
         for index in (self.offset_index, self.time_index):
             index.seal_readers()

@@ -166,3 +166,24 @@ def test_a_chase_far_behind_hands_half_of_each_step_to_the_helper(tmp_path, monk
     finally:
         helper.shutdown()
         os.close(fd)
+
+
+def vm_flags_of(path) -> set[str]:
+    """The VmFlags /proc/self/smaps shows for this process's map of ``path``."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for number, line in enumerate(lines):
+        if line.endswith(" " + str(path)):
+            for following in lines[number + 1:]:
+                if following.startswith("VmFlags:"):
+                    return set(following.split()[1:])
+    raise AssertionError(f"no map of {path}")
+
+
+def test_an_active_segment_map_reads_no_pages_around_a_fault(window_manager, window_log):
+    # "rr" is VM_RAND_READ (MADV_RANDOM): a fault reads no window around itself, so no readahead runs past
+    # the committed end into the preallocated tail (8 MiB per fault with this disk's read_ahead_kb).
+    append_until(window_log, 64 * KIB)
+    assert "rr" in vm_flags_of(window_log.segments[-1].log_path)
+    append_until_roll(window_log)
+    window_manager.wait_for_background()  # the new segment's files have their final names
+    assert "rr" in vm_flags_of(window_log.segments[-1].log_path)
