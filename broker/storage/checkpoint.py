@@ -15,6 +15,7 @@ log then recovers from offset 0: slower, never wrong).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -44,13 +45,19 @@ def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
     data = ("\n".join(lines) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        failpoint("checkpoint.after_tmp_write")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            failpoint("checkpoint.after_tmp_write")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        # A full disk: give back what the partial copy took; the old checkpoint stays in force.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     failpoint("checkpoint.before_rename")
     os.replace(tmp, path)
     failpoint("checkpoint.after_rename")

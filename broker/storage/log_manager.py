@@ -132,7 +132,13 @@ class LogManager:
                     totals["logs"], totals["segments"], totals["segments_recovered"], totals["bytes_rescanned"],
                     totals["bytes_discarded"])
         if not clean and self._logs:
-            self.checkpoint_recovery_points()
+            try:
+                self.checkpoint_recovery_points()
+            except StorageError as exc:
+                if not exc.is_disk_full:
+                    raise
+                # Recovery points only spare the next recovery a rescan: a full disk must not stop start-up.
+                log.warning("%s; the previous recovery points stay in force", exc)
         self.started = True
         if self.background_interval_ms is not None:
             self._stop.clear()
