@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import statistics
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -180,3 +183,54 @@ def test_format_table_aligns_numbers_right_and_text_left():
     markdown = format_table([{"a": "x", "b": 2}], markdown=True)
     assert markdown.splitlines()[1] == "|---|---:|"
     assert format_value(None) == "-" and format_value(True) == "yes" and format_value(0.000123) == "0.000123"
+
+
+def test_settle_memory_waits_until_the_reporter_counter_is_quiet(tmp_path, monkeypatch):
+    from benchmarks import _harness
+
+    counter = tmp_path / "reported_kib"
+    counter.write_text("0\n")
+
+    def write(text: str) -> None:  # whole values only, as sysfs shows them
+        (tmp_path / "next").write_text(text)
+        os.replace(tmp_path / "next", counter)
+
+    monkeypatch.setattr(_harness, "_REPORTED_KIB", counter)
+
+    def settle_while(reporter, timeout_s: float) -> float:
+        """settle_memory's wait while ``reporter(stop)`` runs on a thread."""
+        stop = threading.Event()
+        thread = threading.Thread(target=reporter, args=(stop,))
+        thread.start()
+        try:
+            return _harness.settle_memory(timeout_s=timeout_s)
+        finally:
+            stop.set()
+            thread.join()
+
+    def reporter(stop) -> None:  # the kernel's reporter: a batch every 0.5 s for 2 s, then idle
+        for batch in range(1, 5):
+            if stop.wait(0.5):
+                return
+            write(f"{batch * 262144}\n")
+
+    started = time.monotonic()
+    waited = settle_while(reporter, timeout_s=30)
+    # Quiet for one reporting period (2 s) after the last batch (at ~2 s), and not before.
+    assert counter.read_text() == "1048576\n"
+    assert 4.4 <= waited <= 30 and time.monotonic() - started >= 4.4
+
+    def busy_reporter(stop) -> None:  # a counter that never settles: the wait gives up at the timeout
+        batch = 0
+        while not stop.wait(0.2):
+            batch += 1
+            write(f"{batch}\n")
+
+    assert 1.0 <= settle_while(busy_reporter, timeout_s=1.0) < 2.0
+
+
+def test_settle_memory_returns_at_once_without_a_reporter(tmp_path, monkeypatch):
+    from benchmarks import _harness
+
+    monkeypatch.setattr(_harness, "_REPORTED_KIB", tmp_path / "absent")
+    assert _harness.settle_memory() == 0.0
