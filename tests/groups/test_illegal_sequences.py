@@ -138,13 +138,22 @@ def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_fac
         assert waiting.result(10) == ErrorCode.none
 
     # Static membership: a static member replaced by a new incarnation fences the old member id.
+    # s1's join must start the rebalance: were a and b to rejoin first, they could complete one of their
+    # own and s1 would then lead a later generation alone, as in Kafka.
     s1 = RawMember(broker.bootstrap, instance_id="static-1")
+    previous_leader = leader
     with ThreadPoolExecutor(3) as pool:
-        jobs = [pool.submit(s1.join), pool.submit(a.join), pool.submit(b.join)]
+        s1_join = pool.submit(s1.join)
+        deadline = time.monotonic() + 10
+        while a.heartbeat() != ErrorCode.rebalance_in_progress:
+            assert time.monotonic() < deadline, "a never heard of the rebalance"
+            time.sleep(0.05)
+        jobs = [s1_join, pool.submit(a.join), pool.submit(b.join)]
         results = [job.result(15) for job in jobs]
     assert all(r.error_code == ErrorCode.none for r in results), [r.error_code for r in results]
+    assert len({r.generation_id for r in results}) == 1, [r.generation_id for r in results]
     leader = next(m for m, r in zip((s1, a, b), results) if r.leader == m.member_id)
-    assert leader is not s1, "the leader of a rebalance stays the leader when it rejoins"
+    assert leader is previous_leader, "the leader of a rebalance stays the leader when it rejoins"
     with ThreadPoolExecutor(2) as pool:
         followers = [pool.submit(m.sync) for m in (s1, a, b) if m is not leader]
         assert leader.sync(assignments=[(s1.member_id, b"S"), (a.member_id, b"A"), (b.member_id, b"B")]) == 0
