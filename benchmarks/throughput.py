@@ -148,14 +148,24 @@ def _payload(record_bytes: int) -> bytes:
     return os.urandom(max(record_bytes, _TIMESTAMP.size))
 
 
+# A throughput producer queues records PRODUCE_BATCH at a time with ``produce_batch`` and asks for delivery
+# reports of failures only: with one ``produce()`` call and one success callback per record, the Python loop
+# was the limit (100 B: 32 MB/s against either broker, 73 MB/s batched, on this machine). Latency
+# workloads keep ``produce()``: they need each record's own send time and delivery report.
+PRODUCE_BATCH = 1000
+
+
 def _produce_confluent(bootstrap: str, work: Workload, ready, start_event, result: WorkerResult,
                        records: int) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer(_confluent_producer_config(bootstrap, work.acks))
+    latency = work.rate_per_s is not None
+    config = _confluent_producer_config(bootstrap, work.acks)
+    if not latency:
+        config["delivery.report.only.error"] = True
+    producer = Producer(config)
     base = _payload(work.record_bytes)
     tail = base[_TIMESTAMP.size: work.record_bytes]
-    latency = work.rate_per_s is not None
     now_ns = time.monotonic_ns
 
     def on_delivery(err, message) -> None:
@@ -174,37 +184,60 @@ def _produce_confluent(bootstrap: str, work: Workload, ready, start_event, resul
     ready.put("producer")
     start_event.wait()
     result.started = time.monotonic()
-    interval_ns = int(1e9 / work.rate_per_s) if latency else 0
+    if not latency:
+        _produce_batched(producer, work, base[: work.record_bytes], records, on_delivery, result)
+        return
+    interval_ns = int(1e9 / work.rate_per_s)
     start_ns = now_ns()
     produce = producer.produce
     for i in range(records):
-        if latency:
-            scheduled = start_ns + i * interval_ns
-            # Wait inside poll(): delivery reports are served (and their latency taken) while pacing.
-            while True:
-                delay = scheduled - now_ns()
-                if delay <= 0:
-                    break
-                producer.poll(min(delay / 1e9, 0.001))
-            value = _TIMESTAMP.pack(scheduled) + tail
-        else:
-            value = base[: work.record_bytes]
+        scheduled = start_ns + i * interval_ns
+        # Wait inside poll(): delivery reports are served (and their latency taken) while pacing.
+        while True:
+            delay = scheduled - now_ns()
+            if delay <= 0:
+                break
+            producer.poll(min(delay / 1e9, 0.001))
+        value = _TIMESTAMP.pack(scheduled) + tail
         while True:
             try:
                 produce(work.topic, value, on_delivery=on_delivery)
                 break
             except BufferError:  # local queue full: serve delivery reports, then retry
                 producer.poll(0.001)
-        if latency:
-            producer.poll(0)
-        elif i % 1000 == 0:
-            producer.poll(0)
+        producer.poll(0)
+    _flush(producer, result)
+    result.bytes = result.records * work.record_bytes
+
+
+def _produce_batched(producer, work: Workload, value: bytes, records: int, on_delivery,
+                     result: WorkerResult) -> None:
+    """Queue ``records`` copies of ``value`` PRODUCE_BATCH at a time; only failures are reported, so the
+    delivered count is what was queued less the failures and what is still undelivered after flush."""
+    messages = [{"value": value} for _ in range(PRODUCE_BATCH)]
+    queued = 0
+    while queued < records:
+        pending = messages[: min(PRODUCE_BATCH, records - queued)]
+        while pending:
+            queued += producer.produce_batch(work.topic, pending, on_delivery=on_delivery)
+            # A full local queue fails the rest with _QUEUE_FULL (no delivery report): serve delivery
+            # reports, then queue those again.
+            pending = [m for m in pending if m.pop("_error", None) is not None]
+            if pending:
+                producer.poll(0.001)
+        producer.poll(0)
+    _flush(producer, result)
+    result.records = queued - result.errors
+    result.bytes = result.records * work.record_bytes
+
+
+def _flush(producer, result: WorkerResult) -> None:
+    """Wait for every delivery report; what is still queued after two minutes counts as an error."""
     remaining = producer.flush(120)
     result.finished = time.monotonic()
     if remaining:
         result.errors += remaining
         result.error_text = result.error_text or f"{remaining} records undelivered after flush"
-    result.bytes = result.records * work.record_bytes
 
 
 def _produce_copyless(bootstrap: str, work: Workload, ready, start_event, result: WorkerResult,
@@ -310,7 +343,7 @@ class _Reading:
 
 def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], ready, start_event, ends_queue,
                        result: WorkerResult) -> None:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
     consumer = Consumer({
         "bootstrap.servers": bootstrap,
@@ -359,14 +392,19 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
             if not messages:
                 continue
             received_at = now_ns()
-            for message in messages:
-                if message.error() is not None:
-                    continue
-                value = message.value()
-                result.records += 1
-                result.bytes += len(value)
-                reading.next[message.partition()] = message.offset() + 1
-                if latency:
+            if any(map(Message.error, messages)):
+                messages = [message for message in messages if message.error() is None]
+            # Counted with map() over the batch: a Python loop of five calls per record held a 100 B consumer
+            # to 40-56 MB/s on either broker, against 70-75 MB/s this way (librdkafka's own limit here).
+            values = list(map(Message.value, messages))
+            result.records += len(values)
+            result.bytes += sum(map(len, values))
+            # Each partition's records arrive in offset order: the last one seen is where it stands.
+            last = dict(zip(map(Message.partition, messages), map(Message.offset, messages)))
+            for partition, offset in last.items():
+                reading.next[partition] = offset + 1
+            if latency:
+                for value in values:
                     scheduled = _TIMESTAMP.unpack_from(value)[0]
                     result.e2e_ms.append((scheduled, (received_at - scheduled) / 1e6))
             if not result.first_at:
