@@ -7,7 +7,7 @@ each broker first gets one unmeasured warm-up workload — JIT, page cache, conn
   (librdkafka), records of 100 B, 1 KB and 10 KB: produce MB/s (send N records, ``flush``) then consume
   MB/s (read them back from offset 0), as Kafka's own perf tools measure. copyless's own client (client/)
   runs the same produce and consume when it is installed. Method: copyless and Kafka are both running
-  (one idle while the other is measured) for ``--rounds`` rounds (3; 1 with ``--quick``); each round runs
+  (one idle while the other is measured) for ``--rounds`` rounds (5; 1 with ``--quick``); each round runs
   every workload (record size x client) on copyless and then on Kafka, or Kafka first in even rounds, each
   run on a fresh topic that is deleted once measured (the last round's confluent-kafka topics are kept
   for ``sendfile``). A ratio within a round compares two runs seconds apart, so it cancels the drift of a
