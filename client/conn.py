@@ -133,8 +133,9 @@ class Connection:
             sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(sock, address), self.request_timeout_ms / 1000)
-            except (OSError, asyncio.TimeoutError) as exc:
+                async with asyncio.timeout(self.request_timeout_ms / 1000):
+                    await loop.sock_connect(sock, address)
+            except (OSError, TimeoutError) as exc:
                 sock.close()
                 last = exc if isinstance(exc, OSError) else OSError(str(exc) or "connect timed out")
                 continue

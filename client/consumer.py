@@ -724,9 +724,12 @@ class Consumer:
             self._maybe_fetch()
             waiter = self._loop.create_future()
             self._data_waiters.append(waiter)
+            # asyncio.timeout, not wait_for: on 3.11, wait_for returns the waiter's result when a fetch
+            # wakes it in the same step as a cancellation, and the cancellation (Ctrl-C, close) is lost.
             try:
-                await asyncio.wait_for(waiter, remaining)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(remaining):
+                    await waiter
+            except TimeoutError:
                 pass
 
     async def getone(self) -> ConsumerRecord:
@@ -754,7 +757,8 @@ class Consumer:
 
     async def wait_for_assignment(self, timeout_ms: int = 60_000) -> set[TopicPartition]:
         """Wait until the group has given this member an assignment (possibly empty)."""
-        await asyncio.wait_for(self._assignment_ready.wait(), timeout_ms / 1000)
+        async with asyncio.timeout(timeout_ms / 1000):
+            await self._assignment_ready.wait()
         return self.assignment()
 
     async def _join_loop(self) -> None:
@@ -910,12 +914,10 @@ class Consumer:
     async def _leave_group(self) -> None:
         try:
             coordinator = await self._coordinator_connection()
-            await asyncio.wait_for(
-                coordinator.request_kio(
+            async with asyncio.timeout(5):
+                await coordinator.request_kio(
                     LeaveGroupRequest(group_id=self.group_id, member_id=self._member_id), LeaveGroupResponse
-                ),
-                5,
-            )
+                )
         except Exception as exc:
             log.info("LeaveGroup failed: %s", exc)
         self._generation = -1

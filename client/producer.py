@@ -544,8 +544,9 @@ class Producer:
         self._closing = True
         try:
             if self._sender is not None:
-                await asyncio.wait_for(self.flush(), timeout_s)
-        except asyncio.TimeoutError:
+                async with asyncio.timeout(timeout_s):
+                    await self.flush()
+        except TimeoutError:
             pass
         finally:
             self._closed = True
@@ -573,16 +574,20 @@ class Producer:
                     await wake.wait()
                 elif timeout > 0:
                     wake.clear()
+                    # asyncio.timeout, not wait_for: on 3.11, wait_for drops a cancellation (close) that
+                    # arrives in the same step as the wake-up.
                     try:
-                        await asyncio.wait_for(wake.wait(), timeout)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(timeout):
+                            await wake.wait()
+                    except TimeoutError:
                         pass
                 else:
                     # Something is sendable but blocked on in-flight limits or a connection: yield.
                     wake.clear()
                     try:
-                        await asyncio.wait_for(wake.wait(), 0.05)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(0.05):
+                            await wake.wait()
+                    except TimeoutError:
                         pass
                 if self._need_producer_id:
                     await self._reset_producer_id()

@@ -199,8 +199,11 @@ async def handle(ctx: RequestContext, request):
                 future.result()
             else:
                 remaining_s = max(deadline - asyncio.get_running_loop().time(), 0.0)
-                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), remaining_s)
-        except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for, which on 3.11 drops a cancellation (shutdown) that
+                # arrives in the same step as the flush.
+                async with asyncio.timeout(remaining_s):
+                    await asyncio.shield(asyncio.wrap_future(future))
+        except TimeoutError:
             entry[1], entry[5] = int(ErrorCode.request_timed_out), "Timed out waiting for the flush"
             if first_error is None:
                 first_error = f"partition {entry[0]}: flush not done within the request timeout"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from client import Consumer, Producer
+from client import Consumer, Producer, TopicPartition
 from client.conn import Connection
 from client.protocol.messages import ApiKey
 
@@ -176,6 +176,37 @@ def test_cli_consume_prints_its_summary_on_ctrl_c(broker):
     assert consumer.returncode == 0, stderr
     summary = json.loads(rest.splitlines()[-1])
     assert summary["records"] == 300 and summary["bytes"] == 3000
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_getmany_is_cancelled_even_when_data_arrives_in_the_same_step(broker, loop):
+    """Ctrl-C cancels the task in getmany; a fetch response may wake getmany's waiter in the same loop step.
+    Python 3.11's ``asyncio.wait_for`` then returns the waiter's result and drops the cancellation, and the
+    CLI consumer went on polling instead of stopping (a hang of ``copyless consume`` after Ctrl-C)."""
+
+    async def scenario() -> None:
+        topic = scenarios.unique("cancel")
+        consumer = Consumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            await consumer._cluster.wait_for_topic(topic, allow_auto_create=True)
+            consumer.assign([TopicPartition(topic, 0)])
+            task = asyncio.ensure_future(consumer.getmany(timeout_ms=10_000))
+            deadline = asyncio.get_running_loop().time() + 10
+            while not consumer._data_waiters:  # getmany is parked on its waiter
+                assert asyncio.get_running_loop().time() < deadline, "getmany never waited"
+                await asyncio.sleep(0.01)
+            consumer._wake_waiters()  # what a fetch response does ...
+            task.cancel()             # ... in the same step as the cancellation
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 5)
+            assert task.cancelled()
+            assert asyncio.get_running_loop().time() - started < 5
+        finally:
+            await consumer.close()
+
+    run(scenario(), loop)
 
 
 def test_group_shared_with_aiokafka_members(broker):
