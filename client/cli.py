@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 
@@ -262,6 +263,23 @@ async def _consume(args) -> int:
     total_bytes = 0
     progress = _Progress(args.count, "records")
     started = time.perf_counter()
+    # Ctrl-C: stop and still print the summary. The loop's own handler sets a flag the poll loop checks
+    # (getmany returns at least every 500 ms), so the stop does not hang on a cancellation alone; it also
+    # cancels the task to cut the current wait short. It is removed at once: a second Ctrl-C interrupts.
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    stopping = False
+
+    def stop() -> None:
+        nonlocal stopping
+        stopping = True
+        loop.remove_signal_handler(signal.SIGINT)
+        main_task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
+        pass
     try:
         if args.group:
             consumer.subscribe([args.topic])
@@ -275,7 +293,7 @@ async def _consume(args) -> int:
         end_offsets = None
         if args.exit:
             end_offsets = await consumer.end_offsets(consumer.assignment())
-        while True:
+        while not stopping:
             if end_offsets is not None:
                 caught_up = True
                 for tp, end in end_offsets.items():
@@ -304,6 +322,8 @@ async def _consume(args) -> int:
             if not args.quiet and batch:
                 out.flush()
     finally:
+        if not stopping:
+            loop.remove_signal_handler(signal.SIGINT)
         progress.close()
         await consumer.close()
     seconds = time.perf_counter() - started
