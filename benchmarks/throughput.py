@@ -796,8 +796,9 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 def delete_files_at_once(bootstrap: str) -> None:
     """Kafka unlinks a deleted topic's files ``log.segment.delete.delay.ms`` (60 s) after the delete; copyless
-    does it at once. Set Kafka's delay to 0 (a dynamic, cluster-wide broker config) so neither broker's
-    freed pages land in the middle of a later run. The produce and fetch paths are untouched."""
+    does it at once. Set Kafka's delay to 0 (a dynamic broker config, set per broker id: librdkafka rejects
+    the cluster-wide default resource) so neither broker's freed pages land in the middle of a later run.
+    The produce and fetch paths are untouched."""
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     admin = _admin(bootstrap)
