@@ -15,7 +15,7 @@ The active segment's file has its full logical size (``segment_bytes``) and is m
 when configured. Nothing is ever written at or past ``allocated_bytes`` (a write into a sparse page on a full
 disk is SIGBUS): an append that outruns the steps allocates synchronously first, or fails with StorageError.
 Pages are pre-faulted (MADV_POPULATE_WRITE) on the warm thread in a window that runs ahead of the write
-position (``Prefault``), and spills into the head of the next segment shortly before a roll. Appends are a memcpy into the map plus in-place
+position (``Prefault``), and spills into the head of the next segment early enough to be done by the roll. Appends are a memcpy into the map plus in-place
 header rewrites. Reads never touch the map: they hand out ``(fd, position, length)`` regions and scan
 headers with ``os.pread`` (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the
 zero or sparse tail and fdatasyncs, on a worker thread.
@@ -113,6 +113,25 @@ def warm_ahead_bytes() -> int:
 # the kernel's page zeroing), 600-720 MB/s with two; below it, one thread keeps up and the helper stays idle.
 PREFAULT_SPLIT_BYTES = 32 << 20
 
+# How fast pre-faulting has been going (bytes per ms of a step's wall time, both threads together), so a log
+# can start on the next segment's head early enough (PartitionLog._prefault_ahead). It moves by an order of
+# magnitude with where the pages come from: 1.45 s per GiB per thread on memory the hypervisor has to back
+# first (the guest's free pages are reported back to it), 0.15 s on recycled memory. The start value is the
+# slow case; steps shorter than PREFAULT_SAMPLE_MIN_BYTES are too short to time.
+PREFAULT_SAMPLE_MIN_BYTES = 4 << 20
+_prefault_bytes_per_ms = 700_000.0
+
+
+def prefault_bytes_per_ms() -> float:
+    """The recent pre-fault speed (an exponential average over steps, any log's)."""
+    return _prefault_bytes_per_ms
+
+
+def _observe_prefault(length: int, seconds: float) -> None:
+    global _prefault_bytes_per_ms
+    if length >= PREFAULT_SAMPLE_MIN_BYTES and seconds > 0:
+        _prefault_bytes_per_ms += 0.3 * (length / (seconds * 1e3) - _prefault_bytes_per_ms)
+
 
 class Prefault:
     """Pre-faulting of one segment's log map, chasing a target the appends move ahead of them.
@@ -160,6 +179,7 @@ class Prefault:
                 end = min(self.target, limit())
                 if end <= start:
                     break
+                step_started = time.perf_counter()
                 if helper is not None and end - start >= PREFAULT_SPLIT_BYTES:
                     middle = start + (end - start) // 2
                     middle -= middle % mmap.PAGESIZE
@@ -170,6 +190,8 @@ class Prefault:
                         upper.result()  # the map stays open until both halves are done
                 else:
                     self.method = populate(region, fd, start, end - start, stopped)
+                if not self.stopped:
+                    _observe_prefault(end - start, time.perf_counter() - step_started)
                 self.position = end
         except OSError as exc:  # not fatal: the appends fault the pages in themselves
             log.warning("pre-faulting failed: %s", exc)

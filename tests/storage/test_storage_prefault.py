@@ -117,6 +117,32 @@ def test_the_window_spills_into_the_next_segment_before_a_roll(window_log):
     assert mapped_bytes(new.map, 512 * KIB + WINDOW + PAGE, SEGMENT) == 0
 
 
+@pytest.mark.parametrize("prefault_bytes_per_ms", [1.0, 1e12])
+def test_the_next_head_is_asked_for_as_early_as_pre_faulting_it_takes(window_log, monkeypatch,
+                                                                       prefault_bytes_per_ms):
+    # Pre-faulting measured far slower than the appends (1 byte per ms): the spare's head is asked for as
+    # soon as the spare exists, not half a window before the end, where it could not finish by the roll.
+    # Measured far faster: only once the room left is under half a window.
+    monkeypatch.setattr(segment_module, "_prefault_bytes_per_ms", prefault_bytes_per_ms)
+    active = window_log.segments[-1]
+    number = 0
+    while window_log._prepared is None:
+        append_batch(window_log, number)
+        number += 1
+    append_batch(window_log, number)
+    prepared = window_log._prepared
+    room = SEGMENT - active.written_position
+    assert room > WINDOW, "the spare was prepared only at the segment's very end"
+    assert window_log.wait_warm(30)
+    if prefault_bytes_per_ms < 1e6:
+        assert prepared.prefault.position // PAGE * PAGE == WINDOW
+        assert mapped_bytes(prepared.map, 0, WINDOW) == WINDOW
+    else:
+        assert prepared.prefault.target == 0
+        assert mapped_bytes(prepared.map, 0, SEGMENT) == 0
+    assert segment_module.prefault_bytes_per_ms() == prefault_bytes_per_ms, "steps this short are not timed"
+
+
 def test_a_reopened_active_segment_gets_a_window(window_manager, window_log, manager_factory):
     append_until(window_log, 1 * MIB)
     written = window_log.segments[-1].written_position
