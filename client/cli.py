@@ -269,15 +269,18 @@ async def _consume(args) -> int:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     stopping = False
+    handler_installed = False
 
     def stop() -> None:
-        nonlocal stopping
+        nonlocal stopping, handler_installed
         stopping = True
         loop.remove_signal_handler(signal.SIGINT)
+        handler_installed = False
         main_task.cancel()
 
     try:
         loop.add_signal_handler(signal.SIGINT, stop)
+        handler_installed = True
     except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
         pass
     try:
@@ -322,7 +325,7 @@ async def _consume(args) -> int:
             if not args.quiet and batch:
                 out.flush()
     finally:
-        if not stopping:
+        if handler_installed:  # uvloop raises ValueError off the main thread, where none was installed
             loop.remove_signal_handler(signal.SIGINT)
         progress.close()
         await consumer.close()

@@ -314,7 +314,8 @@ class PartitionLog:
         if head.target > window >> 1:
             return  # asked for already (again only if the window more than doubles)
         room = active.capacity_bytes - written
-        lead = max(window >> 1, int(window * HEAD_LEAD_MARGIN * bytes_per_ms / segment_module.prefault_bytes_per_ms()))
+        prefault_ms = window / segment_module.prefault_bytes_per_ms()  # to pre-fault the head
+        lead = max(window >> 1, int(HEAD_LEAD_MARGIN * prefault_ms * bytes_per_ms))
         if room < lead and head.want(min(window, prepared.allocated_bytes)):
             self._background.submit_warm(head.idle, prepared.chase, self._background.prefault_helper)
 
