@@ -47,7 +47,8 @@ the GIL of one client never limits another.
 Rows: ``section, broker, client, workload, round, producers, consumers, record_bytes, acks, partitions,
 records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for
 latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
-e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows. MB/s counts record values (1 MB = 10^6
+e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming rows
+(CPU seconds of each consumer's Python thread over its consume window, mean over consumers). MB/s counts record values (1 MB = 10^6
 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka ratios per
 matrix and latency workload, latency.
 """
@@ -123,6 +124,10 @@ class WorkerResult:
     end_offsets: dict[int, int] = field(default_factory=dict)
     partitions: list[int] = field(default_factory=list)  # consumers: the partitions read ...
     passes: int = 0                                       # ... and how many times each was read in full
+    # Consumers: CPU seconds of the Python thread that takes the records from the client library, over the
+    # same window as the MB/s (the first record's fetch to the last record). Divided by that window it says
+    # whether the consumer itself was the limit (1.0: its thread never waited for the broker).
+    thread_cpu_s: float = 0.0
     error_text: str = ""
 
 
@@ -382,6 +387,7 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
                 for p in partitions:
                     consumer.seek(TopicPartition(work.topic, p, 0))
             called_at = time.monotonic()
+            cpu_at_call = time.thread_time()
             if latency:
                 # poll() returns as soon as one record is there; consume(n) would wait for n or the timeout
                 # and add that wait to every end-to-end latency.
@@ -408,8 +414,9 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
                     scheduled = _TIMESTAMP.unpack_from(value)[0]
                     result.e2e_ms.append((scheduled, (received_at - scheduled) / 1e6))
             if not result.first_at:
-                result.first_at = called_at
+                result.first_at, thread_cpu_from = called_at, cpu_at_call
             result.finished = time.monotonic()
+            result.thread_cpu_s = time.thread_time() - thread_cpu_from
         else:
             result.error_text = reading.timed_out()
     finally:
@@ -443,6 +450,7 @@ def _consume_copyless(bootstrap: str, work: Workload, partitions: list[int], rea
                     for tp in assigned:
                         consumer.seek(tp, 0)
                 called_at = time.monotonic()
+                cpu_at_call = time.thread_time()
                 batches = await consumer.getmany(timeout_ms=50)
                 if not batches:
                     continue
@@ -452,8 +460,9 @@ def _consume_copyless(bootstrap: str, work: Workload, partitions: list[int], rea
                         result.bytes += len(record.value)
                     reading.next[tp[1]] = records[-1].offset + 1
                 if not result.first_at:
-                    result.first_at = called_at
+                    result.first_at, thread_cpu_from = called_at, cpu_at_call
                 result.finished = time.monotonic()
+                result.thread_cpu_s = time.thread_time() - thread_cpu_from
             else:
                 result.error_text = reading.timed_out()
         finally:
@@ -933,6 +942,10 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
             r.first_at for r in consumer_results if r.records)
         figures.update(consumed=consumed, consume_records_per_s=consumed / seconds,
                        consume_mb_per_s=sum(r.bytes for r in consumer_results) / seconds / 1e6)
+        busy = [r.thread_cpu_s / (r.finished - r.first_at) for r in consumer_results
+                if r.thread_cpu_s and r.finished > r.first_at]
+        if busy:
+            figures["consumer_thread_busy"] = statistics.mean(busy)
         e2e = _steady(work, [x for r in consumer_results for x in r.e2e_ms])
         if work.rate_per_s is not None and e2e:
             figures.update(e2e_p50_ms=percentile(e2e, 50), e2e_p99_ms=percentile(e2e, 99),
@@ -1024,7 +1037,8 @@ def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any],
                      produce_p50_ms=figures.get("produce_p50_ms"), produce_p99_ms=figures.get("produce_p99_ms"),
                      produce_p999_ms=figures.get("produce_p999_ms"), e2e_p50_ms=figures.get("e2e_p50_ms"),
                      e2e_p99_ms=figures.get("e2e_p99_ms"), e2e_p999_ms=figures.get("e2e_p999_ms"),
-                     broker_cpu_s_per_gb=figures.get("broker_cpu_s_per_gb"))
+                     broker_cpu_s_per_gb=figures.get("broker_cpu_s_per_gb"),
+                     consumer_thread_busy=figures.get("consumer_thread_busy"))
 
 
 def _topic(broker: str, work: Workload) -> str:
@@ -1335,6 +1349,10 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
         entry.update({f"copyless_{what}_mb_s": median, f"kafka_{what}_mb_s": kafka_median,
                       f"{what}_ratio": _ratio(median, kafka_median),
                       f"{what}_ratio_by_round": _round_ratios(mine, kafka, key)})
+    # How busy the consumer's own Python thread was (CPU seconds over wall seconds, median over rounds): near
+    # 1.0 on both brokers means the client, not the broker, set the consume rate.
+    for broker, runs in (("copyless", mine), ("kafka", kafka)):
+        entry[f"{broker}_consumer_thread_busy"] = _median(r.get("consumer_thread_busy") for r in runs.values())
     readme = KAFKA_README_MB_S.get(record_bytes) if client == "confluent-kafka" else None
     entry["kafka_readme_produce_mb_s"], entry["kafka_readme_consume_mb_s"] = readme or (None, None)
     figures = [entry[k] for k in ("copyless_produce_mb_s", "kafka_produce_mb_s", "copyless_consume_mb_s",
@@ -1356,7 +1374,9 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
     if target_rows:
         bench.table(f"Issue-3 targets: copyless >= Kafka, acks=1, one partition (MB/s, median of {rounds} "
                     "round(s); ratio = copyless / Kafka of the medians; by round = copyless / Kafka within each "
-                    "round; README = Kafka figures noted earlier on this machine, confluent-kafka)", target_rows)
+                    "round; consumer_thread_busy = the consumer's Python thread's CPU seconds per wall second, median: "
+                    "near 1.0 the client set the consume rate; README = Kafka figures noted earlier on this "
+                    "machine, confluent-kafka)", target_rows)
 
     sendfile_rows = []
     for client in FETCH_CLIENTS:

@@ -39,4 +39,7 @@ def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     assert {r["section"] for r in document["rows"]} == {"targets", "latency"}
     assert {r["client"] for r in document["rows"]} == {"confluent-kafka"}
     assert any("sendfile section skipped" in n for n in document["notes"])
+    # The consumer's own thread is timed over its consume window: a share of one core, never more.
+    busy = [r["consumer_thread_busy"] for r in document["rows"] if r["section"] == "targets"]
+    assert busy and all(0 < b <= 1.05 for b in busy), busy
     assert broker.alive(), "the benchmark must not stop a broker it did not start"
