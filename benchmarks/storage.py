@@ -18,6 +18,7 @@ RecordBatch v2 bytes, offsets assigned by rewriting each batch's baseOffset in t
    for the warm-up to finish (appends racing the pre-faulting), the worst case.
 3. Restart time with one full segment: unclean (CRC-32C rescan of every batch, index rebuild) vs clean.
 
+Every run starts from the same memory state (``settle``: written back, freed pages returned to the host).
 Append figures are medians of several runs; the roll rows come from the run with the median after/warm
 ratio (the machine is shared and noisy: compare ratios within one run, not absolute figures across runs).
 Rows: ``test, batch_bytes, method, mb_per_s, p99_us, max_us``; side table: recovery.
@@ -31,7 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks._harness import Benchmark, percentile, settle_writeback
+from benchmarks._harness import Benchmark, percentile, settle_memory, settle_writeback
 from broker.storage import LogConfig, LogManager
 from client.protocol.records import RECORD_BATCH_OVERHEAD
 
@@ -50,8 +51,18 @@ def make_batch(total_bytes: int) -> bytes:
     return bytes(builder.build())
 
 
-def open_log(directory: Path, segment_bytes: int):
+def settle() -> None:
+    """Start every run from the same memory state: dirty pages written back and, on a VM that reports free
+    pages to its host, the pages the previous run freed handed back. Without the second wait, a run that
+    follows a deleted segment writes into pages freed moments ago (0.15 s per GiB to fault in here) while
+    the run before it paid for fresh ones (1.2-1.45 s per GiB). Without it, os.write at 1 MiB measured 1.3 GB/s
+    in one full run and 4.1 GB/s in the next, and ``append_vs_write`` swung from 2.30 to 0.88 with it."""
     settle_writeback()
+    settle_memory()
+
+
+def open_log(directory: Path, segment_bytes: int):
+    settle()
     config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)
     manager = LogManager(directory, default_config=config, background_interval_ms=None)
     manager.startup()
@@ -93,7 +104,7 @@ def measure_append(scratch: Path, batch: bytes, segment_bytes: int, *, steady: b
 
 def measure_write(scratch: Path, batch: bytes, segment_bytes: int) -> tuple[float, float, float]:
     """The same bytes through os.write to a fresh file."""
-    settle_writeback()
+    settle()
     path = scratch / "plain.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     count = max(1, int(segment_bytes * 0.8) // len(batch))
