@@ -47,10 +47,10 @@ the GIL of one client never limits another.
 Rows: ``section, broker, client, workload, round, producers, consumers, record_bytes, acks, partitions,
 records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for
 latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
-e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming rows
-(CPU seconds of each consumer's Python thread over its consume window, mean over consumers). MB/s counts record values (1 MB = 10^6
-bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka ratios per
-matrix and latency workload, latency.
+e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming
+rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers). MB/s
+counts record values (1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch
+path, copyless/Kafka ratios per matrix and latency workload, latency.
 """
 
 from __future__ import annotations
@@ -1374,9 +1374,9 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
     if target_rows:
         bench.table(f"Issue-3 targets: copyless >= Kafka, acks=1, one partition (MB/s, median of {rounds} "
                     "round(s); ratio = copyless / Kafka of the medians; by round = copyless / Kafka within each "
-                    "round; consumer_thread_busy = the consumer's Python thread's CPU seconds per wall second, median: "
-                    "near 1.0 the client set the consume rate; README = Kafka figures noted earlier on this "
-                    "machine, confluent-kafka)", target_rows)
+                    "round; consumer_thread_busy = the consumer's Python thread's CPU seconds per wall "
+                    "second, median: near 1.0 the client set the consume rate; README = Kafka figures noted "
+                    "earlier on this machine, confluent-kafka)", target_rows)
 
     sendfile_rows = []
     for client in FETCH_CLIENTS:
