@@ -51,14 +51,20 @@ def make_batch(total_bytes: int) -> bytes:
     return bytes(builder.build())
 
 
+# Tiny runs (the test suite) skip the wait for freed memory: a dozen waits of at least 2.5 s each, for
+# figures nobody reads. Set by main().
+_wait_for_memory = True
+
+
 def settle() -> None:
     """Start every run from the same memory state: dirty pages written back and, on a VM that reports free
-    pages to its host, the pages the previous run freed handed back. Without the second wait, a run that
-    follows a deleted segment writes into pages freed moments ago (0.15 s per GiB to fault in here) while
-    the run before it paid for fresh ones (1.2-1.45 s per GiB). Without it, os.write at 1 MiB measured 1.3 GB/s
-    in one full run and 4.1 GB/s in the next, and ``append_vs_write`` swung from 2.30 to 0.88 with it."""
+    pages to its host, the pages the previous run freed handed back. Otherwise a run that follows a deleted
+    segment writes into pages freed moments ago (0.15 s per GiB to fault in here) while the run before it
+    paid for fresh ones (1.2-1.45 s per GiB): os.write at 1 MiB measured 1.3 GB/s in one full run and
+    4.1 GB/s in the next, and ``append_vs_write`` swung from 2.30 to 0.88 with it."""
     settle_writeback()
-    settle_memory()
+    if _wait_for_memory:
+        settle_memory()
 
 
 def open_log(directory: Path, segment_bytes: int):
@@ -189,6 +195,8 @@ def _remove(path: Path) -> None:
 def main(argv=None) -> None:
     logging.getLogger("copyless.storage").setLevel(logging.ERROR)
     bench = Benchmark("storage", "mmap log appends vs os.write, appends after a roll, recovery time", argv)
+    global _wait_for_memory
+    _wait_for_memory = not bench.tiny
     segment_bytes = bench.pick(1 << 30, 128 * MIB, 8 * MIB)
     runs = bench.pick(5, 3, 1)
     # The roll windows are short (a quarter segment each side), so a scheduler hiccup on this shared machine
