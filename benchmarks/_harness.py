@@ -551,6 +551,14 @@ class Benchmark:
         """'full', 'quick' or 'tiny'."""
         return "tiny" if self.tiny else ("quick" if self.quick else "full")
 
+    def settle(self) -> None:
+        """Start a measured run from the same memory state as every other: dirty pages written back
+        (``settle_writeback``) and the pages earlier runs freed handed back to the host (``settle_memory``).
+        Tiny runs (the test suite) skip the second wait, at least 2.5 s each time, for figures nobody reads."""
+        settle_writeback()
+        if not self.tiny:
+            settle_memory()
+
     def pick(self, full: Any, quick: Any, tiny: Any | None = None) -> Any:
         """The value for the current mode (``tiny`` falls back to ``quick``)."""
         if self.tiny:

@@ -18,7 +18,10 @@ RecordBatch v2 bytes, offsets assigned by rewriting each batch's baseOffset in t
    for the warm-up to finish (appends racing the pre-faulting), the worst case.
 3. Restart time with one full segment: unclean (CRC-32C rescan of every batch, index rebuild) vs clean.
 
-Every run starts from the same memory state (``settle``: written back, freed pages returned to the host).
+Every run starts from the same memory state (``Benchmark.settle``: written back, freed pages returned to the
+host). Without that, a run that follows a deleted segment writes into pages freed moments ago (0.15 s per
+GiB to fault in here) while the run before it paid for fresh ones (1.2-1.45 s per GiB): os.write at 1 MiB
+measured 1.3 GB/s in one full run and 4.1 GB/s in the next, and ``append_vs_write`` swung from 2.30 to 0.88.
 Append figures are medians of several runs; the roll rows come from the run with the median after/warm
 ratio (the machine is shared and noisy: compare ratios within one run, not absolute figures across runs).
 Rows: ``test, batch_bytes, method, mb_per_s, p99_us, max_us``; side table: recovery.
@@ -32,7 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks._harness import Benchmark, percentile, settle_memory, settle_writeback
+from benchmarks._harness import Benchmark, percentile
 from broker.storage import LogConfig, LogManager
 from client.protocol.records import RECORD_BATCH_OVERHEAD
 
@@ -51,24 +54,8 @@ def make_batch(total_bytes: int) -> bytes:
     return bytes(builder.build())
 
 
-# Tiny runs (the test suite) skip the wait for freed memory: a dozen waits of at least 2.5 s each, for
-# figures nobody reads. Set by main().
-_wait_for_memory = True
-
-
-def settle() -> None:
-    """Start every run from the same memory state: dirty pages written back and, on a VM that reports free
-    pages to its host, the pages the previous run freed handed back. Otherwise a run that follows a deleted
-    segment writes into pages freed moments ago (0.15 s per GiB to fault in here) while the run before it
-    paid for fresh ones (1.2-1.45 s per GiB): os.write at 1 MiB measured 1.3 GB/s in one full run and
-    4.1 GB/s in the next, and ``append_vs_write`` swung from 2.30 to 0.88 with it."""
-    settle_writeback()
-    if _wait_for_memory:
-        settle_memory()
-
-
-def open_log(directory: Path, segment_bytes: int):
-    settle()
+def open_log(bench: Benchmark, directory: Path, segment_bytes: int):
+    bench.settle()
     config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)
     manager = LogManager(directory, default_config=config, background_interval_ms=None)
     manager.startup()
@@ -87,11 +74,11 @@ def timed_appends(partition_log, batch: bytes, count: int) -> tuple[float, list[
     return time.perf_counter() - started, latencies
 
 
-def measure_append(scratch: Path, batch: bytes, segment_bytes: int, *, steady: bool = True
+def measure_append(bench: Benchmark, scratch: Path, batch: bytes, segment_bytes: int, *, steady: bool = True
                    ) -> tuple[float, float, float]:
     """MB/s of appends filling 80% of one segment, after a 10% lead-in when ``steady``, else from the first
     byte of a new partition; (mb_per_s, p99_us, max_us)."""
-    manager, partition_log = open_log(scratch / "append", segment_bytes)
+    manager, partition_log = open_log(bench, scratch / "append", segment_bytes)
     try:
         partition_log.wait_warm(60)
         if steady:
@@ -108,9 +95,10 @@ def measure_append(scratch: Path, batch: bytes, segment_bytes: int, *, steady: b
         _remove(scratch / "append")
 
 
-def measure_write(scratch: Path, batch: bytes, segment_bytes: int) -> tuple[float, float, float]:
+def measure_write(bench: Benchmark, scratch: Path, batch: bytes, segment_bytes: int
+                  ) -> tuple[float, float, float]:
     """The same bytes through os.write to a fresh file."""
-    settle()
+    bench.settle()
     path = scratch / "plain.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     count = max(1, int(segment_bytes * 0.8) // len(batch))
@@ -129,10 +117,11 @@ def measure_write(scratch: Path, batch: bytes, segment_bytes: int) -> tuple[floa
     return count * len(batch) / seconds / 1e6, percentile(latencies, 99), max(latencies)
 
 
-def measure_roll(scratch: Path, batch: bytes, segment_bytes: int, *, wait_for_warm_up: bool) -> dict:
+def measure_roll(bench: Benchmark, scratch: Path, batch: bytes, segment_bytes: int, *,
+                 wait_for_warm_up: bool) -> dict:
     """Fill most of a warm segment, roll into the prepared one, and time the same number of appends on each
     side of the roll."""
-    manager, partition_log = open_log(scratch / "roll", segment_bytes)
+    manager, partition_log = open_log(bench, scratch / "roll", segment_bytes)
     try:
         partition_log.wait_warm(60)
         per_segment = segment_bytes // len(batch)
@@ -161,10 +150,10 @@ def measure_roll(scratch: Path, batch: bytes, segment_bytes: int, *, wait_for_wa
         _remove(scratch / "roll")
 
 
-def measure_recovery(scratch: Path, segment_bytes: int) -> dict:
+def measure_recovery(bench: Benchmark, scratch: Path, segment_bytes: int) -> dict:
     """Restart after a crash (abandon) and after a clean shutdown, with one full segment of 16 KiB batches."""
     directory = scratch / "recovery"
-    manager, partition_log = open_log(directory, segment_bytes)
+    manager, partition_log = open_log(bench, directory, segment_bytes)
     batch = make_batch(16 * KIB)
     count = segment_bytes // len(batch) - 1
     for _ in range(count):
@@ -195,8 +184,6 @@ def _remove(path: Path) -> None:
 def main(argv=None) -> None:
     logging.getLogger("copyless.storage").setLevel(logging.ERROR)
     bench = Benchmark("storage", "mmap log appends vs os.write, appends after a roll, recovery time", argv)
-    global _wait_for_memory
-    _wait_for_memory = not bench.tiny
     segment_bytes = bench.pick(1 << 30, 128 * MIB, 8 * MIB)
     runs = bench.pick(5, 3, 1)
     # The roll windows are short (a quarter segment each side), so a scheduler hiccup on this shared machine
@@ -221,9 +208,9 @@ def main(argv=None) -> None:
             append_results, write_results = [], []
             for _ in range(runs):
                 # Alternate so drift on a shared machine hits both methods alike.
-                append_results.append(measure_append(scratch, batch, segment_bytes))
+                append_results.append(measure_append(bench, scratch, batch, segment_bytes))
                 bar.advance()
-                write_results.append(measure_write(scratch, batch, segment_bytes))
+                write_results.append(measure_write(bench, scratch, batch, segment_bytes))
                 bar.advance()
             medians[("append", size)] = median_of(append_results)
             medians[("write", size)] = median_of(write_results)
@@ -231,7 +218,7 @@ def main(argv=None) -> None:
             if size == MIB:
                 burst_results = []
                 for _ in range(runs):
-                    burst_results.append(measure_append(scratch, batch, segment_bytes, steady=False))
+                    burst_results.append(measure_append(bench, scratch, batch, segment_bytes, steady=False))
                     bar.advance()
                 medians[("burst", size)] = median_of(burst_results)
                 methods.insert(1, ("PartitionLog.append, fresh partition burst", "burst"))
@@ -243,7 +230,7 @@ def main(argv=None) -> None:
         unprepared = 0
         for _ in range(roll_runs):
             for wait in (True, False):
-                result = measure_roll(scratch, batches[MIB], segment_bytes, wait_for_warm_up=wait)
+                result = measure_roll(bench, scratch, batches[MIB], segment_bytes, wait_for_warm_up=wait)
                 roll_results[wait].append(result)
                 unprepared += result["unprepared"]
                 bar.advance()
@@ -262,7 +249,7 @@ def main(argv=None) -> None:
                       p99_us=round(figures[1], 1), max_us=round(figures[2], 1))
         if unprepared:
             bench.note(f"{unprepared} roll(s) found no prepared segment and preallocated on the append path")
-        recovery = measure_recovery(scratch, segment_bytes)
+        recovery = measure_recovery(bench, scratch, segment_bytes)
         bar.advance()
     bench.table("restart with one full segment", [
         {"restart": "unclean (CRC rescan + index rebuild)", "segment_mb": round(recovery["data_bytes"] / MIB, 1),

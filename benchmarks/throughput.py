@@ -74,7 +74,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Benchmark, cpu_seconds, percentile, settle_memory, settle_writeback
+from benchmarks._harness import Benchmark, cpu_seconds, percentile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
@@ -1088,8 +1088,9 @@ class Campaign:
         work = replace(work, topic=_topic(handle.name, work))
         where = f" (round {round_number}/{self.rounds})" if round_number else ""
         self.bar.describe(f"{handle.name}: {work.section} {work.label}{where}")
-        settle_writeback()  # the previous run's 1.5 GiB written back now, not in this run's window
-        settle_memory()  # and its freed pages handed back to the hypervisor, whichever broker runs next
+        # The previous run's 1.5 GiB written back now, not in this run's window, and its freed pages handed
+        # back to the hypervisor, whichever broker runs next.
+        self.bench.settle()
         _row(self.bench, handle.name, work, run_workload(self.ctx, handle.bootstrap, work), round_number)
         self.bar.advance(1)
         return work
@@ -1156,8 +1157,7 @@ class Campaign:
                 consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
                                   label=f"{work.record_bytes} B {client}")
                 self.bar.describe(f"{handle.name}: fetch path {consume.label}")
-                settle_writeback()
-                settle_memory()
+                self.bench.settle()
                 pid = handle.pid or (handle.process.pid if handle.process is not None else None)
                 before = cpu_seconds(pid) if pid else None
                 figures = run_workload(self.ctx, handle.bootstrap, consume)
