@@ -23,7 +23,8 @@ each broker first gets one unmeasured warm-up workload — JIT, page cache, conn
   the same data dir restarted with ``--no-sendfile`` (record bytes copied through Python), and from Kafka,
   by two consumers: ``raw-fetch`` (a Fetch v4 loop that reads batch headers and drops the record bytes in
   the kernel with MSG_TRUNC, so it copies nothing: the broker's serving rate) and confluent-kafka (every
-  record handed to Python).
+  record handed to Python). Each topic is first read once, unmeasured, back into the page cache: the VM
+  may have paged it out while it sat idle (``_proactive_reclaim``).
 - ``matrix``: producers x consumers x record size x acks x partitions, one factor at a time around a base
   (1 producer, 1 consumer, 1 KB, acks=1, 1 partition); producers and consumers run concurrently, each in
   its own process.
@@ -50,8 +51,8 @@ latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, p
 e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming
 rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers), and
 ``consume_restart_s`` (the seconds between passes left out of that window). MB/s counts record values
-(1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch
-path, copyless/Kafka ratios per matrix and latency workload, latency.
+(1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka
+ratios per matrix and latency workload, latency.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ class WorkerResult:
     end_offsets: dict[int, int] = field(default_factory=dict)
     partitions: list[int] = field(default_factory=list)  # consumers: the partitions read ...
     passes: int = 0                                       # ... and how many times each was read in full
-    # Consumers: CPU seconds of the Python thread that takes the records from the client library, over the
-    # same window as the MB/s (the first record's fetch to the last record). Divided by that window it says
+    # Consumers: CPU seconds of the Python thread that takes the records from the client library, from the
+    # first record's fetch to the last record; less ``restart_cpu_s`` and divided by the MB/s window, it says
     # whether the consumer itself was the limit (1.0: its thread never waited for the broker).
     thread_cpu_s: float = 0.0
     # Consumers: seconds from each seek back to offset 0 until that pass's first records are in hand, left
