@@ -46,4 +46,23 @@ def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     # parked at the log end (fetch.wait.max.ms, 100 ms), and that gap is timed and left out of the window.
     restarts = [r["consume_restart_s"] for r in document["rows"] if r["section"] == "targets"]
     assert restarts and all(0 < g < 5 for g in restarts), restarts
+    assert {r["consume_passes"] for r in document["rows"] if r["section"] == "targets"} == {2}
     assert broker.alive(), "the benchmark must not stop a broker it did not start"
+
+
+def test_a_matched_run_reads_the_first_brokers_pass_count(broker_factory):
+    """Within a targets round, every broker after the first reads exactly as many passes as the first did
+    in its time (``_same_passes``): the pass count, not the broker, used to decide a 100 B round's rate."""
+    import multiprocessing
+
+    from benchmarks.throughput import Workload, _same_passes, run_workload
+
+    broker = broker_factory()
+    planned = Workload("targets", 100, 2_000, read_passes=10, read_seconds=120.0, label="100 B matched",
+                       topic="bench-matched-passes")
+    assert _same_passes(planned, None) is planned
+    ctx = multiprocessing.get_context("forkserver")
+    figures = run_workload(ctx, broker.bootstrap, _same_passes(planned, 3))
+    # As planned it would read for two minutes (at most ten passes); matched, it stops after the third.
+    assert figures["consume_passes"] == 3
+    assert figures["consumed"] == 3 * figures["records"] == 6_000
