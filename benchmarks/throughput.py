@@ -52,8 +52,9 @@ e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_t
 rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers), and
 ``consume_restart_s`` (the seconds between passes left out of that window) and ``consume_passes`` (how
 many times the consumer read the log; every broker of a targets round reads as many as the first read in
-its time, ``_same_passes``, and every broker of the fetch path as many as the first one there). MB/s
-counts record values
+its time, ``_same_passes``, and every broker of the fetch path as many as the first one there), and
+``consume_disk_read_mb`` (what the machine read from disk while the consumers ran: pages the VM's reclaim
+took, ``_disk_read_kib``). MB/s counts record values
 (1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka
 ratios per matrix and latency workload, latency.
 """
@@ -882,6 +883,25 @@ def _steady(work: Workload, samples: list) -> list[float]:
     return [latency for scheduled, latency in samples if scheduled >= first + warmup_ns]
 
 
+def _disk_read_kib() -> int | None:
+    """KiB the whole machine has read from block devices so far (``pgpgin``); None where there is no
+    /proc/vmstat.
+
+    A consume is meant to be served from the page cache, and on this VM it is not always. DAMON's pageout
+    scheme works on physical memory regions, so the pages of a topic written seconds ago can sit in a region
+    it has seen idle for a minute: in a side run, a 1.5 GB topic lost 8 MB of its pages 5 s after it was
+    produced, 57 MB after 20 s and 458 MB after 55 s, with no memory pressure. A consumer that meets those
+    pages waits for the disk, whichever broker serves it, so each consume row says how much was read."""
+    try:
+        with open("/proc/vmstat") as vmstat:
+            for line in vmstat:
+                if line.startswith("pgpgin "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
     """Run one workload against ``bootstrap``; returns the measured figures (raises on client errors)."""
     if not work.consume_only:
@@ -932,6 +952,7 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
                 spawn("consumer", 0, partitions, consume_start, ends_queues[-1])
         for _ in processes:  # each worker is connected (and consumers assigned) before the clock starts
             ready.get(timeout=120)
+        disk_from = _disk_read_kib() if consume_start is produce_start else None
         produce_start.set()
         if producer_count:
             producer_results = gather(producer_count)
@@ -948,10 +969,12 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
                 spawn("consumer", 0, partitions, consume_start, ends_queues[-1])
             for _ in assignment:
                 ready.get(timeout=120)
+            disk_from = _disk_read_kib()
             consume_start.set()
         for q in ends_queues:
             q.put(ends)
         consumer_results = gather(len(assignment))
+        disk_to = _disk_read_kib()
     finally:
         for process in processes:
             process.join(timeout=30)
@@ -980,6 +1003,8 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
         figures.update(consumed=consumed, consume_records_per_s=consumed / seconds,
                        consume_mb_per_s=sum(r.bytes for r in consumer_results) / seconds / 1e6,
                        consume_restart_s=restart, consume_passes=min(r.passes for r in reading))
+        if disk_from is not None and disk_to is not None:
+            figures["consume_disk_read_mb"] = (disk_to - disk_from) * 1024 / 1e6
         busy = [(r.thread_cpu_s - r.restart_cpu_s) / (r.finished - r.first_at - r.restart_s) for r in reading
                 if r.thread_cpu_s and r.finished - r.first_at > r.restart_s]
         if busy:
@@ -1078,7 +1103,8 @@ def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any],
                      broker_cpu_s_per_gb=figures.get("broker_cpu_s_per_gb"),
                      consumer_thread_busy=figures.get("consumer_thread_busy"),
                      consume_restart_s=figures.get("consume_restart_s"),
-                     consume_passes=figures.get("consume_passes"))
+                     consume_passes=figures.get("consume_passes"),
+                     consume_disk_read_mb=figures.get("consume_disk_read_mb"))
 
 
 def _topic(broker: str, work: Workload) -> str:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.throughput import _find_listen_address
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,8 @@ def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     restarts = [r["consume_restart_s"] for r in document["rows"] if r["section"] == "targets"]
     assert restarts and all(0 < g < 5 for g in restarts), restarts
     assert {r["consume_passes"] for r in document["rows"] if r["section"] == "targets"} == {2}
+    disk = [r["consume_disk_read_mb"] for r in document["rows"] if r["section"] == "targets"]
+    assert disk and all(d >= 0 for d in disk), disk
     assert broker.alive(), "the benchmark must not stop a broker it did not start"
 
 
@@ -66,3 +70,27 @@ def test_a_matched_run_reads_the_first_brokers_pass_count(broker_factory):
     # As planned it would read for two minutes (at most ten passes); matched, it stops after the third.
     assert figures["consume_passes"] == 3
     assert figures["consumed"] == 3 * figures["records"] == 6_000
+
+
+def test_disk_reads_are_counted(tmp_path):
+    """``_disk_read_kib`` (the consume rows' disk column) counts a real read from disk: a file dropped from
+    the page cache and read back adds at least its size."""
+    from benchmarks.throughput import _disk_read_kib
+
+    path = tmp_path / "cold.bin"
+    path.write_bytes(os.urandom(8 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # clean pages, so the advice can drop them
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        before = _disk_read_kib()
+        if before is None:
+            pytest.skip("no /proc/vmstat")
+        while os.read(fd, 1 << 20):
+            pass
+        read_kib = _disk_read_kib() - before
+    finally:
+        os.close(fd)
+    if read_kib == 0:
+        pytest.skip("the page cache kept the file (the advice is best effort)")
+    assert read_kib >= (8 << 20) // 1024 * 0.9, read_kib
