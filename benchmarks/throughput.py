@@ -49,13 +49,12 @@ Rows: ``section, broker, client, workload, round, producers, consumers, record_b
 records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for
 latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
 e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming
-rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers), and
-``consume_restart_s`` (the seconds between passes left out of that window) and ``consume_passes`` (how
-many times the consumer read the log; every broker of a targets round reads as many as the first read in
-its time, ``_same_passes``, and every broker of the fetch path as many as the first one there), and
+rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers);
+``consume_restart_s`` (the seconds between passes left out of that window); ``consume_passes`` (how many
+times the consumer read the log: every broker of a targets round reads as many as the first read in its
+time, ``_same_passes``, and every broker of the fetch path as many as the first one there);
 ``consume_disk_read_mb`` (what the machine read from disk while the consumers ran: pages the VM's reclaim
-took, ``_disk_read_kib``). MB/s counts record values
-(1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka
+took, ``_disk_read_kib``). MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka
 ratios per matrix and latency workload, latency.
 """
 
@@ -1239,8 +1238,8 @@ class Campaign:
         """Read ``topics`` again with each fetch client (the sendfile section)."""
         self._enter(handle)
         for work in topics:
-            # The kept topics sat idle through the matrix and latency runs, and this VM pages out file pages
-            # left idle for a minute (DAMON's pageout scheme, up to 128 MiB/s; _proactive_reclaim): in one
+            # The kept topics sat idle through the matrix and latency runs, and this VM pages out memory it
+            # judges idle (DAMON's pageout scheme, up to 128 MiB/s; _proactive_reclaim, _disk_read_kib): in one
             # full run the section read them from disk, copyless's raw fetch of 1 KB records at 294 MB/s
             # against 3,648 in the run before, Kafka's 100 B at 778 against 3,482. One unmeasured raw pass
             # reads the topic back into the page cache through the broker under test, every broker alike;
