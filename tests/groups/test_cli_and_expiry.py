@@ -92,8 +92,16 @@ def commit_standalone(client: GroupsClient, group: str, topic: str, offset: int)
 
 
 def fetch_offset(client: GroupsClient, group: str, topic: str) -> int:
-    response = client.request(of_rq.OffsetFetchRequest(group_id=group, topics=(
-        of_rq.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),)), of_rs.OffsetFetchResponse)
+    """The group's committed offset. Right after a restart the coordinator may still be replaying
+    __consumer_offsets and answers COORDINATOR_LOAD_IN_PROGRESS, which Kafka clients retry; so does this
+    (for up to 10 s). Any other error fails the test."""
+    deadline = time.monotonic() + 10
+    while True:
+        response = client.request(of_rq.OffsetFetchRequest(group_id=group, topics=(
+            of_rq.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),)), of_rs.OffsetFetchResponse)
+        if response.error_code != ErrorCode.coordinator_load_in_progress or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert response.error_code == ErrorCode.none
     return response.topics[0].partitions[0].committed_offset
 
