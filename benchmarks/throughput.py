@@ -54,14 +54,19 @@ rows (CPU seconds of each consumer's Python thread over its consume window, mean
 times the consumer read the log: every broker of a targets round reads as many as the first read in its
 time, ``_same_passes``, and every broker of the fetch path as many as the first one there);
 ``consume_disk_read_mb`` (what the machine read from disk while the consumers ran: pages the VM's reclaim
-took, ``_disk_read_kib``). MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the fetch path, copyless/Kafka
-ratios per matrix and latency workload, latency.
+took, ``_disk_read_kib``); on copyless's rows, ``broker_fetch_send_p50_ms`` / ``_p99_ms`` (how long the broker
+took to write each fetch response with records, EAGAIN waits included) and ``broker_loop_lag_max_ms`` (the
+latest its event loop's 100 ms probe woke), both over the same window, from the broker's own histograms
+(``BrokerHandle.serving_stats``). MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3
+targets (medians over rounds), the fetch path, copyless/Kafka ratios per matrix and latency workload,
+latency.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import multiprocessing
 import os
 import queue
@@ -80,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, cpu_seconds, percentile
+from broker.stats import histogram_quantile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
@@ -682,6 +688,26 @@ class BrokerHandle:
         self.log_path = log_path
         self.stopped = False
 
+    def serving_stats(self, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        """The counters of a copyless this benchmark started, now: SIGUSR1 makes it print one ``stats-json``
+        line to the log. None for any other broker (Kafka keeps its metrics in JMX) or if none came."""
+        if self.process is None or self.log_path is None or self.process.poll() is not None:
+            return None
+        offset = self.log_path.stat().st_size
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                for line in log.read().decode("utf-8", "replace").splitlines():
+                    if line.startswith("stats-json "):
+                        try:
+                            return json.loads(line[len("stats-json "):])
+                        except ValueError:
+                            break  # caught mid-write: read again
+            time.sleep(0.02)
+        return None
+
     def stop(self) -> None:
         """Stop the broker this benchmark started; later calls do nothing (its pid may be reused by then)."""
         if self.stopped:
@@ -901,8 +927,27 @@ def _disk_read_kib() -> int | None:
     return None
 
 
-def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
-    """Run one workload against ``bootstrap``; returns the measured figures (raises on client errors)."""
+def _serving_figures(before: dict | None, after: dict | None) -> dict[str, Any]:
+    """The broker's fetch write times and loop lag between two ``serving_stats`` snapshots."""
+    if not before or not after:
+        return {}
+
+    def window(name: str) -> dict[str, int]:
+        earlier = before.get(name, {}).get("buckets", {})
+        return {k: v - earlier.get(k, 0) for k, v in after.get(name, {}).get("buckets", {}).items()}
+
+    sends, lag = window("fetch_send"), window("loop_lag")
+    return {"broker_fetch_send_p50_ms": histogram_quantile(sends, 0.50),
+            "broker_fetch_send_p99_ms": histogram_quantile(sends, 0.99),
+            "broker_loop_lag_max_ms": histogram_quantile(lag, 1.0)}
+
+
+def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dict[str, Any]:
+    """Run one workload against ``bootstrap``; returns the measured figures (raises on client errors).
+
+    ``serving_stats``: the broker's ``BrokerHandle.serving_stats``, read when the consumers start and when
+    they are done, for the ``broker_*`` figures of that window."""
+    serving_stats = serving_stats or (lambda: None)
     if not work.consume_only:
         create_topic(bootstrap, work.topic, work.partitions)
     ready = ctx.Queue()
@@ -952,6 +997,7 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
         for _ in processes:  # each worker is connected (and consumers assigned) before the clock starts
             ready.get(timeout=120)
         disk_from = _disk_read_kib() if consume_start is produce_start else None
+        serving_from = serving_stats() if consume_start is produce_start else None
         produce_start.set()
         if producer_count:
             producer_results = gather(producer_count)
@@ -969,11 +1015,13 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
             for _ in assignment:
                 ready.get(timeout=120)
             disk_from = _disk_read_kib()
+            serving_from = serving_stats()
             consume_start.set()
         for q in ends_queues:
             q.put(ends)
         consumer_results = gather(len(assignment))
         disk_to = _disk_read_kib()
+        serving_to = serving_stats()
     finally:
         for process in processes:
             process.join(timeout=30)
@@ -1004,6 +1052,7 @@ def run_workload(ctx, bootstrap: str, work: Workload) -> dict[str, Any]:
                        consume_restart_s=restart, consume_passes=min(r.passes for r in reading))
         if disk_from is not None and disk_to is not None:
             figures["consume_disk_read_mb"] = (disk_to - disk_from) * 1024 / 1e6
+        figures.update(_serving_figures(serving_from, serving_to))
         busy = [(r.thread_cpu_s - r.restart_cpu_s) / (r.finished - r.first_at - r.restart_s) for r in reading
                 if r.thread_cpu_s and r.finished - r.first_at > r.restart_s]
         if busy:
@@ -1103,7 +1152,10 @@ def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any],
                      consumer_thread_busy=figures.get("consumer_thread_busy"),
                      consume_restart_s=figures.get("consume_restart_s"),
                      consume_passes=figures.get("consume_passes"),
-                     consume_disk_read_mb=figures.get("consume_disk_read_mb"))
+                     consume_disk_read_mb=figures.get("consume_disk_read_mb"),
+                     broker_fetch_send_p50_ms=figures.get("broker_fetch_send_p50_ms"),
+                     broker_fetch_send_p99_ms=figures.get("broker_fetch_send_p99_ms"),
+                     broker_loop_lag_max_ms=figures.get("broker_loop_lag_max_ms"))
 
 
 def _topic(broker: str, work: Workload) -> str:
@@ -1174,7 +1226,7 @@ class Campaign:
         # The previous run's 1.5 GiB written back now, not in this run's window, and its freed pages handed
         # back to the hypervisor, whichever broker runs next.
         self.bench.settle()
-        figures = run_workload(self.ctx, handle.bootstrap, work)
+        figures = run_workload(self.ctx, handle.bootstrap, work, handle.serving_stats)
         _row(self.bench, handle.name, work, figures, round_number)
         self.bar.advance(1)
         return work, figures
@@ -1259,7 +1311,7 @@ class Campaign:
                 self.bench.settle()
                 pid = handle.pid or (handle.process.pid if handle.process is not None else None)
                 before = cpu_seconds(pid) if pid else None
-                figures = run_workload(self.ctx, handle.bootstrap, consume)
+                figures = run_workload(self.ctx, handle.bootstrap, consume, handle.serving_stats)
                 if before is not None:
                     # What zero copy saves the sender: a receiver-bound loop can hide it in the MB/s.
                     served_gb = figures["consumed"] * work.record_bytes / 1e9

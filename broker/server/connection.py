@@ -18,6 +18,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 
 from broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 from broker.server.transfer import send_bytes, send_segments, wait_readable
@@ -174,12 +175,17 @@ class Connection:
         if response is None:
             return True
         if isinstance(response, EncodedResponse):
+            # More than one segment: a response with records (a fetch's head, FileSlices, tail), whose write
+            # time goes into the fetch_send histogram; one segment is an all-bytes response.
+            started = time.perf_counter() if len(response.segments) > 1 else None
             try:
                 await send_segments(
                     loop, self.sock, response.segments, broker.stats, use_sendfile=self.server.use_sendfile
                 )
             finally:
                 response.release()
+            if started is not None:
+                broker.stats.fetch_send.record(time.perf_counter() - started)
             return True
         try:
             data = encode_response(header.correlation_id, header.api_key, header.api_version, response)

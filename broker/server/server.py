@@ -11,8 +11,9 @@ Lifecycle:
    hooks; ``LogManager.shutdown()`` in a worker thread (flush, checkpoint, clean-shutdown marker).
 
 Counters: ``broker.stats``; SIGUSR1 and shutdown print them as one ``stats-json {...}`` line on stdout.
-Periodic work: the stats log line every ``stats_interval_s``. Flush policy, retention and recovery-point
-checkpoints run on the storage's own housekeeping thread (they fsync and unlink; never on the loop).
+Periodic work: the stats log line every ``stats_interval_s``, the idle reaper and the loop-lag probe. Flush
+policy, retention and recovery-point checkpoints run on the storage's own housekeeping thread (they fsync
+and unlink; never on the loop).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ log = logging.getLogger("copyless.server")
 # Kafka's default socket listen backlog is 50; 1024 absorbs a burst of thousands of connects (the
 # many-connections benchmark opens 10,000).
 LISTEN_BACKLOG = 1024
+# How often the loop-lag probe wakes (see Server._lag_probe).
+LAG_PROBE_INTERVAL_S = 0.1
 
 
 class Server:
@@ -80,6 +83,7 @@ class Server:
             self._periodic.append(asyncio.create_task(self._stats_loop(), name="copyless-stats"))
         if self.config.connections_max_idle_ms:
             self._periodic.append(asyncio.create_task(self._idle_reaper(), name="copyless-idle-reaper"))
+        self._periodic.append(asyncio.create_task(self._lag_probe(), name="copyless-loop-lag"))
         self._announce()
 
     def _announce(self) -> None:
@@ -150,6 +154,17 @@ class Server:
         while True:
             await asyncio.sleep(self.config.stats_interval_s)
             log.info("%s", self.broker.stats.log_line())
+
+    async def _lag_probe(self) -> None:
+        """Record how late a 100 ms sleep wakes up (``stats.loop_lag``). Ten timer wake-ups a second cost
+        nothing measurable; a loop held by blocking work, or a loop thread the kernel did not run, shows up
+        as lag that every connection felt."""
+        # time.monotonic, not loop.time(): uvloop's clock is libuv's millisecond tick, cached per iteration.
+        lag = self.broker.stats.loop_lag
+        while True:
+            due = time.monotonic() + LAG_PROBE_INTERVAL_S
+            await asyncio.sleep(LAG_PROBE_INTERVAL_S)
+            lag.record(max(0.0, time.monotonic() - due))
 
     async def _idle_reaper(self) -> None:
         """Close connections without a request for connections.max.idle.ms (Kafka's default: 10 minutes), so
