@@ -96,3 +96,17 @@ def test_disk_reads_are_counted(tmp_path):
     if read_kib == 0:
         pytest.skip("the page cache kept the file (the advice is best effort)")
     assert read_kib >= (8 << 20) // 1024 * 0.9, read_kib
+
+
+def test_consumer_malloc_settings_take():
+    """Each consumer worker keeps freed heap memory for reuse (``_CONSUMER_MALLOPT``); glibc accepts every
+    setting, here in a child process so the test runner's own allocator is left alone."""
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc")
+    code = "from benchmarks.throughput import _tune_consumer_malloc as t; print(t())"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert completed.stdout.strip() == "True", completed.stderr
