@@ -660,8 +660,10 @@ class _Ready:
 # to the kernel and was faulted in and zeroed again. Consuming 1 KB records right after the produce, three
 # rounds per broker: 17-95k page faults/s in the consumer, a tenth of librdkafka's thread in clear_page;
 # with these settings 16-20k/s, and consume rose from 677-859 to 853-943 MB/s against Kafka and from
-# 700-923 to 977-1,110 against copyless. It measured the client's allocator, not the broker. Every broker's
-# consumers get the same settings; producers keep glibc's defaults.
+# 700-923 to 977-1,110 against copyless. At 10 KB (two rounds) 1,243-1,407 -> 1,448-1,545 from Kafka and
+# 1,439-1,481 -> 1,411-1,900 from copyless; at 100 B within the noise (74-111 -> 87-104 and 79-90 ->
+# 95-102). It measured the client's allocator, not the broker. Every broker's consumers get the same
+# settings; producers keep glibc's defaults.
 _CONSUMER_MALLOPT = ((-3, 32 << 20), (-1, 1 << 30), (-2, 64 << 20))
 
 
