@@ -6,8 +6,10 @@
 fetched records never enter the interpreter. ``response_bytes`` counts every other byte the broker wrote
 (headers, kio-encoded responses).
 
-Two latency histograms say whether the broker itself kept a consumer waiting:
+Three latency histograms say whether the broker itself kept a consumer waiting:
 
+- ``fetch_prepare``: per fetch response that carries records, the time to look its partitions up, pin
+  their slices and encode the response (a long poll's parked time excluded);
 - ``fetch_send``: per fetch response that carries records, the time from its first byte written to its
   last, EAGAIN waits included (the socket full because the client has not read yet counts too: that is
   what the client sees);
@@ -108,6 +110,7 @@ class BrokerStats:
     fetch_cold_warmups: int = 0  # slices read into the page cache by a worker before their sendfile
     write_eagain_waits: int = 0
     response_bytes: int = 0
+    fetch_prepare: LatencyHistogram = field(default_factory=LatencyHistogram)
     fetch_send: LatencyHistogram = field(default_factory=LatencyHistogram)
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -137,6 +140,7 @@ class BrokerStats:
             "write_eagain_waits": self.write_eagain_waits,
             "sendfile_share": round(self.sendfile_share, 6),
             "response_bytes": self.response_bytes,
+            "fetch_prepare": self.fetch_prepare.snapshot(),
             "fetch_send": self.fetch_send.snapshot(),
             "loop_lag": self.loop_lag.snapshot(),
         }

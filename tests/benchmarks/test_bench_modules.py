@@ -146,6 +146,7 @@ def _check_throughput(document: dict) -> None:
     # Every copyless consume row carries the broker's own write times and loop lag over its window.
     for row in _rows_with(document, section="targets") + _rows_with(document, section="sendfile"):
         assert 0 < row["broker_fetch_send_p50_ms"] <= row["broker_fetch_send_p99_ms"] < 60_000, row
+        assert 0 < row["broker_fetch_prepare_p99_ms"] < 60_000, row
         assert 0 <= row["broker_loop_lag_max_ms"] < 60_000, row
     titles = [t["title"] for t in document["tables"]]
     assert any(t.startswith("Issue-3 targets") for t in titles) and any(t.startswith("Fetch path") for t in titles)

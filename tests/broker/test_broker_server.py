@@ -96,12 +96,13 @@ def test_produce_fetch_zero_copy(live_broker):
 
 
 def test_serving_latency_stats(live_broker):
-    """fetch_send times each response that carries records (and nothing else); loop_lag catches a held loop."""
+    """fetch_prepare and fetch_send time each response that carries records (and nothing else); loop_lag
+    catches a held loop."""
     client = live_broker.client()
     create_topic(client, "lat")
     produce(client, "lat", {0: build_batch([b"v" * 100] * 10)})
     stats = live_broker.stats
-    before = stats.fetch_send.count
+    before, prepared_before = stats.fetch_send.count, stats.fetch_prepare.count
     for _ in range(3):
         assert len(fetch(client, "lat", {0: 0}).responses[0].partitions[0].records) > 0
     empty = fetch(client, "lat", {0: 10}, max_wait_ms=0)
@@ -115,6 +116,9 @@ def test_serving_latency_stats(live_broker):
     snapshot = stats.snapshot()["fetch_send"]
     assert 0 < snapshot["p50_ms"] <= snapshot["p99_ms"] < 1000
     assert sum(snapshot["buckets"].values()) == snapshot["count"] == stats.fetch_send.count
+    # The preparing side counts the same three responses, and not the empty one.
+    assert stats.fetch_prepare.count - prepared_before == 3
+    assert 0 < stats.snapshot()["fetch_prepare"]["p99_ms"] < 1000
 
     # Hold the loop thread for 300 ms, as blocking work on it would: the probe must see it.
     lag_before = stats.loop_lag.count
