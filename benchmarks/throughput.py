@@ -56,11 +56,10 @@ time, ``_same_passes``, and every broker of the fetch path as many as the first 
 ``consume_disk_read_mb`` (what the machine read from disk while the consumers ran: pages the VM's reclaim
 took, ``_disk_read_kib``); on copyless's rows, ``broker_fetch_prepare_p99_ms`` (looking up, pinning and
 encoding a fetch response with records), ``broker_fetch_send_p50_ms`` / ``_p99_ms`` (how long the broker
-took to write it, EAGAIN waits included) and ``broker_loop_lag_max_ms`` (the
-latest its event loop's 100 ms probe woke), both over the same window, from the broker's own histograms
-(``BrokerHandle.serving_stats``). MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3
-targets (medians over rounds), the fetch path, copyless/Kafka ratios per matrix and latency workload,
-latency.
+took to write it, EAGAIN waits included) and ``broker_loop_lag_max_ms`` (the latest its event loop's 100 ms
+probe woke), all over the same window, from the broker's own histograms (``BrokerHandle.serving_stats``).
+MB/s counts record values (1 MB = 10^6 bytes). Side tables: the issue-3 targets (medians over rounds), the
+fetch path, copyless/Kafka ratios per matrix and latency workload, latency.
 """
 
 from __future__ import annotations
@@ -654,18 +653,19 @@ class _Ready:
             self.queue.put(role)
 
 
-# glibc malloc settings of every consumer process (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD): big blocks
-# from the heap, and freed heap memory kept for reuse instead of handed back to the kernel. librdkafka
-# allocates each fetch response (4 MiB here) on its broker thread and frees it from the application's
-# thread once the records are consumed, up to 256 MiB queued; with glibc's defaults that memory went back
-# to the kernel and was faulted in and zeroed again. Consuming 1 KB records right after the produce, three
-# rounds per broker: 17-95k page faults/s in the consumer, a tenth of librdkafka's thread in clear_page;
-# with these settings 16-20k/s, and consume rose from 677-859 to 853-943 MB/s against Kafka and from
-# 700-923 to 977-1,110 against copyless. At 10 KB (two rounds) 1,243-1,407 -> 1,448-1,545 from Kafka and
-# 1,439-1,481 -> 1,411-1,900 from copyless; at 100 B within the noise (74-111 -> 87-104 and 79-90 ->
-# 95-102). It measured the client's allocator, not the broker. Every broker's consumers get the same
-# settings; producers keep glibc's defaults.
-_CONSUMER_MALLOPT = ((-3, 32 << 20), (-1, 1 << 30), (-2, 64 << 20))
+# glibc malloc settings of every consumer process: big blocks from the heap, and freed heap memory kept for
+# reuse instead of handed back to the kernel. librdkafka allocates each fetch response (4 MiB here) on its
+# broker thread and frees it from the application's thread once the records are consumed, up to 256 MiB
+# queued; with glibc's defaults that memory went back to the kernel and was faulted in and zeroed again.
+# Consuming 1 KB records right after the produce, three rounds per broker: 17-95k page faults/s in the
+# consumer (one perf pair: librdkafka's thread in clear_page for 10.7% of the machine's samples against
+# copyless, 1.5% against Kafka); with these settings 16-20k/s, and consume rose from 677-859 to 853-943 MB/s
+# against Kafka and from 700-923 to 977-1,110 against copyless. At 10 KB (two rounds) 1,243-1,407 ->
+# 1,448-1,545 from Kafka and 1,439-1,481 -> 1,411-1,900 from copyless; at 100 B within the noise (74-111 ->
+# 87-104 and 79-90 -> 95-102). It measured the client's allocator, not the broker. Every broker's consumers
+# get the same settings; producers keep glibc's defaults.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # mallopt(3) parameter numbers
+_CONSUMER_MALLOPT = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20))
 
 
 def _tune_consumer_malloc() -> bool:
@@ -956,7 +956,7 @@ def _disk_read_kib() -> int | None:
 
 
 def _serving_figures(before: dict | None, after: dict | None) -> dict[str, Any]:
-    """The broker's fetch write times and loop lag between two ``serving_stats`` snapshots."""
+    """The broker's fetch prepare and write times and its loop lag between two ``serving_stats`` snapshots."""
     if not before or not after:
         return {}
 
