@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, cpu_seconds, percentile
+from broker.server.app import M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD, apply_mallopt
 from broker.stats import histogram_quantile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -664,19 +665,12 @@ class _Ready:
 # 1,448-1,545 from Kafka and 1,439-1,481 -> 1,411-1,900 from copyless; at 100 B within the noise (74-111 ->
 # 87-104 and 79-90 -> 95-102). It measured the client's allocator, not the broker. Every broker's consumers
 # get the same settings; producers keep glibc's defaults.
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # mallopt(3) parameter numbers
-_CONSUMER_MALLOPT = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20))
+_CONSUMER_MALLOPT = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
 
 
 def _tune_consumer_malloc() -> bool:
     """Apply ``_CONSUMER_MALLOPT`` to this process (glibc only); True when every setting took."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return all([mallopt(option, value) == 1 for option, value in _CONSUMER_MALLOPT])
+    return apply_mallopt(_CONSUMER_MALLOPT)
 
 
 def _worker_main(role: str, bootstrap: str, work: Workload, records: int, partitions: list[int],
