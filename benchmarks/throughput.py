@@ -50,6 +50,8 @@ records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_reco
 latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
 e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming
 rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers);
+``consumer_waited_share`` on confluent-kafka rows reading a log already written (the share of that window
+spent in ``consume`` calls that came back short mid-pass: the client waiting for the broker);
 ``consume_restart_s`` (the seconds between passes left out of that window); ``consume_passes`` (how many
 times the consumer read the log: every broker of a targets round reads as many as the first read in its
 time, ``_same_passes``, and every broker of the fetch path as many as the first one there);
@@ -144,6 +146,10 @@ class WorkerResult:
     # out of the consume window (see _Reading.restarted).
     restart_s: float = 0.0
     restart_cpu_s: float = 0.0  # ... and the Python thread's CPU seconds in those gaps
+    # Consumers of a log already written (not concurrent workloads): seconds spent in library calls that
+    # came back with fewer records than asked while the pass still had records to come, outside the restart
+    # gaps. Over the window it says whether the client ever waited for the broker (0: it never did).
+    waited_s: float = 0.0
     error_text: str = ""
 
 
@@ -379,8 +385,28 @@ class _Reading:
             self.result.restart_cpu_s += time.thread_time() - self.restarted_cpu
             self.restarted_at = None
 
+    def in_gap(self) -> bool:
+        """True between a seek back to offset 0 and that pass's first records (left out of the window)."""
+        return self.restarted_at is not None
+
+    def at_end(self) -> bool:
+        """True once every partition has reached its end offset (the pass's last records are in hand)."""
+        return self.ends is not None and all(self.next[p] >= self.ends.get(p, 0) for p in self.partitions)
+
+    def count_wait(self, asked: int, got: int, seconds: float) -> None:
+        """A library call that asked for ``asked`` records, returned ``got`` and took ``seconds``: when it
+        came back short in the middle of a pass, after the first records and outside a restart gap, the
+        client waited for the broker for (at most) that long. Call it before ``received``."""
+        if got < asked and self.result.first_at and not self.in_gap() and not self.at_end():
+            self.result.waited_s += seconds
+
     def timed_out(self) -> str:
         return f"consumer timed out at {self.next} in pass {self.result.passes + 1}, ends {self.ends}"
+
+
+# Records a throughput consumer asks librdkafka for per call: a call that returns fewer, before the pass's end,
+# found the client's queue empty and waited for a fetch (WorkerResult.waited_s).
+CONSUME_BATCH = 10_000
 
 
 def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], ready, start_event, ends_queue,
@@ -432,12 +458,15 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
                 message = consumer.poll(0.05)
                 messages = [message] if message is not None else []
             else:
-                messages = consumer.consume(num_messages=10_000, timeout=0.05)
+                messages = consumer.consume(num_messages=CONSUME_BATCH, timeout=0.05)
             if not messages:
+                if not work.concurrent:
+                    reading.count_wait(CONSUME_BATCH, 0, time.monotonic() - called_at)
                 continue
             received_at = now_ns()
             if any(map(Message.error, messages)):
                 messages = [message for message in messages if message.error() is None]
+            in_gap = reading.in_gap()
             reading.received()
             # Counted with map() over the batch: a Python loop of five calls per record held a 100 B consumer
             # to 40-56 MB/s on either broker, against 70-75 MB/s this way (librdkafka's own limit here).
@@ -448,6 +477,8 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
             last = dict(zip(map(Message.partition, messages), map(Message.offset, messages)))
             for partition, offset in last.items():
                 reading.next[partition] = offset + 1
+            if not (latency or work.concurrent or in_gap):
+                reading.count_wait(CONSUME_BATCH, len(messages), time.monotonic() - called_at)
             if latency:
                 for value in values:
                     scheduled = _TIMESTAMP.unpack_from(value)[0]
@@ -1080,6 +1111,8 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dic
                 if r.thread_cpu_s and r.finished - r.first_at > r.restart_s]
         if busy:
             figures["consumer_thread_busy"] = statistics.mean(busy)
+        if not work.concurrent and work.client == "confluent-kafka":
+            figures["consumer_waited_share"] = sum(r.waited_s for r in reading) / seconds
         e2e = _steady(work, [x for r in consumer_results for x in r.e2e_ms])
         if work.rate_per_s is not None and e2e:
             figures.update(e2e_p50_ms=percentile(e2e, 50), e2e_p99_ms=percentile(e2e, 99),
@@ -1173,6 +1206,7 @@ def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any],
                      e2e_p99_ms=figures.get("e2e_p99_ms"), e2e_p999_ms=figures.get("e2e_p999_ms"),
                      broker_cpu_s_per_gb=figures.get("broker_cpu_s_per_gb"),
                      consumer_thread_busy=figures.get("consumer_thread_busy"),
+                     consumer_waited_share=figures.get("consumer_waited_share"),
                      consume_restart_s=figures.get("consume_restart_s"),
                      consume_passes=figures.get("consume_passes"),
                      consume_disk_read_mb=figures.get("consume_disk_read_mb"),
@@ -1547,8 +1581,12 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
                       f"{what}_ratio_by_round": _round_ratios(mine, kafka, key)})
     # How busy the consumer's own Python thread was (CPU seconds over wall seconds, median over rounds): near
     # 1.0 on both brokers means the client, not the broker, set the consume rate.
+    # And how long it waited for records (share of the window, median over rounds): near 0 on both, the
+    # broker always had the next records there before the client asked for them.
     for broker, runs in (("copyless", mine), ("kafka", kafka)):
         entry[f"{broker}_consumer_thread_busy"] = _median(r.get("consumer_thread_busy") for r in runs.values())
+    for broker, runs in (("copyless", mine), ("kafka", kafka)):
+        entry[f"{broker}_consumer_waited"] = _median(r.get("consumer_waited_share") for r in runs.values())
     readme = KAFKA_README_MB_S.get(record_bytes) if client == "confluent-kafka" else None
     entry["kafka_readme_produce_mb_s"], entry["kafka_readme_consume_mb_s"] = readme or (None, None)
     figures = [entry[k] for k in ("copyless_produce_mb_s", "kafka_produce_mb_s", "copyless_consume_mb_s",
@@ -1571,7 +1609,8 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
         bench.table(f"Issue-3 targets: copyless >= Kafka, acks=1, one partition (MB/s, median of {rounds} "
                     "round(s); ratio = copyless / Kafka of the medians; by round = copyless / Kafka within each "
                     "round; consumer_thread_busy = the consumer's Python thread's CPU seconds per wall "
-                    "second, median: near 1.0 the client set the consume rate; README = Kafka figures noted "
+                    "second, median: near 1.0 the client set the consume rate; consumer_waited = the share of "
+                    "that window the client spent waiting for records, median; README = Kafka figures noted "
                     "earlier on this machine, confluent-kafka)", target_rows)
 
     sendfile_rows = []

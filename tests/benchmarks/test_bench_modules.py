@@ -148,6 +148,11 @@ def _check_throughput(document: dict) -> None:
         assert 0 < row["broker_fetch_send_p50_ms"] <= row["broker_fetch_send_p99_ms"] < 60_000, row
         assert 0 < row["broker_fetch_prepare_p99_ms"] < 60_000, row
         assert 0 <= row["broker_loop_lag_max_ms"] < 60_000, row
+    # librdkafka consumers of a written log say how long they waited for records; other clients say nothing.
+    for row in _rows_with(document, section="targets"):
+        waited = row["consumer_waited_share"]
+        assert (0.0 <= waited <= 1.0) if row["client"] == "confluent-kafka" else waited is None, row
+    assert any(r["client"] == "confluent-kafka" for r in _rows_with(document, section="targets"))
     titles = [t["title"] for t in document["tables"]]
     assert any(t.startswith("Issue-3 targets") for t in titles) and any(t.startswith("Fetch path") for t in titles)
 

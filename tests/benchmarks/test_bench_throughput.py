@@ -44,6 +44,8 @@ def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     # The consumer's own thread is timed over its consume window: a share of one core, never more.
     busy = [r["consumer_thread_busy"] for r in document["rows"] if r["section"] == "targets"]
     assert busy and all(0 < b <= 1.05 for b in busy), busy
+    waited = [r["consumer_waited_share"] for r in document["rows"] if r["section"] == "targets"]
+    assert waited and all(0.0 <= w <= 1.0 for w in waited), waited
     # A tiny targets consumer reads its topic twice: the seek back to offset 0 waits out the long poll it
     # parked at the log end (fetch.wait.max.ms, 100 ms), and that gap is timed and left out of the window.
     restarts = [r["consume_restart_s"] for r in document["rows"] if r["section"] == "targets"]
@@ -110,3 +112,116 @@ def test_consumer_malloc_settings_take():
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert completed.stdout.strip() == "True", completed.stderr
+
+
+class _TricklingLink:
+    """A TCP relay to a broker that passes what the broker sends at most 64 KiB per 10 ms (about 6 MB/s),
+    and what the client sends unhindered: a broker behind it looks like one too slow to keep a consumer fed."""
+
+    CHUNK = 64 * 1024
+    PAUSE_S = 0.01
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target: tuple[str, int] | None = None
+        self.sockets: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, 0.0), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self.PAUSE_S), daemon=True).start()
+
+    def _pump(self, source, sink, pause_s: float) -> None:
+        import time
+
+        try:
+            while data := source.recv(self.CHUNK):
+                sink.sendall(data)
+                time.sleep(pause_s)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        for s in [self.listener, *self.sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_consumer_starved_by_its_link_shows_it_waited(broker_factory):
+    """``consumer_waited_share`` is the client waiting for records. Read through a link that trickles the
+    broker's responses out (the broker advertises the link, so every connection goes through it), the
+    consumer spends most of its window waiting; read straight from a broker, less."""
+    import multiprocessing
+
+    from benchmarks.throughput import Workload, run_workload
+
+    link = _TricklingLink()
+    try:
+        starved = broker_factory(extra_args=("--advertise", f"127.0.0.1:{link.port}"))
+        host, port = starved.bootstrap.rsplit(":", 1)
+        link.target = (host, int(port))
+        direct = broker_factory()
+        ctx = multiprocessing.get_context("forkserver")
+        # 20 MB: several 4 MiB fetches per pass, each taking the link ~0.7 s to pass on while the client
+        # drains it in a few hundredths of one.
+        work = Workload("targets", 100, 200_000, read_passes=2, label="waited", topic="bench-waited")
+        behind_link = run_workload(ctx, f"127.0.0.1:{link.port}", work)
+        straight = run_workload(ctx, direct.bootstrap, work)
+    finally:
+        link.close()
+    assert behind_link["consume_passes"] == straight["consume_passes"] == 2
+    assert 0.5 < behind_link["consumer_waited_share"] <= 1.0, behind_link
+    assert 0.0 <= straight["consumer_waited_share"] < behind_link["consumer_waited_share"], straight
+
+
+def test_a_consumer_waits_only_when_a_call_comes_back_short_mid_pass():
+    """``_Reading.count_wait``: only a short call after the first records, outside a restart gap and before
+    the pass's last records counts as waiting for the broker."""
+    import queue
+
+    from benchmarks.throughput import WorkerResult, Workload, _Reading
+
+    result = WorkerResult(role="consumer", partitions=[0])
+    ends = queue.Queue()
+    ends.put({0: 100})
+    reading = _Reading([0], ends, Workload("targets", 100, 100, read_passes=2), result)
+    assert not reading.pass_ended()  # takes the end offsets: 100 records per pass
+    reading.count_wait(10, 3, 0.5)
+    assert result.waited_s == 0.0  # before the first records: outside the window
+    result.first_at = 1.0
+    reading.count_wait(10, 10, 0.5)
+    assert result.waited_s == 0.0  # a full call did not wait
+    reading.count_wait(10, 3, 0.25)
+    assert result.waited_s == 0.25  # short, mid-pass: waited
+    reading.next[0] = 100
+    reading.count_wait(10, 3, 0.5)
+    assert result.waited_s == 0.25  # the call that brought the pass's last records
+    assert reading.pass_ended()
+    reading.restarted()
+    reading.count_wait(10, 0, 0.5)
+    assert result.waited_s == 0.25  # inside the seek-back gap
+    reading.received()
+    reading.count_wait(10, 0, 0.125)
+    assert result.waited_s == 0.375
