@@ -396,7 +396,8 @@ class _Reading:
     def count_wait(self, asked: int, got: int, seconds: float) -> None:
         """A library call that asked for ``asked`` records, returned ``got`` and took ``seconds``: when it
         came back short in the middle of a pass, after the first records and outside a restart gap, the
-        client waited for the broker for (at most) that long. Call it before ``received``."""
+        client waited for the broker for (at most) that long. A call whose records closed a restart gap is
+        the caller's to leave out: read ``in_gap`` before ``received`` closes it."""
         if got < asked and self.result.first_at and not self.in_gap() and not self.at_end():
             self.result.waited_s += seconds
 
@@ -1579,14 +1580,12 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
         entry.update({f"copyless_{what}_mb_s": median, f"kafka_{what}_mb_s": kafka_median,
                       f"{what}_ratio": _ratio(median, kafka_median),
                       f"{what}_ratio_by_round": _round_ratios(mine, kafka, key)})
-    # How busy the consumer's own Python thread was (CPU seconds over wall seconds, median over rounds): near
-    # 1.0 on both brokers means the client, not the broker, set the consume rate.
-    # And how long it waited for records (share of the window, median over rounds): near 0 on both, the
-    # broker always had the next records there before the client asked for them.
-    for broker, runs in (("copyless", mine), ("kafka", kafka)):
-        entry[f"{broker}_consumer_thread_busy"] = _median(r.get("consumer_thread_busy") for r in runs.values())
-    for broker, runs in (("copyless", mine), ("kafka", kafka)):
-        entry[f"{broker}_consumer_waited"] = _median(r.get("consumer_waited_share") for r in runs.values())
+    # How busy the consumer's own Python thread was (CPU seconds over wall seconds) and how long it waited for
+    # records (share of the window), medians over rounds: busy near 1.0 and waited near 0 on both brokers
+    # mean the client, not the broker, set the consume rate.
+    for key, column in (("consumer_thread_busy", "consumer_thread_busy"), ("consumer_waited_share", "consumer_waited")):
+        for broker, runs in (("copyless", mine), ("kafka", kafka)):
+            entry[f"{broker}_{column}"] = _median(r.get(key) for r in runs.values())
     readme = KAFKA_README_MB_S.get(record_bytes) if client == "confluent-kafka" else None
     entry["kafka_readme_produce_mb_s"], entry["kafka_readme_consume_mb_s"] = readme or (None, None)
     figures = [entry[k] for k in ("copyless_produce_mb_s", "kafka_produce_mb_s", "copyless_consume_mb_s",
