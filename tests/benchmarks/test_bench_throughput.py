@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,9 +125,6 @@ class _TricklingLink:
     PAUSE_S = 0.01
 
     def __init__(self) -> None:
-        import socket
-        import threading
-
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.target: tuple[str, int] | None = None
@@ -132,9 +132,6 @@ class _TricklingLink:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import socket
-        import threading
-
         while True:
             try:
                 client, _ = self.listener.accept()
@@ -146,8 +143,6 @@ class _TricklingLink:
             threading.Thread(target=self._pump, args=(upstream, client, self.PAUSE_S), daemon=True).start()
 
     def _pump(self, source, sink, pause_s: float) -> None:
-        import time
-
         try:
             while data := source.recv(self.CHUNK):
                 sink.sendall(data)
