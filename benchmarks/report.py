@@ -119,10 +119,17 @@ def _headline_throughput(d: dict) -> str:
     ratios = d.get("ratios", {})
     sizes = (100, 1000, 10000)
     parts = []
+    verdicts = d.get("verdicts", {})
+
+    def cells(what: str) -> str:
+        # "x0.96 (level)": the ratio of the medians, and whether the per-round ratios told the brokers apart
+        return "/".join(_fmt(ratios.get(f"{what}_vs_kafka_{s}B"))
+                        + (f" ({verdicts[f'{what}_vs_kafka_{s}B'].split()[0]})"
+                           if f"{what}_vs_kafka_{s}B" in verdicts else "") for s in sizes)
+
     if any(f"produce_vs_kafka_{s}B" in ratios for s in sizes):
-        produce = "/".join(_fmt(ratios.get(f"produce_vs_kafka_{s}B")) for s in sizes)
-        consume = "/".join(_fmt(ratios.get(f"consume_vs_kafka_{s}B")) for s in sizes)
-        parts.append(f"copyless / Kafka at 100 B/1 KB/10 KB: produce x{produce}, consume x{consume}")
+        parts.append(f"copyless / Kafka at 100 B/1 KB/10 KB: produce x{cells('produce')}, "
+                     f"consume x{cells('consume')}")
     fetch = [(k, v) for k, v in ratios.items() if k.startswith("sendfile_vs_copy_raw-fetch_")]
     if fetch:
         parts.append("fetch path sendfile / copy (raw fetch): " + ", ".join(

@@ -7,14 +7,18 @@ each broker first gets one unmeasured warm-up workload — JIT, page cache, conn
   (librdkafka), records of 100 B, 1 KB and 10 KB: produce MB/s (send N records, ``flush``) then consume
   MB/s (read them back from offset 0), as Kafka's own perf tools measure. copyless's own client (client/)
   runs the same produce and consume when it is installed. Method: copyless and Kafka are both running
-  (one idle while the other is measured) for ``--rounds`` rounds (5; 1 with ``--quick``); each round runs
+  (one idle while the other is measured) for ``--rounds`` rounds (9; 1 with ``--quick``), after
+  ``--warmup-rounds`` unmeasured rounds of the confluent-kafka workloads (3; 1 with ``--quick``: Kafka's JVM
+  keeps speeding up through its first few GB, ``WARMUP_ROUNDS``; rows ``targets-warmup``); each round runs
   every workload (record size x client) on copyless and then on Kafka, or Kafka first in even rounds, each
   run on a fresh topic that is deleted once measured (the last round's confluent-kafka topics are kept
   for ``sendfile``). A ratio within a round compares two runs seconds apart, so it cancels the drift of a
   shared machine (other tenants' load, page cache, thermal state) that a broker-after-broker run turns
   into a difference between brokers; the median over rounds resists one run hit by a scheduler hiccup.
   Tables give per workload the median MB/s of each broker, the ratio of the medians (the headline
-  ``ratios``) and the copyless/Kafka ratio of each round. Every run starts from the same memory state:
+  ``ratios``), the copyless/Kafka ratio of each round, and the median of those with its sign-test interval
+  and a verdict: ``above`` or ``below`` 1.0 when the whole interval is, ``level`` when this run cannot tell
+  the brokers apart (``median_interval``). Every run starts from the same memory state:
   dirty pages written back, and (on a VM with free page reporting) the pages freed by the last deleted
   topic handed back to the hypervisor, so no broker writes into pages its predecessor just freed, which
   cost a tenth as much to touch as fresh ones (``settle_memory``). Kafka is set to unlink deleted topics
@@ -48,8 +52,9 @@ the GIL of one client never limits another.
 Rows: ``section, broker, client, workload, round, producers, consumers, record_bytes, acks, partitions,
 records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for
 latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
-e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets rows; ``consumer_thread_busy`` on consuming
-rows (CPU seconds of each consumer's Python thread over its consume window, mean over consumers);
+e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets and targets-warmup rows;
+``consumer_thread_busy`` on consuming rows (CPU seconds of each consumer's Python thread over its consume
+window, mean over consumers);
 ``consumer_waited_share`` on confluent-kafka rows reading a log already written (the share of that window
 spent in ``consume`` calls that came back short mid-pass: the client waiting for the broker);
 ``consume_restart_s`` (the seconds between passes left out of that window); ``consume_passes`` (how many
@@ -86,7 +91,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Benchmark, cpu_seconds, percentile
+from benchmarks._harness import Benchmark, cpu_seconds, median_interval, percentile
 from broker.server.app import M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD, apply_mallopt
 from broker.stats import histogram_quantile
 
@@ -101,6 +106,15 @@ _TIMESTAMP = struct.Struct("!q")  # scheduled send time (monotonic ns) at the he
 FETCH_CLIENTS = ("raw-fetch", "confluent-kafka")
 KAFKA_README_MB_S = {100: (44, 20), 1000: (237, 193), 10000: (276, 293)}
 _ADDRESS_RE = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|localhost):(\d{1,5})\b")
+# Rounds of the targets section in a full run. Nine, not five: the per-round ratios' median gets a
+# sign-test interval from (x_(2), x_(8)) at 96% (``median_interval``); five give only (min, max), so one bad
+# round on either side leaves every cell "level". In a 15-round run, per-round ratios spread 0.71-1.26 at
+# 1 KB produce and 0.73-1.38 at 1 KB consume.
+ROUNDS = 9
+# Unmeasured rounds before them. Kafka's JVM kept getting faster for its first three or four rounds of
+# 1.5 GB runs after the old 128 MB warm-up (1 KB produce: 265, 310, 375, 469 MB/s, then 437-579; 10 KB:
+# 288, 406, 453, 519, then 416-570), so those rounds measured its JIT, and copyless's early leads with them.
+WARMUP_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -1139,12 +1153,12 @@ def _records_for(record_bytes: int, budget_bytes: int, cap: int) -> int:
 
 def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
     # Per run of a targets workload (every round, every broker): produce windows of 3-6 s at the rates seen
-    # here (70 MB/s at 100 B, 300-1400 MB/s above), so a scheduler hiccup is a small share of each; the
-    # five rounds of confluent-kafka and copyless clients on two brokers take about 16 minutes with the
-    # memory settling before each run (settle_memory). Five, not
-    # three: on this VM one run's rate can halve when its pages are memory the hypervisor has to back
-    # first (copyless, 10 KB produce: 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled memory; Kafka's moved
-    # between 0.2 and 0.75 GB/s), and a median of five shrugs off two such runs.
+    # here (70 MB/s at 100 B, 300-1400 MB/s above), so a scheduler hiccup is a small share of each; a
+    # round of confluent-kafka and copyless clients on two brokers takes about 4 minutes with the memory
+    # settling before each run (settle_memory). At least five rounds (ROUNDS): on this VM one run's rate
+    # can halve when its pages are memory the hypervisor has to back first (copyless, 10 KB produce:
+    # 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled memory; Kafka's moved between 0.2 and 0.75 GB/s), and a
+    # median of five shrugs off two such runs.
     target_budget = bench.pick(full=1536 << 20, quick=24 << 20, tiny=1 << 20)
     target_cap = bench.pick(full=3_000_000, quick=100_000, tiny=2_000)
     # The consumer then reads the topic from offset 0 again until it has read for this long: one pass of
@@ -1248,16 +1262,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _natural_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{value} < 0")
+    return value
+
+
 class Campaign:
     """One run's measurements: the planned workloads, the brokers measured (in order) and, per broker, the
     targets topics kept for the fetch-path section."""
 
     def __init__(self, bench: Benchmark, ctx, plans: dict[str, list[Workload]], rounds: int,
-                 sendfile_plan: list[Workload]) -> None:
+                 sendfile_plan: list[Workload], warmup_rounds: int = 0) -> None:
         self.bench = bench
         self.ctx = ctx
         self.plans = plans
         self.rounds = rounds
+        self.warmup_rounds = warmup_rounds
         self.sendfile_plan = sendfile_plan  # the targets workloads whose topics the fetch path reads again
         self.brokers_run: list[str] = []
         self.kept: dict[str, list[Workload]] = {}
@@ -1267,7 +1289,8 @@ class Campaign:
         self._undeletable: set[str] = set()
 
     def workload_count(self, sections: list[str], brokers: int, fetch_brokers: int) -> int:
-        targets = self.rounds * len(self.plans["targets"]) if "targets" in sections else 0
+        targets = (self.rounds * len(self.plans["targets"]) + self.warmup_rounds * len(self._warmup_plan())
+                   if "targets" in sections else 0)
         others = sum(len(self.plans.get(s, [])) for s in _other_sections(sections))
         fetch = len(self.sendfile_plan) * len(FETCH_CLIENTS) if "sendfile" in sections else 0
         return (targets + others) * brokers + fetch * fetch_brokers
@@ -1280,7 +1303,8 @@ class Campaign:
                  round_number: int | None = None) -> tuple[Workload, dict[str, Any]]:
         """Run ``work`` on a fresh topic and record its row; returns it with that topic, and its figures."""
         work = replace(work, topic=_topic(handle.name, work))
-        where = f" (round {round_number}/{self.rounds})" if round_number else ""
+        of = self.warmup_rounds if work.section == "targets-warmup" else self.rounds
+        where = f" (round {round_number}/{of})" if round_number else ""
         self.bar.describe(f"{handle.name}: {work.section} {work.label}{where}")
         # The previous run's 1.5 GiB written back now, not in this run's window, and its freed pages handed
         # back to the hypervisor, whichever broker runs next.
@@ -1300,20 +1324,32 @@ class Campaign:
         """Every round runs each targets workload on every broker back to back, the first broker alternating
         by round: the runs a per-round ratio compares are seconds apart, whatever the machine does later.
         The first broker of a round reads for the workload's time; the others then read exactly as many
-        passes (``_same_passes``)."""
+        passes (``_same_passes``). The rounds are preceded by ``warmup_rounds`` of the same workloads, kept
+        as ``targets-warmup`` rows and left out of the targets table."""
         for handle in handles:
             self._enter(handle)
+        warmup = self._warmup_plan()
+        for number in range(1, self.warmup_rounds + 1):
+            self._round(handles, warmup, number, keep=False)
         for number in range(1, self.rounds + 1):
-            order = handles if number % 2 else handles[::-1]
-            for work in self.plans["targets"]:
-                passes = None
-                for handle in order:
-                    measured, figures = self._measure(handle, _same_passes(work, passes), number)
-                    passes = passes or figures.get("consume_passes")
-                    if keep_for_fetch and number == self.rounds and work in self.sendfile_plan:
-                        self.kept.setdefault(handle.name, []).append(replace(work, topic=measured.topic))
-                    else:
-                        self._drop(handle, measured)
+            self._round(handles, self.plans["targets"], number, keep=keep_for_fetch and number == self.rounds)
+
+    def _warmup_plan(self) -> list[Workload]:
+        # The brokers warm up, not the clients (each run spawns its own): confluent-kafka's workloads suffice.
+        return [replace(work, section="targets-warmup") for work in self.plans["targets"]
+                if work.client == "confluent-kafka"]
+
+    def _round(self, handles: list[BrokerHandle], plan: list[Workload], number: int, keep: bool) -> None:
+        order = handles if number % 2 else handles[::-1]
+        for work in plan:
+            passes = None
+            for handle in order:
+                measured, figures = self._measure(handle, _same_passes(work, passes), number)
+                passes = passes or figures.get("consume_passes")
+                if keep and work in self.sendfile_plan:
+                    self.kept.setdefault(handle.name, []).append(replace(work, topic=measured.topic))
+                else:
+                    self._drop(handle, measured)
 
     def _drop(self, handle: BrokerHandle, work: Workload) -> None:
         # copyless preallocates whole segments: without this, rounds of topics would hold tens of GB, and
@@ -1491,13 +1527,17 @@ def main(argv=None) -> dict[str, Any]:
                             help="subset of targets,sendfile,matrix,latency")
         parser.add_argument("--rounds", type=_positive_int, default=None,
                             help="rounds of the targets section, each running every workload on every broker "
-                                 "(default 5; 1 with --quick)")
+                                 "(default 9; 1 with --quick)")
+        parser.add_argument("--warmup-rounds", type=_natural_int, default=None,
+                            help="unmeasured rounds of the confluent-kafka targets workloads first "
+                                 "(default 3; 1 with --quick)")
 
     bench = Benchmark("throughput", "end to end: Kafka clients against copyless and Apache Kafka "
                       "(throughput, latency at a fixed rate)", argv, arguments=arguments)
     args = bench.args
     sections = [s for s in args.sections.split(",") if s]
-    rounds = args.rounds or bench.pick(full=5, quick=1, tiny=1)
+    rounds = args.rounds or bench.pick(full=ROUNDS, quick=1, tiny=1)
+    warmup_rounds = args.warmup_rounds if args.warmup_rounds is not None else bench.pick(full=WARMUP_ROUNDS, quick=1)
     if args.clients == "auto":
         clients = ["confluent-kafka"] + (["copyless"] if _copyless_client_available() else [])
         if "copyless" not in clients:
@@ -1509,9 +1549,10 @@ def main(argv=None) -> dict[str, Any]:
                    "workload uses confluent-kafka; consumers use assign() from offset 0, no group")
     plans = plan(bench, clients)
     if "targets" in sections:
-        bench.note(f"targets: {rounds} round(s); each runs every workload on each broker back to back on a fresh "
-                   "topic, the first broker alternating by round; tables give the median over rounds, the ratio "
-                   "of the medians and the ratio within each round")
+        bench.note(f"targets: {rounds} round(s) after {warmup_rounds} unmeasured warm-up round(s); each runs "
+                   "every workload on each broker back to back on a fresh topic, the first broker alternating by "
+                   "round; tables give the median over rounds, the ratio of the medians, the ratio within each "
+                   "round, and the median of those with its sign-test interval")
     bench.note("latency percentiles are measured from each record's scheduled send time and exclude the first "
                "20% of each run (at most 2 s) as warm-up; consume MB/s runs from the fetch that returned the "
                "first record to the last record, less the restarts between passes (from the seek to offset 0 "
@@ -1531,7 +1572,7 @@ def main(argv=None) -> dict[str, Any]:
     ctx.set_forkserver_preload(["confluent_kafka"])
     sendfile_plan = [w for w in plans["targets"] if w.client == "confluent-kafka"
                      and (not bench.quick or bench.tiny or w.record_bytes == 10_000)]
-    campaign = Campaign(bench, ctx, plans, rounds, sendfile_plan)
+    campaign = Campaign(bench, ctx, plans, rounds, sendfile_plan, warmup_rounds if "targets" in sections else 0)
     with bench.scratch_dir() as scratch:
         if args.bootstrap:
             kafka_state = "not used"
@@ -1563,14 +1604,27 @@ def _target_runs(rows: list[dict[str, Any]], broker: str, client: str, record_by
             and r["client"] == client and r["record_bytes"] == record_bytes}
 
 
-def _round_ratios(ours: dict[int, dict], kafka: dict[int, dict], key: str) -> list[float] | None:
-    """ours / Kafka within each round (rounded for the tables): the spread the medians summarise."""
+def _paired_ratios(ours: dict[int, dict], kafka: dict[int, dict], key: str) -> list[float]:
+    """ours / Kafka within each round, in round order: each compares two runs seconds apart."""
     ratios = [_ratio(ours[n][key], kafka[n][key]) for n in sorted(ours) if n in kafka]
-    return [round(r, 3) for r in ratios if r is not None] or None
+    return [r for r in ratios if r is not None]
+
+
+def _ratio_verdict(ratios: list[float]) -> dict[str, Any]:
+    """The per-round ratios' median with its sign-test interval (``median_interval``), and where that interval
+    lies: ``above`` 1 (copyless measurably faster), ``below`` (measurably slower) or ``level`` (this run cannot
+    tell the two apart). The ratio of two medians can land either side of 1.0 from run to run when the
+    brokers are level; the interval says whether a run could tell."""
+    interval = median_interval(ratios)
+    if interval is None:
+        return {"paired": _median(ratios), "interval": None, "verdict": None}
+    return {"paired": interval.median, "interval": [round(interval.low, 3), round(interval.high, 3)],
+            "verdict": f"{interval.verdict()} ({interval.confidence:.0%})"}
 
 
 def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_bytes: int) -> dict[str, Any]:
-    """The targets table's line for one workload: medians over rounds, their ratio, the per-round ratios."""
+    """The targets table's line for one workload: medians over rounds, their ratio, the per-round ratios and
+    their median with its interval."""
     mine = _target_runs(rows, ours, client, record_bytes)
     kafka = _target_runs(rows, "kafka", client, record_bytes)
     entry: dict[str, Any] = {"client": client, "record_bytes": record_bytes, "rounds": len(mine)}
@@ -1578,8 +1632,10 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
         key = f"{what}_mb_per_s"
         median, kafka_median = _median(r[key] for r in mine.values()), _median(r[key] for r in kafka.values())
         entry.update({f"copyless_{what}_mb_s": median, f"kafka_{what}_mb_s": kafka_median,
-                      f"{what}_ratio": _ratio(median, kafka_median),
-                      f"{what}_ratio_by_round": _round_ratios(mine, kafka, key)})
+                      f"{what}_ratio": _ratio(median, kafka_median)})
+        ratios = _paired_ratios(mine, kafka, key)
+        entry[f"{what}_ratio_by_round"] = [round(r, 3) for r in ratios] or None
+        entry.update({f"{what}_{name}": value for name, value in _ratio_verdict(ratios).items()})
     # How busy the consumer's own Python thread was (CPU seconds over wall seconds) and how long it waited for
     # records (share of the window), medians over rounds: busy near 1.0 and waited near 0 on both brokers
     # mean the client, not the broker, set the consume rate.
@@ -1607,10 +1663,27 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
     if target_rows:
         bench.table(f"Issue-3 targets: copyless >= Kafka, acks=1, one partition (MB/s, median of {rounds} "
                     "round(s); ratio = copyless / Kafka of the medians; by round = copyless / Kafka within each "
-                    "round; consumer_thread_busy = the consumer's Python thread's CPU seconds per wall "
-                    "second, median: near 1.0 the client set the consume rate; consumer_waited = the share of "
+                    "round; paired = the median of those, interval = its sign-test confidence interval, "
+                    "verdict = where the interval lies against 1.0 (above, below, or level: this run cannot tell "
+                    "the brokers apart) and its exact coverage; consumer_thread_busy = the consumer's Python "
+                    "thread's CPU seconds per wall second, median: near 1.0 the client set the consume rate; "
+                    "consumer_waited = the share of "
                     "that window the client spent waiting for records, median; README = Kafka figures noted "
                     "earlier on this machine, confluent-kafka)", target_rows)
+
+    warmup_rows = []
+    for broker in brokers_run:
+        for record_bytes in dict.fromkeys(r["record_bytes"] for r in rows if r["section"] == "targets-warmup"):
+            runs = sorted((r for r in rows if r["section"] == "targets-warmup" and r["broker"] == broker
+                           and r["record_bytes"] == record_bytes), key=lambda r: r["round"])
+            if runs:
+                warmup_rows.append({"broker": broker, "record_bytes": record_bytes,
+                                    **{f"{what}_mb_s_by_round": [round(r[f"{what}_mb_per_s"]) for r in runs]
+                                       for what in ("produce", "consume")}})
+    if warmup_rows:
+        bench.table("Targets warm-up: the unmeasured rounds before the targets rounds (MB/s per round, "
+                    "confluent-kafka): a broker still speeding up here would have been measured warming up",
+                    warmup_rows)
 
     sendfile_rows = []
     for client in FETCH_CLIENTS:
@@ -1670,10 +1743,13 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
             for r in latency_rows])
 
     ratios: dict[str, Any] = {}
+    verdicts: dict[str, str] = {}
     for t in target_rows:
         if t["client"] == "confluent-kafka" and t["produce_ratio"] is not None:
-            ratios[f"produce_vs_kafka_{t['record_bytes']}B"] = t["produce_ratio"]
-            ratios[f"consume_vs_kafka_{t['record_bytes']}B"] = t["consume_ratio"]
+            for what in ("produce", "consume"):
+                ratios[f"{what}_vs_kafka_{t['record_bytes']}B"] = t[f"{what}_ratio"]
+                if t[f"{what}_verdict"]:
+                    verdicts[f"{what}_vs_kafka_{t['record_bytes']}B"] = t[f"{what}_verdict"]
     for t in sendfile_rows:
         if t["ratio"] is not None:
             ratios[f"sendfile_vs_copy_{t['client']}_{t['record_bytes']}B"] = t["ratio"]
@@ -1744,7 +1820,8 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
 
     return bench.finish(
         ratios=ratios, chart=chart,
-        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients, "rounds": rounds},
+        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients, "rounds": rounds,
+               "verdicts": verdicts},
         columns=["section", "broker", "client", "workload", "round", "record_bytes", "acks", "partitions", "producers",
                  "consumers", "records", "produce_mb_per_s", "consume_mb_per_s", "produce_p99_ms", "e2e_p99_ms"])
 

@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import random
 import statistics
 import threading
 import time
@@ -14,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks._harness import (TINY_ENV, Benchmark, Progress, cpu_seconds, format_table, format_value,
-                                 machine_description, percentile)
+from benchmarks._harness import (TINY_ENV, Benchmark, MedianInterval, Progress, cpu_seconds, format_table,
+                                 format_value, machine_description, median_interval, percentile)
 
 
 @pytest.fixture
@@ -165,6 +166,65 @@ def test_percentile_is_bounded_monotonic_and_matches_the_median(values, q):
     assert math.isclose(percentile(values, 50), statistics.median(values), rel_tol=1e-9, abs_tol=1e-6)
     if q < 100:
         assert percentile(values, q) <= percentile(values, min(100.0, q + 1)) + 1e-6
+
+
+def _below_rank(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) < k), summed independently of the implementation's running tail."""
+    return sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e3, allow_nan=False), min_size=1, max_size=60),
+       st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_median_interval_is_the_widest_rank_pair_that_reaches_the_confidence(values, confidence):
+    interval = median_interval(values, confidence)
+    ordered = sorted(values)
+    n = len(ordered)
+    reachable = [k for k in range(1, (n + 1) // 2 + 1) if 1 - 2 * _below_rank(n, k) >= confidence]
+    if not reachable:
+        assert interval is None
+        return
+    k = max(reachable)  # the narrowest interval that still covers: its ends are the k-th values from each end
+    assert interval.low == ordered[k - 1] and interval.high == ordered[n - k]
+    assert interval.low <= interval.median <= interval.high
+    assert interval.median == statistics.median(ordered)
+    assert math.isclose(interval.confidence, 1 - 2 * _below_rank(n, k)) and interval.confidence >= confidence
+    scaled = median_interval([v * 3.5 for v in values], confidence)
+    assert math.isclose(scaled.low, 3.5 * interval.low) and math.isclose(scaled.high, 3.5 * interval.high)
+
+
+def test_median_interval_needs_five_values_at_ninety_percent():
+    assert median_interval([1.0, 2.0, 3.0, 4.0]) is None
+    five = median_interval([5.0, 1.0, 4.0, 2.0, 3.0])
+    assert (five.low, five.median, five.high, five.confidence) == (1.0, 3.0, 5.0, 1 - 2 / 32)
+    fifteen = median_interval([float(v) for v in range(15)])
+    assert (fifteen.low, fifteen.high) == (3.0, 11.0) and math.isclose(fifteen.confidence, 1 - 2 * 576 / 2 ** 15)
+    with pytest.raises(ValueError):
+        median_interval([1.0] * 10, confidence=1.0)
+
+
+@pytest.mark.parametrize("draw", [lambda r: math.exp(r.gauss(0.0, 0.15)),       # median 1.0
+                                  lambda r: r.expovariate(1.0) / math.log(2),   # skewed, median 1.0
+                                  lambda r: 1.0 + r.paretovariate(1.5) - 2 ** (1 / 1.5)])  # long tail, median 1.0
+def test_median_interval_covers_the_true_median_as_often_as_it_says(draw):
+    """Drawn 4,000 times, 15 values each, from distributions whose median is 1.0: the interval holds 1.0 in
+    96.5% of draws, its stated coverage, whatever the shape (the sign test assumes none)."""
+    rng = random.Random(20261123)
+    trials, covered, stated = 4000, 0, None
+    for _ in range(trials):
+        interval = median_interval([draw(rng) for _ in range(15)])
+        stated = interval.confidence
+        covered += interval.low <= 1.0 <= interval.high
+    # The binomial spread of 4,000 trials at 0.965 is 0.003: 0.015 is five of them.
+    assert abs(covered / trials - stated) < 0.015, (covered / trials, stated)
+
+
+def test_median_interval_verdicts():
+    assert MedianInterval(1.2, 1.05, 1.3, 0.96).verdict() == "above"
+    assert MedianInterval(0.9, 0.8, 0.97, 0.96).verdict() == "below"
+    assert MedianInterval(1.02, 0.95, 1.1, 0.96).verdict() == "level"
+    assert MedianInterval(1.0, 1.0, 1.1, 0.96).verdict() == "level"  # an end on the line cannot tell
+    assert MedianInterval(2.0, 1.6, 2.2, 0.96).verdict(level=1.5) == "above"
 
 
 def test_percentile_rejects_nonsense():

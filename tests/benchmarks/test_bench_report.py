@@ -59,3 +59,17 @@ def test_report_no_run_keeps_existing_results_and_flags_unknown_names(tmp_path):
     assert "- kept" in text
     bad = _run_report(tmp_path, "--no-run", "--only", "no_such_benchmark", "--out", str(out))
     assert bad.returncode != 0 and "unknown benchmarks" in bad.stderr
+
+
+def test_the_throughput_headline_gives_each_ratio_with_its_verdict():
+    from benchmarks.report import _headline_throughput
+
+    figures = (("produce", (0.96, 1.16, 1.32)), ("consume", (0.97, 1.0, 1.16)))
+    ratios = {f"{w}_vs_kafka_{s}B": r for w, row in figures for s, r in zip((100, 1000, 10000), row)}
+    verdicts = {"produce_vs_kafka_100B": "level (96%)", "produce_vs_kafka_1000B": "above (96%)",
+                "consume_vs_kafka_10000B": "below (96%)"}
+    line = _headline_throughput({"ratios": ratios, "verdicts": verdicts, "kafka": "Apache Kafka"})
+    assert "produce x0.96 (level)/1.16 (above)/1.32," in line, line
+    assert "consume x0.97/1.00/1.16 (below)" in line, line
+    # A document from before verdicts existed still reads.
+    assert "produce x0.96/1.16/1.32" in _headline_throughput({"ratios": ratios, "kafka": "k"})

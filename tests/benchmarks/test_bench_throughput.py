@@ -35,13 +35,13 @@ def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.throughput", "--quick", "--out", str(out), "--bootstrap",
          broker.bootstrap, "--label", "under-test", "--sections", "targets,latency,sendfile",
-         "--clients", "confluent-kafka"],
+         "--clients", "confluent-kafka", "--warmup-rounds", "0"],
         cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     document = json.loads((out / "throughput.json").read_text())
     assert document["brokers"] == ["under-test"]
     assert {r["broker"] for r in document["rows"]} == {"under-test"}
-    assert {r["section"] for r in document["rows"]} == {"targets", "latency"}
+    assert {r["section"] for r in document["rows"]} == {"targets", "latency"}  # --warmup-rounds 0: none
     assert {r["client"] for r in document["rows"]} == {"confluent-kafka"}
     assert any("sendfile section skipped" in n for n in document["notes"])
     # The consumer's own thread is timed over its consume window: a share of one core, never more.
@@ -220,3 +220,34 @@ def test_a_consumer_waits_only_when_a_call_comes_back_short_mid_pass():
     reading.received()
     reading.count_wait(10, 0, 0.125)
     assert result.waited_s == 0.375
+
+
+def _targets_rows(broker: str, produce: list[float], consume: list[float]) -> list[dict]:
+    return [{"section": "targets", "broker": broker, "client": "confluent-kafka", "record_bytes": 100,
+             "round": number, "produce_mb_per_s": p, "consume_mb_per_s": c}
+            for number, (p, c) in enumerate(zip(produce, consume), start=1)]
+
+
+def test_the_targets_line_says_whether_a_run_could_tell_the_brokers_apart():
+    """Per-round ratios decide the verdict, not the ratio of the medians: copyless 20% ahead in every round is
+    ``above``; rounds that fall either side of 1.0 are ``level`` even where the medians' ratio is above 1."""
+    from benchmarks.throughput import _target_entry
+
+    kafka = [100.0 + 10 * (n % 3) for n in range(15)]
+    ahead = _targets_rows("copyless", [1.2 * k for k in kafka], [0.8 * k for k in kafka])
+    entry = _target_entry(ahead + _targets_rows("kafka", kafka, kafka), "copyless", "confluent-kafka", 100)
+    assert entry["produce_verdict"] == "above (96%)" and entry["produce_interval"] == [1.2, 1.2]
+    assert entry["consume_verdict"] == "below (96%)" and entry["consume_paired"] == pytest.approx(0.8)
+
+    # Alternating rounds 0.9x and 1.15x: the medians' ratio says 1.0-and-more, the paired interval cannot tell.
+    mixed = [k * (0.9 if n % 2 else 1.15) for n, k in enumerate(kafka)]
+    entry = _target_entry(_targets_rows("copyless", mixed, mixed) + _targets_rows("kafka", kafka, kafka),
+                          "copyless", "confluent-kafka", 100)
+    assert entry["produce_verdict"] == "level (96%)" and entry["produce_interval"] == [0.9, 1.15]
+    assert entry["produce_ratio"] > 1.0 and entry["target_met"]
+
+    # One round (the suite's tiny runs) gives no interval rather than a made-up one.
+    one = _target_entry(_targets_rows("copyless", [90.0], [90.0]) + _targets_rows("kafka", [100.0], [100.0]),
+                        "copyless", "confluent-kafka", 100)
+    assert one["produce_interval"] is None and one["produce_verdict"] is None
+    assert one["produce_paired"] == pytest.approx(0.9)
