@@ -119,17 +119,23 @@ def _headline_throughput(d: dict) -> str:
     ratios = d.get("ratios", {})
     sizes = (100, 1000, 10000)
     parts = []
-    verdicts = d.get("verdicts", {})
+    # The targets table's confluent-kafka lines: where they carry a verdict, the headline gives the per-round
+    # ratios' median, its interval and the verdict, the same figures the README leads with; otherwise (runs
+    # of one round, results from before verdicts) the ratio of the medians.
+    targets = next((t["rows"] for t in d.get("tables", []) if t["title"].startswith("Issue-3 targets")), [])
+    lines = {line["record_bytes"]: line for line in targets if line.get("client") == "confluent-kafka"}
 
-    def cells(what: str) -> str:
-        # "x0.96 (level)": the ratio of the medians, and whether the per-round ratios told the brokers apart
-        return "/".join(_fmt(ratios.get(f"{what}_vs_kafka_{s}B"))
-                        + (f" ({verdicts[f'{what}_vs_kafka_{s}B'].split()[0]})"
-                           if f"{what}_vs_kafka_{s}B" in verdicts else "") for s in sizes)
+    def cell(what: str, size: int) -> str:
+        line = lines.get(size, {})
+        if line.get(f"{what}_verdict"):
+            low, high = line[f"{what}_interval"]
+            return (f"{_fmt(line[f'{what}_paired'])} [{_fmt(low)}, {_fmt(high)}] "
+                    f"{line[f'{what}_verdict'].split()[0]}")
+        return f"x{_fmt(ratios.get(f'{what}_vs_kafka_{size}B'))}"
 
     if any(f"produce_vs_kafka_{s}B" in ratios for s in sizes):
-        parts.append(f"copyless / Kafka at 100 B/1 KB/10 KB: produce x{cells('produce')}, "
-                     f"consume x{cells('consume')}")
+        parts.append("copyless / Kafka at 100 B/1 KB/10 KB: " + ", ".join(
+            f"{what} " + " / ".join(cell(what, s) for s in sizes) for what in ("produce", "consume")))
     fetch = [(k, v) for k, v in ratios.items() if k.startswith("sendfile_vs_copy_raw-fetch_")]
     if fetch:
         parts.append("fetch path sendfile / copy (raw fetch): " + ", ".join(

@@ -1155,10 +1155,10 @@ def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
     # Per run of a targets workload (every round, every broker): produce windows of 3-6 s at the rates seen
     # here (70 MB/s at 100 B, 300-1400 MB/s above), so a scheduler hiccup is a small share of each; a
     # round of confluent-kafka and copyless clients on two brokers takes about 4 minutes with the memory
-    # settling before each run (settle_memory). At least five rounds (ROUNDS): on this VM one run's rate
-    # can halve when its pages are memory the hypervisor has to back first (copyless, 10 KB produce:
-    # 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled memory; Kafka's moved between 0.2 and 0.75 GB/s), and a
-    # median of five shrugs off two such runs.
+    # settling before each run (settle_memory). A full run wants five rounds at least, and takes nine
+    # (ROUNDS, for the verdict's interval): on this VM one run's rate can halve when its pages are memory the
+    # hypervisor has to back first (copyless, 10 KB produce: 0.4-0.6 GB/s then, 0.9-1.4 GB/s on recycled
+    # memory; Kafka's moved between 0.2 and 0.75 GB/s), and a median of five shrugs off two such runs.
     target_budget = bench.pick(full=1536 << 20, quick=24 << 20, tiny=1 << 20)
     target_cap = bench.pick(full=3_000_000, quick=100_000, tiny=2_000)
     # The consumer then reads the topic from offset 0 again until it has read for this long: one pass of
@@ -1743,13 +1743,10 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
             for r in latency_rows])
 
     ratios: dict[str, Any] = {}
-    verdicts: dict[str, str] = {}
     for t in target_rows:
         if t["client"] == "confluent-kafka" and t["produce_ratio"] is not None:
             for what in ("produce", "consume"):
                 ratios[f"{what}_vs_kafka_{t['record_bytes']}B"] = t[f"{what}_ratio"]
-                if t[f"{what}_verdict"]:
-                    verdicts[f"{what}_vs_kafka_{t['record_bytes']}B"] = t[f"{what}_verdict"]
     for t in sendfile_rows:
         if t["ratio"] is not None:
             ratios[f"sendfile_vs_copy_{t['client']}_{t['record_bytes']}B"] = t["ratio"]
@@ -1820,8 +1817,7 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
 
     return bench.finish(
         ratios=ratios, chart=chart,
-        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients, "rounds": rounds,
-               "verdicts": verdicts},
+        extra={"brokers": brokers_run, "kafka": kafka_state, "clients": clients, "rounds": rounds},
         columns=["section", "broker", "client", "workload", "round", "record_bytes", "acks", "partitions", "producers",
                  "consumers", "records", "produce_mb_per_s", "consume_mb_per_s", "produce_p99_ms", "e2e_p99_ms"])
 

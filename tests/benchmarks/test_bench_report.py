@@ -61,15 +61,23 @@ def test_report_no_run_keeps_existing_results_and_flags_unknown_names(tmp_path):
     assert bad.returncode != 0 and "unknown benchmarks" in bad.stderr
 
 
-def test_the_throughput_headline_gives_each_ratio_with_its_verdict():
+def test_the_throughput_headline_gives_each_verdict_with_its_interval():
+    """Where the targets table has a verdict, the headline gives the per-round median, its interval and the
+    verdict (the README's figures); where it has none (one round, or older results), the ratio of medians."""
     from benchmarks.report import _headline_throughput
 
-    figures = (("produce", (0.96, 1.16, 1.32)), ("consume", (0.97, 1.0, 1.16)))
+    figures = (("produce", (0.92, 1.11, 1.16)), ("consume", (1.03, 1.28, 1.05)))
     ratios = {f"{w}_vs_kafka_{s}B": r for w, row in figures for s, r in zip((100, 1000, 10000), row)}
-    verdicts = {"produce_vs_kafka_100B": "level (96%)", "produce_vs_kafka_1000B": "above (96%)",
-                "consume_vs_kafka_10000B": "below (96%)"}
-    line = _headline_throughput({"ratios": ratios, "verdicts": verdicts, "kafka": "Apache Kafka"})
-    assert "produce x0.96 (level)/1.16 (above)/1.32," in line, line
-    assert "consume x0.97/1.00/1.16 (below)" in line, line
-    # A document from before verdicts existed still reads.
-    assert "produce x0.96/1.16/1.32" in _headline_throughput({"ratios": ratios, "kafka": "k"})
+    lines = [{"client": "confluent-kafka", "record_bytes": 100, "produce_paired": 0.961,
+              "produce_interval": [0.845, 0.983], "produce_verdict": "below (96%)", "consume_paired": 0.914,
+              "consume_interval": [0.822, 1.034], "consume_verdict": "level (96%)"},
+             {"client": "confluent-kafka", "record_bytes": 1000, "produce_verdict": None, "consume_verdict": None},
+             {"client": "copyless", "record_bytes": 10000, "produce_paired": 0.5, "produce_interval": [0.4, 0.6],
+              "produce_verdict": "below (96%)"}]
+    document = {"ratios": ratios, "kafka": "Apache Kafka",
+                "tables": [{"title": "Issue-3 targets: ...", "rows": lines}]}
+    line = _headline_throughput(document)
+    assert "produce 0.961 [0.845, 0.983] below / x1.11 / x1.16," in line, line
+    assert "consume 0.914 [0.822, 1.03] level / x1.28 / x1.05" in line, line
+    # Results without a targets table still read, as ratios of the medians.
+    assert "produce x0.92 / x1.11 / x1.16" in _headline_throughput({"ratios": ratios, "kafka": "k"})
