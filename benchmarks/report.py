@@ -136,10 +136,22 @@ def _headline_throughput(d: dict) -> str:
     if any(f"produce_vs_kafka_{s}B" in ratios for s in sizes):
         parts.append("copyless / Kafka at 100 B/1 KB/10 KB: " + ", ".join(
             f"{what} " + " / ".join(cell(what, s) for s in sizes) for what in ("produce", "consume")))
+    # The fetch path likewise: the per-round sendfile / copy median, interval and verdict against 1.5 where
+    # its table has them (runs of five rounds or more), else the ratio of the medians.
+    fetch_table = next((t["rows"] for t in d.get("tables", []) if t["title"].startswith("Fetch path")), [])
+    fetch_lines = {f"{line['record_bytes']}B": line for line in fetch_table if line.get("client") == "raw-fetch"}
+
+    def fetch_cell(size: str, ratio: float) -> str:
+        line = fetch_lines.get(size, {})
+        if line.get("verdict"):
+            low, high = line["interval"]
+            return f"{size} {_fmt(line['paired'])} [{_fmt(low)}, {_fmt(high)}] {line['verdict'].split()[0]} 1.5"
+        return f"{size} x{_fmt(ratio)}"
+
     fetch = [(k, v) for k, v in ratios.items() if k.startswith("sendfile_vs_copy_raw-fetch_")]
     if fetch:
         parts.append("fetch path sendfile / copy (raw fetch): " + ", ".join(
-            f"{k.rsplit('_', 1)[1]} x{_fmt(v)}" for k, v in fetch))
+            fetch_cell(k.rsplit('_', 1)[1], v) for k, v in fetch))
     return "; ".join(parts or ["see tables"]) + f" (Kafka: {d.get('kafka', '?')})"
 
 

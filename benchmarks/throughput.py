@@ -23,12 +23,16 @@ each broker first gets one unmeasured warm-up workload — JIT, page cache, conn
   topic handed back to the hypervisor, so no broker writes into pages its predecessor just freed, which
   cost a tenth as much to touch as fresh ones (``settle_memory``). Kafka is set to unlink deleted topics
   at once, as copyless does, instead of 60 s later in some other broker's run.
-- ``sendfile``: the same topics read again from copyless serving fetches with ``os.sendfile``, then from
-  the same data dir restarted with ``--no-sendfile`` (record bytes copied through Python), and from Kafka,
-  by two consumers: ``raw-fetch`` (a Fetch v4 loop that reads batch headers and drops the record bytes in
-  the kernel with MSG_TRUNC, so it copies nothing: the broker's serving rate) and confluent-kafka (every
-  record handed to Python). Each topic is first read once, unmeasured, back into the page cache: the VM
-  may have paged it out while it sat idle (``_proactive_reclaim``).
+- ``sendfile``: the same topics read again from Kafka, and from two copyless brokers up at once on two
+  copies of copyless's data dir: one serving fetches with ``os.sendfile``, one with ``--no-sendfile``
+  (record bytes copied through Python). Two consumers: ``raw-fetch`` (a Fetch v4 loop that reads batch
+  headers and drops the record bytes in the kernel with MSG_TRUNC, so it copies nothing: the broker's
+  serving rate) and confluent-kafka (every record handed to Python). On the copyless pair the raw loop
+  runs ``--fetch-rounds`` rounds (5; 1 with ``--quick``), both brokers back to back in each, the first
+  alternating, for a per-round sendfile / copy ratio with its interval and a verdict against the 1.5x
+  target; confluent-kafka and Kafka run once. Each topic is first read once, unmeasured, back into the
+  page cache: the VM may have paged it out while it sat idle (``_proactive_reclaim``), and the copyless
+  copies start evicted, each read back by its own broker.
 - ``matrix``: producers x consumers x record size x acks x partitions, one factor at a time around a base
   (1 producer, 1 consumer, 1 KB, acks=1, 1 partition); producers and consumers run concurrently, each in
   its own process.
@@ -37,13 +41,14 @@ each broker first gets one unmeasured warm-up workload — JIT, page cache, conn
   Latency is measured from each record's *scheduled* send time, so a stalled producer cannot hide queueing
   delay (no coordinated omission); the first 20% of each run (at most 2 s) is warm-up and not counted.
 
-Order: targets first; then matrix, latency and the fetch path on Kafka, which is then stopped; then the
-same on copyless; then copyless's data dir again with ``--no-sendfile``.
+Order: targets first; then matrix, latency and the fetch path on Kafka, which is then stopped; then matrix
+and latency on copyless, which is then stopped; then the fetch path on copyless's data dir restarted with
+sendfile and on a copy of it with ``--no-sendfile``.
 
 Brokers: ``--bootstrap HOST:PORT`` measures any Kafka-protocol broker already running (never stopped by
 this benchmark). Otherwise (compare mode) the benchmark starts ``copyless serve --data-dir D --listen
-127.0.0.1:0`` (reading the bound address from its startup line), later the same data dir with
-``--no-sendfile``, and, when ``../shared/anchors/kafka`` (or ``--kafka-home``) holds the reference Apache
+127.0.0.1:0`` (reading the bound address from its startup line), later the same data dir again and a
+copy of it with ``--no-sendfile``, and, when ``../shared/anchors/kafka`` (or ``--kafka-home``) holds the reference Apache
 Kafka, ``run-kafka.sh PORT DATA_DIR`` on a free port pair from 19292 up; every broker it started is
 stopped by pid, also when the run fails, is interrupted or terminated. Without Kafka it says so and still
 runs; tiny (test) runs never use it. Workers are separate processes forked from a clean forkserver, so
@@ -52,7 +57,8 @@ the GIL of one client never limits another.
 Rows: ``section, broker, client, workload, round, producers, consumers, record_bytes, acks, partitions,
 records, produce_mb_per_s, produce_records_per_s, consume_mb_per_s, consume_records_per_s`` and, for
 latency rows, ``offered_per_s, achieved_per_s, produce_p50_ms, produce_p99_ms, produce_p999_ms, e2e_p50_ms,
-e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets and targets-warmup rows;
+e2e_p99_ms, e2e_p999_ms``; ``round`` (from 1) only on targets and targets-warmup rows, and on the copyless pair's
+raw-fetch rows of the fetch path;
 ``consumer_thread_busy`` on consuming rows (CPU seconds of each consumer's Python thread over its consume
 window, mean over consumers);
 ``consumer_waited_share`` on confluent-kafka rows reading a log already written (the share of that window
@@ -115,6 +121,12 @@ ROUNDS = 9
 # 1.5 GB runs after the old 128 MB warm-up (1 KB produce: 265, 310, 375, 469 MB/s, then 437-579; 10 KB:
 # 288, 406, 453, 519, then 416-570), so those rounds measured its JIT, and copyless's early leads with them.
 WARMUP_ROUNDS = 3
+# Raw-fetch rounds of the fetch path, each a run of 5 s on the sendfile broker and on the --no-sendfile one:
+# five give the (min, max) interval at 94%, enough for ratios that sat between 1.4 and 2.3 from run to run
+# against a 1.5 target, and add about five minutes.
+FETCH_ROUNDS = 5
+# The fetch path's target: sendfile serves at least 1.5x what the same broker does copying through Python.
+FETCH_TARGET = 1.5
 
 
 @dataclass(frozen=True)
@@ -1274,12 +1286,13 @@ class Campaign:
     targets topics kept for the fetch-path section."""
 
     def __init__(self, bench: Benchmark, ctx, plans: dict[str, list[Workload]], rounds: int,
-                 sendfile_plan: list[Workload], warmup_rounds: int = 0) -> None:
+                 sendfile_plan: list[Workload], warmup_rounds: int = 0, fetch_rounds: int = 1) -> None:
         self.bench = bench
         self.ctx = ctx
         self.plans = plans
         self.rounds = rounds
         self.warmup_rounds = warmup_rounds
+        self.fetch_rounds = fetch_rounds  # raw-fetch rounds of the copyless pair (fetch_path_paired)
         self.sendfile_plan = sendfile_plan  # the targets workloads whose topics the fetch path reads again
         self.brokers_run: list[str] = []
         self.kept: dict[str, list[Workload]] = {}
@@ -1288,12 +1301,18 @@ class Campaign:
         self.bar = None  # the progress bar of the workloads being run
         self._undeletable: set[str] = set()
 
-    def workload_count(self, sections: list[str], brokers: int, fetch_brokers: int) -> int:
+    def workload_count(self, sections: list[str], brokers: int, paired: bool) -> int:
+        """Measured runs: every section on each of ``brokers``; the fetch path once per client on Kafka (one
+        of ``brokers`` other than copyless) and, on the copyless pair, confluent-kafka once and raw-fetch
+        ``fetch_rounds`` times on each (``paired``: the pair runs; without it, copyless alone, once each)."""
         targets = (self.rounds * len(self.plans["targets"]) + self.warmup_rounds * len(self._warmup_plan())
                    if "targets" in sections else 0)
         others = sum(len(self.plans.get(s, [])) for s in _other_sections(sections))
-        fetch = len(self.sendfile_plan) * len(FETCH_CLIENTS) if "sendfile" in sections else 0
-        return (targets + others) * brokers + fetch * fetch_brokers
+        fetch = 0
+        if "sendfile" in sections:
+            once = len(FETCH_CLIENTS)
+            fetch = once * (brokers - 1) + (2 * (once - 1 + self.fetch_rounds) if paired else once)
+        return (targets + others) * brokers + len(self.sendfile_plan) * fetch
 
     def _enter(self, handle: BrokerHandle) -> None:
         if handle.name not in self.brokers_run:
@@ -1382,38 +1401,81 @@ class Campaign:
         return self.kept[handle.name]
 
     def fetch_path(self, handle: BrokerHandle, topics: list[Workload]) -> None:
-        """Read ``topics`` again with each fetch client (the sendfile section)."""
+        """Read ``topics`` again with each fetch client, once each (the sendfile section, on Kafka)."""
         self._enter(handle)
         for work in topics:
-            # The kept topics sat idle through the matrix and latency runs, and this VM pages out memory it
-            # judges idle (DAMON's pageout scheme, up to 128 MiB/s; _proactive_reclaim, _disk_read_kib): in one
-            # full run the section read them from disk, copyless's raw fetch of 1 KB records at 294 MB/s
-            # against 3,648 in the run before, Kafka's 100 B at 778 against 3,482. One unmeasured raw pass
-            # reads the topic back into the page cache through the broker under test, every broker alike;
-            # the section is about serving from the page cache.
-            self.bar.describe(f"{handle.name}: fetch path {work.record_bytes} B, warming the page cache")
-            run_workload(self.ctx, handle.bootstrap, replace(
-                work, section="sendfile", consume_only=True, client="raw-fetch", read_passes=1,
-                read_seconds=0.0, label=f"{work.record_bytes} B warm-up"))
+            self._fetch_warm_up(handle, work)
             for client in FETCH_CLIENTS:
-                # The same reading time as the targets consumers; the raw loop reads a pass of 1.5 GiB in
-                # well under a second, so it may take more passes for it.
-                passes = 50 if client == "raw-fetch" and work.read_seconds else work.read_passes
-                consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
-                                  label=f"{work.record_bytes} B {client}")
-                consume = _same_passes(consume, self.fetch_passes.get((work.record_bytes, client)))
-                self.bar.describe(f"{handle.name}: fetch path {consume.label}")
-                self.bench.settle()
-                pid = handle.pid or (handle.process.pid if handle.process is not None else None)
-                before = cpu_seconds(pid) if pid else None
-                figures = run_workload(self.ctx, handle.bootstrap, consume, handle.serving_stats)
-                if before is not None:
-                    # What zero copy saves the sender: a receiver-bound loop can hide it in the MB/s.
-                    served_gb = figures["consumed"] * work.record_bytes / 1e9
-                    figures["broker_cpu_s_per_gb"] = (cpu_seconds(pid) - before) / served_gb
-                self.fetch_passes.setdefault((work.record_bytes, client), figures["consume_passes"])
-                _row(self.bench, handle.name, consume, figures)
-                self.bar.advance(1)
+                self._fetch_run(handle, work, client)
+
+    def fetch_path_paired(self, handles: list[BrokerHandle], topics: list[Workload]) -> None:
+        """The sendfile section on copyless: ``handles`` are two brokers up at once, with sendfile and with
+        ``--no-sendfile``, on two copies of one data dir. Per topic: each reads it once with confluent-kafka,
+        then ``fetch_rounds`` rounds of the raw Fetch loop on both back to back, the first alternating by
+        round, as the targets rounds do: a per-round ratio compares two runs seconds apart. One pair of runs
+        minutes apart measured the machine as much as the path: the same raw loop on the same broker read
+        4,900-5,500 MB/s in one run and 6,400-7,100 in the next, on a morning the copy path held at 2,800-3,500."""
+        for handle in handles:
+            self._enter(handle)
+        for work in topics:
+            for handle in handles:
+                self._fetch_warm_up(handle, work)
+            for client in FETCH_CLIENTS:
+                if client != "raw-fetch":
+                    for handle in handles:
+                        self._fetch_run(handle, work, client)
+            for number in range(1, self.fetch_rounds + 1):
+                for handle in (handles if number % 2 else handles[::-1]):
+                    self._fetch_run(handle, work, "raw-fetch", number)
+
+    def _fetch_warm_up(self, handle: BrokerHandle, work: Workload) -> None:
+        # The kept topics sat idle through the matrix and latency runs, and this VM pages out memory it
+        # judges idle (DAMON's pageout scheme, up to 128 MiB/s; _proactive_reclaim, _disk_read_kib): in one
+        # full run the section read them from disk, copyless's raw fetch of 1 KB records at 294 MB/s
+        # against 3,648 in the run before, Kafka's 100 B at 778 against 3,482. One unmeasured raw pass
+        # reads the topic back into the page cache through the broker under test, every broker alike;
+        # the section is about serving from the page cache.
+        self.bar.describe(f"{handle.name}: fetch path {work.record_bytes} B, warming the page cache")
+        run_workload(self.ctx, handle.bootstrap, replace(
+            work, section="sendfile", consume_only=True, client="raw-fetch", read_passes=1,
+            read_seconds=0.0, label=f"{work.record_bytes} B warm-up"))
+
+    def _fetch_run(self, handle: BrokerHandle, work: Workload, client: str,
+                   round_number: int | None = None) -> None:
+        # The same reading time as the targets consumers; the raw loop reads a pass of 1.5 GiB in
+        # well under a second, so it may take more passes for it.
+        passes = 50 if client == "raw-fetch" and work.read_seconds else work.read_passes
+        consume = replace(work, section="sendfile", consume_only=True, client=client, read_passes=passes,
+                          label=f"{work.record_bytes} B {client}")
+        consume = _same_passes(consume, self.fetch_passes.get((work.record_bytes, client)))
+        where = f" (round {round_number}/{self.fetch_rounds})" if round_number else ""
+        self.bar.describe(f"{handle.name}: fetch path {consume.label}{where}")
+        self.bench.settle()
+        pid = handle.pid or (handle.process.pid if handle.process is not None else None)
+        before = cpu_seconds(pid) if pid else None
+        figures = run_workload(self.ctx, handle.bootstrap, consume, handle.serving_stats)
+        if before is not None:
+            # What zero copy saves the sender: a receiver-bound loop can hide it in the MB/s.
+            served_gb = figures["consumed"] * work.record_bytes / 1e9
+            figures["broker_cpu_s_per_gb"] = (cpu_seconds(pid) - before) / served_gb
+        self.fetch_passes.setdefault((work.record_bytes, client), figures["consume_passes"])
+        _row(self.bench, handle.name, consume, figures, round_number)
+        self.bar.advance(1)
+
+
+def _evict_page_cache(*dirs: Path) -> None:
+    """Write back and drop the page cache of every file under ``dirs``: each copy of the fetch path's data is
+    then read back by its own broker's warm-up pass, through the same readahead, rather than one being the
+    pages the other broker wrote through mmap and the other the pages a file copy wrote."""
+    os.sync()
+    for root in dirs:
+        for path in root.rglob("*"):
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
 
 
 def _same_passes(work: Workload, passes: int | None) -> Workload:
@@ -1455,7 +1517,7 @@ def _reference_kafka(bench: Benchmark, args) -> tuple[bool, str]:
 
 def _measure_external(campaign: Campaign, handle: BrokerHandle, sections: list[str]) -> None:
     """``--bootstrap``: the targets rounds, then the other sections, on a broker this benchmark did not start."""
-    with campaign.bench.progress(campaign.workload_count(sections, 1, 0), "workloads") as bar:
+    with campaign.bench.progress(campaign.workload_count([s for s in sections if s != "sendfile"], 1, False), "workloads") as bar:
         campaign.bar = bar
         campaign.warm_up(handle)
         if "targets" in sections:
@@ -1473,7 +1535,7 @@ def _compare(campaign: Campaign, args, sections: list[str], scratch: Path) -> st
     use_kafka, kafka_state = _reference_kafka(bench, args)
     bench.note(f"reference Kafka: {kafka_state}")
     with_sendfile = "sendfile" in sections
-    total = campaign.workload_count(sections, 2 if use_kafka else 1, 3 if use_kafka else 2)
+    total = campaign.workload_count(sections, 2 if use_kafka else 1, paired=True)
     with bench.progress(total, "workloads") as bar, contextlib.ExitStack() as stack:
         campaign.bar = bar
         data_dir = scratch / "copyless-data"
@@ -1504,12 +1566,18 @@ def _compare(campaign: Campaign, args, sections: list[str], scratch: Path) -> st
         campaign.sections(copyless, _other_sections(sections))
         if with_sendfile:
             topics = campaign.fetch_topics(copyless)
-            campaign.fetch_path(copyless, topics)
-            copyless.stop()
-            # The same data dir, the same topics, fetches copied through Python instead.
-            no_sendfile = _started(stack, start_copyless, data_dir, scratch / "copyless-nosendfile.log",
+            copyless.stop()  # flushed, closed cleanly: its data dir can be copied
+            # The same topics on two brokers up at once: the data dir restarted with sendfile, and a copy
+            # of it with fetches copied through Python. Both processes start fresh, so neither carries the
+            # hour of workloads the other did not.
+            bar.describe("copying copyless's data dir for --no-sendfile")
+            copy_dir = scratch / "copyless-data-copy"
+            shutil.copytree(data_dir, copy_dir)
+            _evict_page_cache(data_dir, copy_dir)
+            with_sendfile_handle = _started(stack, start_copyless, data_dir, scratch / "copyless-fetch.log")
+            no_sendfile = _started(stack, start_copyless, copy_dir, scratch / "copyless-nosendfile.log",
                                    sendfile=False)
-            campaign.fetch_path(no_sendfile, topics)
+            campaign.fetch_path_paired([with_sendfile_handle, no_sendfile], topics)
     return kafka_state
 
 
@@ -1528,6 +1596,9 @@ def main(argv=None) -> dict[str, Any]:
         parser.add_argument("--rounds", type=_positive_int, default=None,
                             help="rounds of the targets section, each running every workload on every broker "
                                  "(default 9; 1 with --quick)")
+        parser.add_argument("--fetch-rounds", type=_positive_int, default=None,
+                            help="rounds of the fetch path's raw Fetch loop on the sendfile and --no-sendfile "
+                                 "brokers (default 5; 1 with --quick, 2 in tiny runs)")
         parser.add_argument("--warmup-rounds", type=_natural_int, default=None,
                             help="unmeasured rounds of the confluent-kafka targets workloads first "
                                  "(default 3; 1 with --quick)")
@@ -1538,6 +1609,8 @@ def main(argv=None) -> dict[str, Any]:
     sections = [s for s in args.sections.split(",") if s]
     rounds = args.rounds or bench.pick(full=ROUNDS, quick=1, tiny=1)
     warmup_rounds = args.warmup_rounds if args.warmup_rounds is not None else bench.pick(full=WARMUP_ROUNDS, quick=1)
+    # Tiny runs take two rounds: the suite then sees the order alternate.
+    fetch_rounds = args.fetch_rounds or bench.pick(full=FETCH_ROUNDS, quick=1, tiny=2)
     if args.clients == "auto":
         clients = ["confluent-kafka"] + (["copyless"] if _copyless_client_available() else [])
         if "copyless" not in clients:
@@ -1572,7 +1645,8 @@ def main(argv=None) -> dict[str, Any]:
     ctx.set_forkserver_preload(["confluent_kafka"])
     sendfile_plan = [w for w in plans["targets"] if w.client == "confluent-kafka"
                      and (not bench.quick or bench.tiny or w.record_bytes == 10_000)]
-    campaign = Campaign(bench, ctx, plans, rounds, sendfile_plan, warmup_rounds if "targets" in sections else 0)
+    campaign = Campaign(bench, ctx, plans, rounds, sendfile_plan, warmup_rounds if "targets" in sections else 0,
+                        fetch_rounds)
     with bench.scratch_dir() as scratch:
         if args.bootstrap:
             kafka_state = "not used"
@@ -1610,16 +1684,16 @@ def _paired_ratios(ours: dict[int, dict], kafka: dict[int, dict], key: str) -> l
     return [r for r in ratios if r is not None]
 
 
-def _ratio_verdict(ratios: list[float]) -> dict[str, Any]:
+def _ratio_verdict(ratios: list[float], level: float = 1.0) -> dict[str, Any]:
     """The per-round ratios' median with its sign-test interval (``median_interval``), and where that interval
-    lies: ``above`` 1 (copyless measurably faster), ``below`` (measurably slower) or ``level`` (this run cannot
-    tell the two apart). The ratio of two medians can land either side of 1.0 from run to run when the
+    lies: ``above`` ``level`` (1.0: copyless measurably faster than Kafka; for the fetch path, 1.5: sendfile
+    measurably over its target), ``below`` (measurably under) or ``level`` (this run cannot tell). The ratio of two medians can land either side of 1.0 from run to run when the
     brokers are level; the interval says whether a run could tell."""
     interval = median_interval(ratios)
     if interval is None:
         return {"paired": _median(ratios), "interval": None, "verdict": None}
     return {"paired": interval.median, "interval": [round(interval.low, 3), round(interval.high, 3)],
-            "verdict": f"{interval.verdict()} ({interval.confidence:.0%})"}
+            "verdict": f"{interval.verdict(level)} ({interval.confidence:.0%})"}
 
 
 def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_bytes: int) -> dict[str, Any]:
@@ -1648,6 +1722,41 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
                                   "kafka_consume_mb_s")]
     entry["target_met"] = (figures[0] >= figures[1] and figures[2] >= figures[3]) if None not in figures else None
     return entry
+
+
+def _fetch_entry(rows: list[dict[str, Any]], client: str, record_bytes: int) -> dict[str, Any] | None:
+    """The fetch-path table's line for one client and record size: each broker's MB/s and CPU per GB
+    (medians over its rounds, or its one run), sendfile / copy, and for rounds run in pairs the per-round
+    ratios with their median, interval and verdict against the 1.5x target."""
+    def runs(broker: str) -> dict[Any, dict]:
+        return {r["round"]: r for r in rows if r["section"] == "sendfile" and r["broker"] == broker
+                and r["client"] == client and r["record_bytes"] == record_bytes}
+
+    mine, copy, kafka = runs("copyless"), runs("copyless --no-sendfile"), runs("kafka")
+    if not mine and not copy:
+        return None
+
+    def median(of: dict[Any, dict], key: str) -> float | None:
+        return _median(r.get(key) for r in of.values())
+
+    on, off = median(mine, "consume_mb_per_s"), median(copy, "consume_mb_per_s")
+    cpu_on, cpu_off = median(mine, "broker_cpu_s_per_gb"), median(copy, "broker_cpu_s_per_gb")
+    paired = [_ratio(mine[n]["consume_mb_per_s"], copy[n]["consume_mb_per_s"])
+              for n in sorted(n for n in mine if n is not None and n in copy)]
+    paired = [r for r in paired if r is not None]
+    verdict = _ratio_verdict(paired, FETCH_TARGET) if paired else {"paired": None, "interval": None, "verdict": None}
+    kafka_mb_s = median(kafka, "consume_mb_per_s")
+    return {"client": client, "record_bytes": record_bytes, "rounds": len(paired) or None,
+            "sendfile_mb_s": on, "no_sendfile_mb_s": off, "ratio": _ratio(on, off),
+            "ratio_by_round": [round(r, 3) for r in paired] or None, **verdict,
+            # The target is the broker's serving rate; librdkafka tops out near 2 GB/s handing records to
+            # Python on either path, so its row shows the client, and the broker's saving only in its CPU
+            # per GB.
+            "target_1_5x_met": (on / off >= FETCH_TARGET) if on and off and client == "raw-fetch" else None,
+            "sendfile_cpu_s_per_gb": cpu_on, "no_sendfile_cpu_s_per_gb": cpu_off,
+            "cpu_ratio": _ratio(cpu_off, cpu_on),
+            "kafka_mb_s": kafka_mb_s, "copyless_vs_kafka": _ratio(on, kafka_mb_s),
+            "kafka_cpu_s_per_gb": median(kafka, "broker_cpu_s_per_gb")}
 
 
 def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients: list[str],
@@ -1685,34 +1794,17 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
                     "confluent-kafka): a broker still speeding up here would have been measured warming up",
                     warmup_rows)
 
-    sendfile_rows = []
-    for client in FETCH_CLIENTS:
-        for record_bytes in (100, 1000, 10_000):
-            match = dict(section="sendfile", client=client, record_bytes=record_bytes)
-            on = _value(rows, "consume_mb_per_s", broker="copyless", **match)
-            off = _value(rows, "consume_mb_per_s", broker="copyless --no-sendfile", **match)
-            kafka = _value(rows, "consume_mb_per_s", broker="kafka", **match)
-            if on is None and off is None:
-                continue
-            cpu_on = _value(rows, "broker_cpu_s_per_gb", broker="copyless", **match)
-            cpu_off = _value(rows, "broker_cpu_s_per_gb", broker="copyless --no-sendfile", **match)
-            sendfile_rows.append({"client": client, "record_bytes": record_bytes, "sendfile_mb_s": on,
-                                  "no_sendfile_mb_s": off, "ratio": _ratio(on, off),
-                                  # The target is the broker's serving rate; librdkafka tops out near
-                                  # 2 GB/s handing records to Python on either path, so its row shows
-                                  # the client, and the broker's saving only in its CPU per GB.
-                                  "target_1_5x_met": (on / off >= 1.5) if on and off and client == "raw-fetch"
-                                  else None,
-                                  "sendfile_cpu_s_per_gb": cpu_on, "no_sendfile_cpu_s_per_gb": cpu_off,
-                                  "cpu_ratio": _ratio(cpu_off, cpu_on),
-                                  "kafka_mb_s": kafka, "copyless_vs_kafka": _ratio(on, kafka),
-                                  "kafka_cpu_s_per_gb": _value(rows, "broker_cpu_s_per_gb", broker="kafka", **match)})
+    sendfile_rows = [_fetch_entry(rows, client, record_bytes) for client in FETCH_CLIENTS
+                     for record_bytes in (100, 1000, 10_000)]
+    sendfile_rows = [line for line in sendfile_rows if line is not None]
     if sendfile_rows:
         bench.table("Fetch path: copyless with sendfile vs --no-sendfile (and Kafka), consume MB/s of the same "
                     "topics and the broker's CPU seconds per GB served (cpu_ratio = --no-sendfile / sendfile); "
                     "raw-fetch = a Fetch loop that reads batch headers and drops record bytes in the kernel (the "
-                    "broker's serving rate: target >= 1.5x), confluent-kafka = librdkafka handing every record to "
-                    "Python (bound by the client)", sendfile_rows)
+                    "broker's serving rate: target >= 1.5x), median over rounds, both brokers up at once, by "
+                    "round = sendfile / copy within each round, paired = the median of those with its sign-test "
+                    "interval, verdict = where the interval lies against 1.5; confluent-kafka = librdkafka "
+                    "handing every record to Python (bound by the client), one run each", sendfile_rows)
 
     comparisons = []
     if have_kafka:

@@ -149,6 +149,15 @@ def _check_throughput(document: dict) -> None:
     for client in throughput.FETCH_CLIENTS:
         brokers = {r["broker"] for r in _rows_with(document, section="sendfile", client=client)}
         assert brokers == {"copyless", "copyless --no-sendfile"}, (client, brokers)
+    # The raw Fetch loop runs in rounds on both copyless brokers, the first alternating: sendfile first in
+    # round 1, --no-sendfile first in round 2; librdkafka once each.
+    raw = [(r["round"], r["broker"]) for r in _rows_with(document, section="sendfile", client="raw-fetch")]
+    assert raw == [(1, "copyless"), (1, "copyless --no-sendfile"), (2, "copyless --no-sendfile"),
+                   (2, "copyless")], raw
+    assert all(r["round"] is None for r in _rows_with(document, section="sendfile", client="confluent-kafka"))
+    fetch_table = next(t for t in document["tables"] if t["title"].startswith("Fetch path"))
+    raw_line = next(line for line in fetch_table["rows"] if line["client"] == "raw-fetch")
+    assert raw_line["rounds"] == 2 and len(raw_line["ratio_by_round"]) == 2 and raw_line["verdict"] is None
     # Every copyless consume row carries the broker's own write times and loop lag over its window.
     for row in _rows_with(document, section="targets") + _rows_with(document, section="sendfile"):
         assert 0 < row["broker_fetch_send_p50_ms"] <= row["broker_fetch_send_p99_ms"] < 60_000, row

@@ -81,3 +81,19 @@ def test_the_throughput_headline_gives_each_verdict_with_its_interval():
     assert "consume 0.914 [0.822, 1.03] level / x1.28 / x1.05" in line, line
     # Results without a targets table still read, as ratios of the medians.
     assert "produce x0.92 / x1.11 / x1.16" in _headline_throughput({"ratios": ratios, "kafka": "k"})
+
+
+def test_the_throughput_headline_gives_the_fetch_paths_verdict_against_its_target():
+    """The fetch path's cells read its table the same way: per-round median, interval, and the verdict against
+    1.5 where the table has one; the ratio of medians where it has not."""
+    from benchmarks.report import _headline_throughput
+
+    ratios = {"sendfile_vs_copy_raw-fetch_100B": 1.45, "sendfile_vs_copy_raw-fetch_1000B": 2.1}
+    lines = [{"client": "raw-fetch", "record_bytes": 100, "paired": 1.62, "interval": [1.41, 1.9],
+              "verdict": "level (94%)"},
+             {"client": "raw-fetch", "record_bytes": 1000, "paired": 2.0, "interval": None, "verdict": None},
+             {"client": "confluent-kafka", "record_bytes": 100, "paired": 1.0, "interval": [0.9, 1.1],
+              "verdict": "below (94%)"}]
+    line = _headline_throughput({"ratios": ratios, "kafka": "k",
+                                 "tables": [{"title": "Fetch path: ...", "rows": lines}]})
+    assert "fetch path sendfile / copy (raw fetch): 100B 1.62 [1.41, 1.90] level 1.5, 1000B x2.10" in line, line

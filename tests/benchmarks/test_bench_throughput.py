@@ -251,3 +251,38 @@ def test_the_targets_line_says_whether_a_run_could_tell_the_brokers_apart():
                         "copyless", "confluent-kafka", 100)
     assert one["produce_interval"] is None and one["produce_verdict"] is None
     assert one["produce_paired"] == pytest.approx(0.9)
+
+
+def _fetch_rows(broker: str, mb_s: list[float], cpu: float, client: str = "raw-fetch") -> list[dict]:
+    rounds = range(1, len(mb_s) + 1) if len(mb_s) > 1 else [None]
+    return [{"section": "sendfile", "broker": broker, "client": client, "record_bytes": 1000, "round": number,
+             "consume_mb_per_s": m, "broker_cpu_s_per_gb": cpu} for number, m in zip(rounds, mb_s)]
+
+
+def test_the_fetch_path_line_judges_sendfile_against_its_target_round_by_round():
+    """Sendfile 1.6-2.0x the copy path in every round is ``above`` the 1.5x target; rounds either side of 1.5
+    are ``level`` although the medians' ratio passes; confluent-kafka's single runs give no interval."""
+    from benchmarks.throughput import _fetch_entry
+
+    copy = [3000.0, 3400.0, 2800.0, 3200.0, 3100.0]
+    faster = [c * f for c, f in zip(copy, (1.6, 2.0, 1.7, 1.8, 1.9))]
+    rows = _fetch_rows("copyless", faster, 0.15) + _fetch_rows("copyless --no-sendfile", copy, 0.30)
+    line = _fetch_entry(rows + _fetch_rows("kafka", [4000.0], 0.25), "raw-fetch", 1000)
+    assert line["rounds"] == 5 and line["ratio_by_round"] == [1.6, 2.0, 1.7, 1.8, 1.9]
+    assert line["paired"] == pytest.approx(1.8) and line["interval"] == [1.6, 2.0]
+    assert line["verdict"] == "above (94%)" and line["target_1_5x_met"]
+    assert line["cpu_ratio"] == pytest.approx(2.0) and line["kafka_mb_s"] == 4000.0
+
+    # 1.3x and 1.9x alternating: the medians' ratio clears 1.5, the per-round interval cannot tell.
+    mixed = [c * (1.3 if n % 2 else 1.9) for n, c in enumerate(copy)]
+    line = _fetch_entry(_fetch_rows("copyless", mixed, 0.15) + _fetch_rows("copyless --no-sendfile", copy, 0.3),
+                        "raw-fetch", 1000)
+    assert line["verdict"] == "level (94%)" and line["interval"] == [1.3, 1.9]
+    assert line["ratio"] > 1.5 and line["target_1_5x_met"]
+
+    single = _fetch_entry(_fetch_rows("copyless", [1500.0], 0.3, "confluent-kafka")
+                          + _fetch_rows("copyless --no-sendfile", [1400.0], 0.4, "confluent-kafka"),
+                          "confluent-kafka", 1000)
+    assert single["interval"] is None and single["verdict"] is None and single["target_1_5x_met"] is None
+    assert single["ratio"] == pytest.approx(1500 / 1400)
+    assert _fetch_entry(rows, "raw-fetch", 100) is None
