@@ -48,9 +48,9 @@ sendfile and on a copy of it with ``--no-sendfile``.
 Brokers: ``--bootstrap HOST:PORT`` measures any Kafka-protocol broker already running (never stopped by
 this benchmark). Otherwise (compare mode) the benchmark starts ``copyless serve --data-dir D --listen
 127.0.0.1:0`` (reading the bound address from its startup line), later the same data dir again and a
-copy of it with ``--no-sendfile``, and, when ``../shared/anchors/kafka`` (or ``--kafka-home``) holds the reference Apache
-Kafka, ``run-kafka.sh PORT DATA_DIR`` on a free port pair from 19292 up; every broker it started is
-stopped by pid, also when the run fails, is interrupted or terminated. Without Kafka it says so and still
+copy of it with ``--no-sendfile``, and, when ``../shared/anchors/kafka`` (or ``--kafka-home``) holds the
+reference Apache Kafka, ``run-kafka.sh PORT DATA_DIR`` on a free port pair from 19292 up; every broker it
+started is stopped by pid, also when the run fails, is interrupted or terminated. Without Kafka it says so and still
 runs; tiny (test) runs never use it. Workers are separate processes forked from a clean forkserver, so
 the GIL of one client never limits another.
 
@@ -1413,8 +1413,9 @@ class Campaign:
         ``--no-sendfile``, on two copies of one data dir. Per topic: each reads it once with confluent-kafka,
         then ``fetch_rounds`` rounds of the raw Fetch loop on both back to back, the first alternating by
         round, as the targets rounds do: a per-round ratio compares two runs seconds apart. One pair of runs
-        minutes apart measured the machine as much as the path: the same raw loop on the same broker read
-        4,900-5,500 MB/s in one run and 6,400-7,100 in the next, on a morning the copy path held at 2,800-3,500."""
+        minutes apart measured the machine as much as the path: the same raw loop on a fresh sendfile broker
+        read 4,933-5,550 MB/s in one run and 6,356-7,059 in the next, while the copy path held at
+        2,800-3,500 (benchmarks/NOTES.md)."""
         for handle in handles:
             self._enter(handle)
         for work in topics:
@@ -1517,7 +1518,8 @@ def _reference_kafka(bench: Benchmark, args) -> tuple[bool, str]:
 
 def _measure_external(campaign: Campaign, handle: BrokerHandle, sections: list[str]) -> None:
     """``--bootstrap``: the targets rounds, then the other sections, on a broker this benchmark did not start."""
-    with campaign.bench.progress(campaign.workload_count([s for s in sections if s != "sendfile"], 1, False), "workloads") as bar:
+    measured = [s for s in sections if s != "sendfile"]  # skipped: see below
+    with campaign.bench.progress(campaign.workload_count(measured, 1, False), "workloads") as bar:
         campaign.bar = bar
         campaign.warm_up(handle)
         if "targets" in sections:
@@ -1684,16 +1686,17 @@ def _paired_ratios(ours: dict[int, dict], kafka: dict[int, dict], key: str) -> l
     return [r for r in ratios if r is not None]
 
 
-def _ratio_verdict(ratios: list[float], level: float = 1.0) -> dict[str, Any]:
+def _ratio_verdict(ratios: list[float], against: float = 1.0) -> dict[str, Any]:
     """The per-round ratios' median with its sign-test interval (``median_interval``), and where that interval
-    lies: ``above`` ``level`` (1.0: copyless measurably faster than Kafka; for the fetch path, 1.5: sendfile
-    measurably over its target), ``below`` (measurably under) or ``level`` (this run cannot tell). The ratio of two medians can land either side of 1.0 from run to run when the
-    brokers are level; the interval says whether a run could tell."""
+    lies: ``above`` ``against`` (1.0: copyless measurably faster than Kafka; for the fetch path, 1.5:
+    sendfile measurably over its target), ``below`` (measurably under) or ``level`` (this run cannot tell).
+    The ratio of two medians can land either side of 1.0 from run to run when the brokers are level; the
+    interval says whether a run could tell."""
     interval = median_interval(ratios)
     if interval is None:
         return {"paired": _median(ratios), "interval": None, "verdict": None}
     return {"paired": interval.median, "interval": [round(interval.low, 3), round(interval.high, 3)],
-            "verdict": f"{interval.verdict(level)} ({interval.confidence:.0%})"}
+            "verdict": f"{interval.verdict(against)} ({interval.confidence:.0%})"}
 
 
 def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_bytes: int) -> dict[str, Any]:
