@@ -217,12 +217,12 @@ class MedianInterval:
     high: float
     confidence: float  # the interval's exact coverage, at least the confidence asked for
 
-    def verdict(self, level: float = 1.0) -> str:
-        """``above`` or ``below`` when the whole interval lies on that side of ``level``, else ``level``:
+    def verdict(self, against: float = 1.0) -> str:
+        """``above`` or ``below`` when the whole interval lies on that side of ``against``, else ``level``:
         the measurement cannot tell the median from it."""
-        if self.low > level:
+        if self.low > against:
             return "above"
-        if self.high < level:
+        if self.high < against:
             return "below"
         return "level"
 

@@ -115,6 +115,14 @@ def _headline_mmap_warmup(d: dict) -> str:
     return "append MB/s vs a sparse segment — " + ", ".join(parts)
 
 
+def _verdict_cell(paired, interval, verdict: str | None, ratio, against: str = "") -> str:
+    """``median [low, high] verdict`` where a table line has a verdict, else ``x`` and the ratio of medians."""
+    if verdict:
+        low, high = interval
+        return f"{_fmt(paired)} [{_fmt(low)}, {_fmt(high)}] {verdict.split()[0]}{against}"
+    return f"x{_fmt(ratio)}"
+
+
 def _headline_throughput(d: dict) -> str:
     ratios = d.get("ratios", {})
     sizes = (100, 1000, 10000)
@@ -127,11 +135,8 @@ def _headline_throughput(d: dict) -> str:
 
     def cell(what: str, size: int) -> str:
         line = lines.get(size, {})
-        if line.get(f"{what}_verdict"):
-            low, high = line[f"{what}_interval"]
-            return (f"{_fmt(line[f'{what}_paired'])} [{_fmt(low)}, {_fmt(high)}] "
-                    f"{line[f'{what}_verdict'].split()[0]}")
-        return f"x{_fmt(ratios.get(f'{what}_vs_kafka_{size}B'))}"
+        return _verdict_cell(line.get(f"{what}_paired"), line.get(f"{what}_interval"), line.get(f"{what}_verdict"),
+                             ratios.get(f"{what}_vs_kafka_{size}B"))
 
     if any(f"produce_vs_kafka_{s}B" in ratios for s in sizes):
         parts.append("copyless / Kafka at 100 B/1 KB/10 KB: " + ", ".join(
@@ -143,10 +148,8 @@ def _headline_throughput(d: dict) -> str:
 
     def fetch_cell(size: str, ratio: float) -> str:
         line = fetch_lines.get(size, {})
-        if line.get("verdict"):
-            low, high = line["interval"]
-            return f"{size} {_fmt(line['paired'])} [{_fmt(low)}, {_fmt(high)}] {line['verdict'].split()[0]} 1.5"
-        return f"{size} x{_fmt(ratio)}"
+        return f"{size} " + _verdict_cell(line.get("paired"), line.get("interval"), line.get("verdict"), ratio,
+                                          against=" 1.5")
 
     fetch = [(k, v) for k, v in ratios.items() if k.startswith("sendfile_vs_copy_raw-fetch_")]
     if fetch:

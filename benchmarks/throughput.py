@@ -1301,17 +1301,17 @@ class Campaign:
         self.bar = None  # the progress bar of the workloads being run
         self._undeletable: set[str] = set()
 
-    def workload_count(self, sections: list[str], brokers: int, paired: bool) -> int:
-        """Measured runs: every section on each of ``brokers``; the fetch path once per client on Kafka (one
-        of ``brokers`` other than copyless) and, on the copyless pair, confluent-kafka once and raw-fetch
-        ``fetch_rounds`` times on each (``paired``: the pair runs; without it, copyless alone, once each)."""
+    def workload_count(self, sections: list[str], brokers: int) -> int:
+        """Measured runs: every section on each of ``brokers``; the fetch path once per client on Kafka (any
+        of ``brokers`` but copyless) and, on the copyless pair, confluent-kafka once and raw-fetch
+        ``fetch_rounds`` times on each."""
         targets = (self.rounds * len(self.plans["targets"]) + self.warmup_rounds * len(self._warmup_plan())
                    if "targets" in sections else 0)
         others = sum(len(self.plans.get(s, [])) for s in _other_sections(sections))
         fetch = 0
         if "sendfile" in sections:
             once = len(FETCH_CLIENTS)
-            fetch = once * (brokers - 1) + (2 * (once - 1 + self.fetch_rounds) if paired else once)
+            fetch = once * (brokers - 1) + 2 * (once - 1 + self.fetch_rounds)
         return (targets + others) * brokers + len(self.sendfile_plan) * fetch
 
     def _enter(self, handle: BrokerHandle) -> None:
@@ -1519,7 +1519,7 @@ def _reference_kafka(bench: Benchmark, args) -> tuple[bool, str]:
 def _measure_external(campaign: Campaign, handle: BrokerHandle, sections: list[str]) -> None:
     """``--bootstrap``: the targets rounds, then the other sections, on a broker this benchmark did not start."""
     measured = [s for s in sections if s != "sendfile"]  # skipped: see below
-    with campaign.bench.progress(campaign.workload_count(measured, 1, False), "workloads") as bar:
+    with campaign.bench.progress(campaign.workload_count(measured, 1), "workloads") as bar:
         campaign.bar = bar
         campaign.warm_up(handle)
         if "targets" in sections:
@@ -1537,7 +1537,7 @@ def _compare(campaign: Campaign, args, sections: list[str], scratch: Path) -> st
     use_kafka, kafka_state = _reference_kafka(bench, args)
     bench.note(f"reference Kafka: {kafka_state}")
     with_sendfile = "sendfile" in sections
-    total = campaign.workload_count(sections, 2 if use_kafka else 1, paired=True)
+    total = campaign.workload_count(sections, 2 if use_kafka else 1)
     with bench.progress(total, "workloads") as bar, contextlib.ExitStack() as stack:
         campaign.bar = bar
         data_dir = scratch / "copyless-data"
@@ -1744,10 +1744,9 @@ def _fetch_entry(rows: list[dict[str, Any]], client: str, record_bytes: int) -> 
 
     on, off = median(mine, "consume_mb_per_s"), median(copy, "consume_mb_per_s")
     cpu_on, cpu_off = median(mine, "broker_cpu_s_per_gb"), median(copy, "broker_cpu_s_per_gb")
-    paired = [_ratio(mine[n]["consume_mb_per_s"], copy[n]["consume_mb_per_s"])
-              for n in sorted(n for n in mine if n is not None and n in copy)]
-    paired = [r for r in paired if r is not None]
-    verdict = _ratio_verdict(paired, FETCH_TARGET) if paired else {"paired": None, "interval": None, "verdict": None}
+    # Only the pair's rounds pair up; a single run (round None) has nothing seconds away to compare with.
+    paired = _paired_ratios({n: r for n, r in mine.items() if n is not None}, copy, "consume_mb_per_s")
+    verdict = _ratio_verdict(paired, FETCH_TARGET)
     kafka_mb_s = median(kafka, "consume_mb_per_s")
     return {"client": client, "record_bytes": record_bytes, "rounds": len(paired) or None,
             "sendfile_mb_s": on, "no_sendfile_mb_s": off, "ratio": _ratio(on, off),

@@ -224,7 +224,7 @@ def test_median_interval_verdicts():
     assert MedianInterval(0.9, 0.8, 0.97, 0.96).verdict() == "below"
     assert MedianInterval(1.02, 0.95, 1.1, 0.96).verdict() == "level"
     assert MedianInterval(1.0, 1.0, 1.1, 0.96).verdict() == "level"  # an end on the line cannot tell
-    assert MedianInterval(2.0, 1.6, 2.2, 0.96).verdict(level=1.5) == "above"
+    assert MedianInterval(2.0, 1.6, 2.2, 0.96).verdict(against=1.5) == "above"
 
 
 def test_percentile_rejects_nonsense():
