@@ -80,16 +80,18 @@ class Connection:
                     if self.server.closing:
                         return
                     partial = self.frames.take_partial()
-                    if partial is not None:
-                        frame = await self._receive_rest(loop, *partial)
-                        if frame is None:
-                            return  # closed by the client mid-frame
-                    else:
+                    if partial is None:
                         received = await self._recv_into(loop, recv_view)
                         if received == 0:
                             return  # orderly close by the client
-                        self.frames.feed(recv_view[:received])
-                        continue
+                        # A large frame's first chunk goes straight into the frame, anything else is fed.
+                        partial = self.frames.take_partial_of(recv_view[:received])
+                        if partial is None:
+                            self.frames.feed(recv_view[:received])
+                            continue
+                    frame = await self._receive_rest(loop, *partial)
+                    if frame is None:
+                        return  # closed by the client mid-frame
                 self.busy = True
                 try:
                     keep_open = await self._handle_frame(loop, frame)

@@ -68,7 +68,7 @@ class FrameBuffer:
         if body < 0:
             return None
         (size,) = _SIZE.unpack_from(buffer, start)
-        if size < DIRECT_MIN_BYTES or size > self.max_frame_bytes or body >= size or body * 8 < size:
+        if not self._direct(size, body):
             return None
         frame = bytearray(size)
         with memoryview(buffer) as view:
@@ -76,6 +76,30 @@ class FrameBuffer:
         buffer.clear()
         self._start = 0
         return frame, body
+
+    def take_partial_of(self, data) -> tuple[bytearray, int] | None:
+        """``take_partial`` for bytes just received and not fed: with nothing buffered, and ``data`` the start of
+        a large frame that it does not complete (the conditions of ``take_partial``), the frame is built
+        straight from ``data``. None otherwise, and the caller feeds ``data``.
+
+        Why: a 1 MiB produce request arrives 256 KiB at a time in the broker's shared receive buffer; fed, its
+        first chunk was copied into this buffer and out again into the frame, 7% of the loop thread's samples
+        under 10 KB produce. From here it is copied once.
+        """
+        if self._start != len(self._buffer) or len(data) < 4:
+            return None
+        (size,) = _SIZE.unpack_from(data, 0)
+        body = len(data) - 4
+        if not self._direct(size, body):
+            return None
+        frame = bytearray(size)
+        with memoryview(data) as view:
+            frame[:body] = view[4:]
+        return frame, body
+
+    def _direct(self, size: int, body: int) -> bool:
+        """Whether a frame of ``size`` with ``body`` bytes in goes out for direct receive (see take_partial)."""
+        return DIRECT_MIN_BYTES <= size <= self.max_frame_bytes and body < size and body * 8 >= size
 
     def next_frame(self) -> bytes | None:
         """The next complete frame's body, or ``NEED_DATA`` (None).

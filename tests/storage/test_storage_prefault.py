@@ -156,6 +156,54 @@ def test_a_reopened_active_segment_gets_a_window(window_manager, window_log, man
     assert mapped_bytes(active.map, written + WINDOW + PAGE, SEGMENT) == 0
 
 
+@pytest.mark.parametrize("idle_s", [0.0, 60.0])
+def test_a_paused_log_pre_faults_only_the_floor_past_its_write_position(manager_factory, monkeypatch, idle_s):
+    # A window sized by the append rate (10 s of it: the whole segment) against the floor (256 KiB). While
+    # the appends keep coming (idle after 60 s) the chase runs to the window's end; once they have paused
+    # (idle after 0 s: at once) it stops a floor past the write position, and gives the rest of its target
+    # back so that the next append asks again.
+    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
+    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
+    monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 10_000)
+    monkeypatch.setattr(segment_module, "PREFAULT_IDLE_S", idle_s)
+    paused_log = manager_factory(CONFIG).create_log("paused", 0)
+    assert paused_log.wait_warm(30)
+    active = paused_log.segments[-1]
+    append_until(paused_log, 1 * MIB)
+    assert paused_log.wait_warm(30)
+    written = active.written_position
+    floor_end = (written + WINDOW) // PAGE * PAGE + PAGE
+    beyond = mapped_bytes(active.map, floor_end, SEGMENT)
+    if idle_s:
+        assert beyond == SEGMENT - floor_end, "the chase stopped short of a window the appends asked for"
+    else:
+        assert beyond == 0, "pre-faulted past the floor after the appends paused"
+        assert written <= active.prefault.target <= written + WINDOW + PAGE
+        assert mapped_bytes(active.map, written // PAGE * PAGE + PAGE, written + WINDOW - PAGE) > 0
+        # The next append asks again, and gets the floor past its new write position.
+        append_batch(paused_log, 10_000)
+        assert paused_log.wait_warm(30)
+        assert active.prefault.position >= written + WINDOW
+
+
+def test_a_chase_stops_at_its_lead_and_gives_the_rest_of_its_target_back(tmp_path):
+    fd = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        preallocate(fd, 8 * MIB)
+        region = mmap.mmap(fd, 8 * MIB)
+        prefault = segment_module.Prefault()
+        assert prefault.want(6 * MIB)
+        prefault.chase(region, fd, lambda: 8 * MIB, lead=lambda: 2 * MIB)
+        assert prefault.idle.is_set() and prefault.position == 2 * MIB and prefault.target == 2 * MIB
+        assert all(present_pages(region, 0, 2 * MIB)) and not any(present_pages(region, 2 * MIB, 8 * MIB))
+        assert prefault.want(6 * MIB), "a new chase may be queued for what was given back"
+        prefault.chase(region, fd, lambda: 8 * MIB, lead=lambda: 8 * MIB)
+        assert prefault.position == 6 * MIB and all(present_pages(region, 0, 6 * MIB))
+        region.close()
+    finally:
+        os.close(fd)
+
+
 class RecordingExecutor(ThreadPoolExecutor):
     """A real one-thread executor that remembers which ranges were handed to it."""
 
