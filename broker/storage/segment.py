@@ -15,8 +15,8 @@ The active segment's file has its full logical size (``segment_bytes``) and is m
 when configured. Nothing is ever written at or past ``allocated_bytes`` (a write into a sparse page on a full
 disk is SIGBUS): an append that outruns the steps allocates synchronously first, or fails with StorageError.
 Pages are pre-faulted (MADV_POPULATE_WRITE) on the warm thread in a window that runs ahead of the write
-position (``Prefault``), and spills into the head of the next segment early enough to be done by the
-roll. Appends are a memcpy into the map plus in-place header rewrites. Reads never touch the map: they hand
+position (``Prefault``), shrinks to its floor when the appends pause, and spills into the head of the next
+segment early enough to be done by the roll. Appends are a memcpy into the map plus in-place header rewrites. Reads never touch the map: they hand
 out ``(fd, position, length)`` regions and scan headers with ``os.pread`` (coherent with the map: one page
 cache). Sealing (at a roll) unmaps, trims the zero or sparse tail and fdatasyncs, on a worker thread.
 
