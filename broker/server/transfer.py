@@ -24,7 +24,8 @@ worker thread before the sendfile.
 
 Reading: ``wait_readable`` parks on ``loop.add_reader``; the caller then ``recv_into``s a buffer shared by
 all connections and copies what arrived at once into its own frame buffer (or, for the first chunk of a
-large request, straight into that request's frame), so an idle connection holds no receive buffer at all (10,000 idle connections cost 10,000 futures, not 10,000 x 64 KiB).
+large request, straight into that request's frame), so an idle connection holds no receive buffer at all
+(10,000 idle connections cost 10,000 futures, not 10,000 x 64 KiB).
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ when configured. Nothing is ever written at or past ``allocated_bytes`` (a write
 disk is SIGBUS): an append that outruns the steps allocates synchronously first, or fails with StorageError.
 Pages are pre-faulted (MADV_POPULATE_WRITE) on the warm thread in a window that runs ahead of the write
 position (``Prefault``), shrinks to its floor when the appends pause, and spills into the head of the next
-segment early enough to be done by the roll. Appends are a memcpy into the map plus in-place header rewrites. Reads never touch the map: they hand
-out ``(fd, position, length)`` regions and scan headers with ``os.pread`` (coherent with the map: one page
-cache). Sealing (at a roll) unmaps, trims the zero or sparse tail and fdatasyncs, on a worker thread.
+segment early enough to be done by the roll. Appends are a memcpy into the map plus in-place header
+rewrites. Reads never touch the map: they hand out ``(fd, position, length)`` regions and scan headers with
+``os.pread`` (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the zero or sparse tail and fdatasyncs, on a worker thread.
 
 A crash leaves the active file at full length with a zero, sparse (it reads as zeros) or torn tail; recovery
 rescans batches with their CRC-32C, stops at the first bad one, truncates there (the file is not mapped
@@ -117,11 +117,12 @@ PREFAULT_SPLIT_BYTES = 32 << 20
 # appends have stopped.
 PREFAULT_MAX_STEP_BYTES = 64 << 20
 # An active segment with no append for this long is idle: its chase stops at the floor window past the write
-# position instead of running on to the end of a window sized by the last burst's rate. Measured here, 768 MB
-# of 10 KB records produced at 0.2-0.4 GB/s left a window of up to 300 MB (WARM_AHEAD_MS of the rate) to
-# pre-fault after the last append, on memory the hypervisor backs at 3.3 s per GiB, with both threads: the
-# consumer reading the topic right after read it at 513-635 MB/s, against 748-1,021 MB/s with a window
-# a tenth the size. Producers at these rates append every few milliseconds; 100 ms without one is a pause.
+# position instead of running on to the end of a window sized by the last burst's rate (up to 300 MB here,
+# WARM_AHEAD_MS of a 0.6 GB/s burst, pre-faulted on both cores at 3.3 s per GiB of memory the hypervisor
+# backs first). Measured against running on, four alternating rounds of 10 KB records: broker CPU per GB
+# lower in three (4.00-4.45 s against 4.10-4.72 after 768 MB; 5.07-5.89 against 5.51-6.41 with a consumer
+# tailing the producer), the loop thread's worst lag 12-220 ms against 92-370 (benchmarks/NOTES.md).
+# Producers at these rates append every few milliseconds; 100 ms without one is a pause.
 PREFAULT_IDLE_S = 0.1
 
 # How fast pre-faulting has been going (bytes per ms of a step's wall time, both threads together), so a log
@@ -193,6 +194,8 @@ class Prefault:
                 if lead is not None:
                     furthest = lead()
                     if furthest <= start:
+                        # A want() raising the target meanwhile may be undone here; the append after it
+                        # finds the target within half a window again and asks once more.
                         self.target = min(self.target, max(self.position, furthest))
                         break
                     end = min(end, furthest)

@@ -63,19 +63,12 @@ class FrameBuffer:
         ahead of the data it sends, the same bound per connection as before (one frame).
         """
         buffer = self._buffer
-        start = self._start
-        body = len(buffer) - start - 4
-        if body < 0:
-            return None
-        (size,) = _SIZE.unpack_from(buffer, start)
-        if not self._direct(size, body):
-            return None
-        frame = bytearray(size)
         with memoryview(buffer) as view:
-            frame[:body] = view[start + 4:]
-        buffer.clear()
-        self._start = 0
-        return frame, body
+            partial = self._direct_frame(view[self._start:])
+        if partial is not None:
+            buffer.clear()
+            self._start = 0
+        return partial
 
     def take_partial_of(self, data) -> tuple[bytearray, int] | None:
         """``take_partial`` for bytes just received and not fed: with nothing buffered, and ``data`` the start of
@@ -86,20 +79,23 @@ class FrameBuffer:
         first chunk was copied into this buffer and out again into the frame, 7% of the loop thread's samples
         under 10 KB produce. From here it is copied once.
         """
-        if self._start != len(self._buffer) or len(data) < 4:
+        if self._start != len(self._buffer):
             return None
-        (size,) = _SIZE.unpack_from(data, 0)
-        body = len(data) - 4
-        if not self._direct(size, body):
+        with memoryview(data) as view:
+            return self._direct_frame(view)
+
+    def _direct_frame(self, view: memoryview) -> tuple[bytearray, int] | None:
+        """``(frame, filled)`` for ``view`` holding the start of a frame that goes out for direct receive (see
+        take_partial), its body's first bytes copied in; None for any other frame."""
+        body = len(view) - 4
+        if body < 0:
+            return None
+        (size,) = _SIZE.unpack_from(view, 0)
+        if not (DIRECT_MIN_BYTES <= size <= self.max_frame_bytes and size > body and body * 8 >= size):
             return None
         frame = bytearray(size)
-        with memoryview(data) as view:
-            frame[:body] = view[4:]
+        frame[:body] = view[4:]
         return frame, body
-
-    def _direct(self, size: int, body: int) -> bool:
-        """Whether a frame of ``size`` with ``body`` bytes in goes out for direct receive (see take_partial)."""
-        return DIRECT_MIN_BYTES <= size <= self.max_frame_bytes and body < size and body * 8 >= size
 
     def next_frame(self) -> bytes | None:
         """The next complete frame's body, or ``NEED_DATA`` (None).
