@@ -21,7 +21,7 @@ from kio.schema.offset_commit.v7 import request as oc_rq, response as oc_rs
 from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
 from kio.static.primitive import i32Timedelta
 
-from broker.groups.cli import GroupsClient
+from broker.groups.cli import GroupsClient, GroupsError, list_groups
 from tests.groups._helpers import create_topic, produce, start_broker
 
 GROUP = "abused"
@@ -30,6 +30,23 @@ TOPIC = "abused-topic"
 
 def ms(value: int):
     return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
+
+
+def wait_until_coordinator_active(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Wait for the coordinator to finish replaying ``__consumer_offsets``.
+
+    During the load it answers COORDINATOR_LOAD_IN_PROGRESS. Real clients retry that error; the raw members
+    here do not, so a join sent during the load failed one CI run.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            list_groups(bootstrap)
+            return
+        except GroupsError as error:
+            if "COORDINATOR_LOAD_IN_PROGRESS" not in str(error) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 class RawMember:
@@ -81,6 +98,7 @@ class RawMember:
 @pytest.mark.timeout(180)
 def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_factory, tmp_path):
     broker = start_broker(broker_factory, tmp_path)
+    wait_until_coordinator_active(broker.bootstrap)
     create_topic(broker.bootstrap, TOPIC, 2)
     values = produce(broker.bootstrap, TOPIC, 2, "v", 25)
     a, b = RawMember(broker.bootstrap), RawMember(broker.bootstrap)
@@ -201,6 +219,7 @@ def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_fac
 def test_graceful_shutdown_answers_a_parked_join(broker_factory, tmp_path):
     """SIGTERM does not wait out a rebalance: a parked JoinGroup gets COORDINATOR_NOT_AVAILABLE at once."""
     broker = start_broker(broker_factory, tmp_path)
+    wait_until_coordinator_active(broker.bootstrap)
     a, b = RawMember(broker.bootstrap), RawMember(broker.bootstrap)
     a.join(rebalance_ms=120_000)
     assert a.join(rebalance_ms=120_000).error_code == ErrorCode.none
