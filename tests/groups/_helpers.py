@@ -12,6 +12,10 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
+from kio.schema.errors import ErrorCode
+from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
+
+from broker.groups.cli import GroupsClient
 
 MEMBER_SCRIPT = Path(__file__).with_name("_member.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +111,24 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1, on
             detail = on_timeout() if on_timeout else ""
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail}")
         time.sleep(interval_s)
+
+
+def wait_until_coordinator_active(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Wait for the coordinator to finish replaying ``__consumer_offsets`` after a start.
+
+    Meanwhile it answers COORDINATOR_LOAD_IN_PROGRESS, as Kafka does. Real clients retry that error; tests
+    that send raw group requests call this first (a raw JoinGroup sent during the load failed one CI run).
+    Any other ListGroups error fails at once.
+    """
+    host, port = bootstrap.rsplit(":", 1)
+
+    def loaded() -> bool:
+        with GroupsClient(host, int(port)) as client:
+            code = client.request(lg_rq.ListGroupsRequest(), lg_rs.ListGroupsResponse).error_code
+        assert code in (ErrorCode.none, ErrorCode.coordinator_load_in_progress), f"ListGroups: {code!r}"
+        return code == ErrorCode.none
+
+    wait_for(loaded, timeout_s, "the group coordinator to load", interval_s=0.05)
 
 
 def recommitted_consumptions(events: list[dict]) -> list[dict]:

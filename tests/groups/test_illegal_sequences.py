@@ -21,8 +21,8 @@ from kio.schema.offset_commit.v7 import request as oc_rq, response as oc_rs
 from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
 from kio.static.primitive import i32Timedelta
 
-from broker.groups.cli import GroupsClient, GroupsError, list_groups
-from tests.groups._helpers import create_topic, produce, start_broker
+from broker.groups.cli import GroupsClient
+from tests.groups._helpers import create_topic, produce, start_broker, wait_until_coordinator_active
 
 GROUP = "abused"
 TOPIC = "abused-topic"
@@ -30,23 +30,6 @@ TOPIC = "abused-topic"
 
 def ms(value: int):
     return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
-
-
-def wait_until_coordinator_active(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Wait for the coordinator to finish replaying ``__consumer_offsets``.
-
-    During the load it answers COORDINATOR_LOAD_IN_PROGRESS. Real clients retry that error; the raw members
-    here do not, so a join sent during the load failed one CI run.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            list_groups(bootstrap)
-            return
-        except GroupsError as error:
-            if "COORDINATOR_LOAD_IN_PROGRESS" not in str(error) or time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)
 
 
 class RawMember:
