@@ -63,6 +63,10 @@ raw-fetch rows of the fetch path;
 window, mean over consumers);
 ``consumer_waited_share`` on confluent-kafka rows reading a log already written (the share of that window
 spent in ``consume`` calls that came back short mid-pass: the client waiting for the broker);
+``producer_thread_busy`` and ``producer_cores`` on producing rows (CPU seconds of the producers' queuing
+threads, and of their whole processes with the client library's threads, over the produce window);
+``broker_produce_cpu_s_per_gb`` and ``broker_consume_cpu_s_per_gb`` on rows whose consumers read after the
+producers are done, from a broker this benchmark started (its CPU seconds over each window per GB moved);
 ``consume_restart_s`` (the seconds between passes left out of that window); ``consume_passes`` (how many
 times the consumer read the log: every broker of a targets round reads as many as the first read in its
 time, ``_same_passes``, and every broker of the fetch path as many as the first one there);
@@ -168,6 +172,9 @@ class WorkerResult:
     # first record's fetch to the last record; less ``restart_cpu_s`` and divided by the MB/s window, it says
     # whether the consumer itself was the limit (1.0: its thread never waited for the broker).
     thread_cpu_s: float = 0.0
+    # Producers: CPU seconds of the whole worker process over its produce window (``thread_cpu_s`` is then
+    # the thread queuing the records): librdkafka builds and sends the batches on threads of its own.
+    process_cpu_s: float = 0.0
     # Consumers: seconds from each seek back to offset 0 until that pass's first records are in hand, left
     # out of the consume window (see _Reading.restarted).
     restart_s: float = 0.0
@@ -199,6 +206,23 @@ def _confluent_producer_config(bootstrap: str, acks: str) -> dict[str, Any]:
 def _payload(record_bytes: int) -> bytes:
     # Incompressible and non-zero so nothing on the way can take a shortcut.
     return os.urandom(max(record_bytes, _TIMESTAMP.size))
+
+
+class _ProduceClock:
+    """A producer's window: wall time (``WorkerResult.started``/``finished``) and the CPU its queuing thread
+    and its whole process used in it. Set against the broker's CPU over the same window (``run_workload``),
+    it tells a producer that had the cores from one that waited for them."""
+
+    def __init__(self, result: WorkerResult) -> None:
+        self.result = result
+        result.started = time.monotonic()
+        self.thread_from = time.thread_time()
+        self.process_from = cpu_seconds()
+
+    def stop(self) -> None:
+        self.result.finished = time.monotonic()
+        self.result.thread_cpu_s = time.thread_time() - self.thread_from
+        self.result.process_cpu_s = cpu_seconds() - self.process_from
 
 
 # A throughput producer queues records PRODUCE_BATCH at a time with ``produce_batch`` and asks for delivery
@@ -236,9 +260,10 @@ def _produce_confluent(bootstrap: str, work: Workload, ready, start_event, resul
     producer.list_topics(work.topic, timeout=30)
     ready.put("producer")
     start_event.wait()
-    result.started = time.monotonic()
+    clock = _ProduceClock(result)
     if not latency:
         _produce_batched(producer, work, base[: work.record_bytes], records, on_delivery, result)
+        clock.stop()
         return
     interval_ns = int(1e9 / work.rate_per_s)
     start_ns = now_ns()
@@ -260,6 +285,7 @@ def _produce_confluent(bootstrap: str, work: Workload, ready, start_event, resul
                 producer.poll(0.001)
         producer.poll(0)
     _flush(producer, result)
+    clock.stop()
     result.bytes = result.records * work.record_bytes
 
 
@@ -287,7 +313,6 @@ def _produce_batched(producer, work: Workload, value: bytes, records: int, on_de
 def _flush(producer, result: WorkerResult) -> None:
     """Wait for every delivery report; what is still queued after two minutes counts as an error."""
     remaining = producer.flush(120)
-    result.finished = time.monotonic()
     if remaining:
         result.errors += remaining
         result.error_text = result.error_text or f"{remaining} records undelivered after flush"
@@ -323,7 +348,7 @@ def _produce_copyless(bootstrap: str, work: Workload, ready, start_event, result
 
             ready.put("producer")
             await asyncio.get_running_loop().run_in_executor(None, start_event.wait)
-            result.started = time.monotonic()
+            clock = _ProduceClock(result)
             start_ns = now_ns()
             interval_ns = int(1e9 / work.rate_per_s) if latency else 0
             for i in range(records):
@@ -341,7 +366,7 @@ def _produce_copyless(bootstrap: str, work: Workload, ready, start_event, result
                 if i % 512 == 0:
                     await asyncio.sleep(0)
             await producer.flush()
-            result.finished = time.monotonic()
+            clock.stop()
         finally:
             await producer.close()
 
@@ -768,6 +793,12 @@ class BrokerHandle:
         self.log_path = log_path
         self.stopped = False
 
+    @property
+    def cpu_pid(self) -> int | None:
+        """The process whose CPU seconds are the broker's: the one this benchmark started (copyless, or the
+        JVM run-kafka.sh reported); None for a broker given with --bootstrap."""
+        return self.pid or (self.process.pid if self.process is not None else None)
+
     def serving_stats(self, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """The counters of a copyless this benchmark started, now: SIGUSR1 makes it print one ``stats-json``
         line to the log. None for any other broker (Kafka keeps its metrics in JMX) or if none came."""
@@ -1023,12 +1054,18 @@ def _serving_figures(before: dict | None, after: dict | None) -> dict[str, Any]:
             "broker_loop_lag_max_ms": histogram_quantile(lag, 1.0)}
 
 
-def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dict[str, Any]:
+def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None,
+                 broker_pid: int | None = None) -> dict[str, Any]:
     """Run one workload against ``bootstrap``; returns the measured figures (raises on client errors).
 
     ``serving_stats``: the broker's ``BrokerHandle.serving_stats``, read when the consumers start and when
-    they are done, for the ``broker_*`` figures of that window."""
+    they are done, for the ``broker_*`` figures of that window. ``broker_pid``: the broker's process, whose
+    CPU seconds over the produce window and over the consume window (when the two are apart) are charged
+    per GB moved in each."""
     serving_stats = serving_stats or (lambda: None)
+
+    def broker_cpu() -> float | None:
+        return cpu_seconds(broker_pid) if broker_pid else None
     if not work.consume_only:
         create_topic(bootstrap, work.topic, work.partitions)
     ready = ctx.Queue()
@@ -1060,6 +1097,7 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dic
         return assignment
 
     figures: dict[str, Any] = {}
+    cpu_marks: dict[str, float | None] = {}
     try:
         producer_results: list[WorkerResult] = []
         consumer_results: list[WorkerResult] = []
@@ -1079,9 +1117,11 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dic
             ready.get(timeout=120)
         disk_from = _disk_read_kib() if consume_start is produce_start else None
         serving_from = serving_stats() if consume_start is produce_start else None
+        cpu_marks["produce_from"] = broker_cpu()
         produce_start.set()
         if producer_count:
             producer_results = gather(producer_count)
+            cpu_marks["produce_to"] = broker_cpu()
         ends = end_offsets(bootstrap, work.topic, work.partitions)
         produced = sum(r.records for r in producer_results)
         settle_deadline = time.monotonic() + 15
@@ -1097,10 +1137,12 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dic
                 ready.get(timeout=120)
             disk_from = _disk_read_kib()
             serving_from = serving_stats()
+            cpu_marks["consume_from"] = broker_cpu()
             consume_start.set()
         for q in ends_queues:
             q.put(ends)
         consumer_results = gather(len(assignment))
+        cpu_marks["consume_to"] = broker_cpu()
         disk_to = _disk_read_kib()
         serving_to = serving_stats()
     finally:
@@ -1113,8 +1155,17 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dic
     if producer_results:
         produced = sum(r.records for r in producer_results)
         seconds = max(r.finished for r in producer_results) - min(r.started for r in producer_results)
+        produced_bytes = sum(r.bytes for r in producer_results)
         figures.update(records=produced, produce_records_per_s=produced / seconds,
-                       produce_mb_per_s=sum(r.bytes for r in producer_results) / seconds / 1e6)
+                       produce_mb_per_s=produced_bytes / seconds / 1e6)
+        # The producers' CPU over the same window: the thread queuing records (busy near 1.0: that thread
+        # set the rate) and the whole process with the client library's own threads, in cores.
+        figures.update(producer_thread_busy=sum(r.thread_cpu_s for r in producer_results) / seconds,
+                       producer_cores=sum(r.process_cpu_s for r in producer_results) / seconds)
+        if not work.concurrent and produced_bytes and None not in (cpu_marks.get("produce_from"),
+                                                                    cpu_marks.get("produce_to")):
+            figures["broker_produce_cpu_s_per_gb"] = (
+                (cpu_marks["produce_to"] - cpu_marks["produce_from"]) / (produced_bytes / 1e9))
         latencies = _steady(work, [x for r in producer_results for x in r.latencies_ms])
         if work.rate_per_s is not None and latencies:
             figures.update(produce_p50_ms=percentile(latencies, 50), produce_p99_ms=percentile(latencies, 99),
@@ -1140,6 +1191,10 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None) -> dic
             figures["consumer_thread_busy"] = statistics.mean(busy)
         if not work.concurrent and work.client == "confluent-kafka":
             figures["consumer_waited_share"] = sum(r.waited_s for r in reading) / seconds
+        consumed_bytes = sum(r.bytes for r in consumer_results)
+        if not work.concurrent and None not in (cpu_marks.get("consume_from"), cpu_marks.get("consume_to")):
+            figures["broker_consume_cpu_s_per_gb"] = (
+                (cpu_marks["consume_to"] - cpu_marks["consume_from"]) / (consumed_bytes / 1e9))
         e2e = _steady(work, [x for r in consumer_results for x in r.e2e_ms])
         if work.rate_per_s is not None and e2e:
             figures.update(e2e_p50_ms=percentile(e2e, 50), e2e_p99_ms=percentile(e2e, 99),
@@ -1232,6 +1287,10 @@ def _row(bench: Benchmark, broker: str, work: Workload, figures: dict[str, Any],
                      produce_p999_ms=figures.get("produce_p999_ms"), e2e_p50_ms=figures.get("e2e_p50_ms"),
                      e2e_p99_ms=figures.get("e2e_p99_ms"), e2e_p999_ms=figures.get("e2e_p999_ms"),
                      broker_cpu_s_per_gb=figures.get("broker_cpu_s_per_gb"),
+                     broker_produce_cpu_s_per_gb=figures.get("broker_produce_cpu_s_per_gb"),
+                     broker_consume_cpu_s_per_gb=figures.get("broker_consume_cpu_s_per_gb"),
+                     producer_thread_busy=figures.get("producer_thread_busy"),
+                     producer_cores=figures.get("producer_cores"),
                      consumer_thread_busy=figures.get("consumer_thread_busy"),
                      consumer_waited_share=figures.get("consumer_waited_share"),
                      consume_restart_s=figures.get("consume_restart_s"),
@@ -1328,7 +1387,7 @@ class Campaign:
         # The previous run's 1.5 GiB written back now, not in this run's window, and its freed pages handed
         # back to the hypervisor, whichever broker runs next.
         self.bench.settle()
-        figures = run_workload(self.ctx, handle.bootstrap, work, handle.serving_stats)
+        figures = run_workload(self.ctx, handle.bootstrap, work, handle.serving_stats, handle.cpu_pid)
         _row(self.bench, handle.name, work, figures, round_number)
         self.bar.advance(1)
         return work, figures
@@ -1452,7 +1511,7 @@ class Campaign:
         where = f" (round {round_number}/{self.fetch_rounds})" if round_number else ""
         self.bar.describe(f"{handle.name}: fetch path {consume.label}{where}")
         self.bench.settle()
-        pid = handle.pid or (handle.process.pid if handle.process is not None else None)
+        pid = handle.cpu_pid
         before = cpu_seconds(pid) if pid else None
         figures = run_workload(self.ctx, handle.bootstrap, consume, handle.serving_stats)
         if before is not None:
@@ -1716,7 +1775,13 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
     # How busy the consumer's own Python thread was (CPU seconds over wall seconds) and how long it waited for
     # records (share of the window), medians over rounds: busy near 1.0 and waited near 0 on both brokers
     # mean the client, not the broker, set the consume rate.
-    for key, column in (("consumer_thread_busy", "consumer_thread_busy"), ("consumer_waited_share", "consumer_waited")):
+    # The same for the producer (its queuing thread, and its whole process in cores with librdkafka's
+    # threads), and each broker's own CPU per GB produced and per GB consumed: on two shared cores, a broker
+    # that spends less leaves more to the client.
+    for key, column in (("consumer_thread_busy", "consumer_thread_busy"), ("consumer_waited_share", "consumer_waited"),
+                        ("producer_thread_busy", "producer_thread_busy"), ("producer_cores", "producer_cores"),
+                        ("broker_produce_cpu_s_per_gb", "produce_cpu_s_per_gb"),
+                        ("broker_consume_cpu_s_per_gb", "consume_cpu_s_per_gb")):
         for broker, runs in (("copyless", mine), ("kafka", kafka)):
             entry[f"{broker}_{column}"] = _median(r.get(key) for r in runs.values())
     readme = KAFKA_README_MB_S.get(record_bytes) if client == "confluent-kafka" else None
@@ -1779,8 +1844,11 @@ def _finish(bench: Benchmark, brokers_run: list[str], kafka_state: str, clients:
                     "the brokers apart) and its exact coverage; consumer_thread_busy = the consumer's Python "
                     "thread's CPU seconds per wall second, median: near 1.0 the client set the consume rate; "
                     "consumer_waited = the share of "
-                    "that window the client spent waiting for records, median; README = Kafka figures noted "
-                    "earlier on this machine, confluent-kafka)", target_rows)
+                    "that window the client spent waiting for records, median; producer_thread_busy = the same "
+                    "for the producer's queuing thread, producer_cores = its whole process's CPU seconds per "
+                    "wall second, librdkafka's threads included; produce_cpu_s_per_gb / consume_cpu_s_per_gb = "
+                    "the broker's CPU seconds over the produce / consume window per GB moved in it, median; "
+                    "README = Kafka figures noted earlier on this machine, confluent-kafka)", target_rows)
 
     warmup_rows = []
     for broker in brokers_run:

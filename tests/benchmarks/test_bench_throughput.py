@@ -56,8 +56,13 @@ def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     assert {r["consume_passes"] for r in document["rows"] if r["section"] == "targets"} == {2}
     disk = [r["consume_disk_read_mb"] for r in document["rows"] if r["section"] == "targets"]
     assert disk and all(isinstance(d, float) and d >= 0 for d in disk), disk
-    # A broker the benchmark did not start cannot be asked for its histograms: the columns stay empty.
+    # A broker the benchmark did not start cannot be asked for its histograms or its CPU: the columns stay
+    # empty. The producer's own CPU is the benchmark's, and is there.
     assert all(r["broker_fetch_send_p99_ms"] is None for r in document["rows"])
+    assert all(r["broker_produce_cpu_s_per_gb"] is None and r["broker_consume_cpu_s_per_gb"] is None
+               for r in document["rows"])
+    busy = [r["producer_thread_busy"] for r in document["rows"] if r["section"] == "targets"]
+    assert busy and all(0 < b <= 1.05 for b in busy), busy
     assert broker.alive(), "the benchmark must not stop a broker it did not start"
 
 
@@ -77,6 +82,33 @@ def test_a_matched_run_reads_the_first_brokers_pass_count(broker_factory):
     # As planned it would read for two minutes (at most ten passes); matched, it stops after the third.
     assert figures["consume_passes"] == 3
     assert figures["consumed"] == 3 * figures["records"] == 6_000
+
+
+def test_the_broker_and_the_producer_are_charged_their_cpu_per_window(broker_factory):
+    """With the broker's pid, a workload whose consumers read after the producers are done gets the broker's
+    CPU seconds per GB for each window; the producer's queuing thread and whole process are timed over its
+    own. A tailing (concurrent) workload has one window for both, so no per-window broker figure."""
+    import multiprocessing
+
+    from benchmarks.throughput import Workload, run_workload
+
+    broker = broker_factory()
+    ctx = multiprocessing.get_context("forkserver")
+    # 50 MB produced, read twice: tens of milliseconds of broker CPU in each window, several clock ticks.
+    work = Workload("targets", 1000, 50_000, read_passes=2, label="cpu", topic="bench-cpu-windows")
+    figures = run_workload(ctx, broker.bootstrap, work, broker_pid=broker.pid)
+    # Receiving, checking and appending 50 MB, then serving 100 MB, costs the broker something, and far less
+    # than a minute per GB.
+    assert 0 < figures["broker_produce_cpu_s_per_gb"] < 60, figures
+    assert 0 < figures["broker_consume_cpu_s_per_gb"] < 60, figures
+    # One queuing thread is at most one core; its process, with librdkafka's threads, at most this machine.
+    assert 0 < figures["producer_thread_busy"] <= 1.05, figures
+    assert figures["producer_thread_busy"] - 0.05 <= figures["producer_cores"] <= os.cpu_count() + 0.05, figures
+
+    tailing = run_workload(ctx, broker.bootstrap, Workload("matrix", 1000, 5_000, concurrent=True, label="tail",
+                                                           topic="bench-cpu-tailing"), broker_pid=broker.pid)
+    assert "broker_produce_cpu_s_per_gb" not in tailing and "broker_consume_cpu_s_per_gb" not in tailing
+    assert 0 < tailing["producer_thread_busy"] <= 1.05, tailing
 
 
 def test_disk_reads_are_counted(tmp_path):
