@@ -23,12 +23,29 @@ For one segment (1 GiB as RocketMQ's, smaller in --quick), a fresh file each tim
 being filled); ``append_ms``/``mb_per_s`` are the appends alone, ``p99_us``/``max_us`` the latency of
 single append calls (a stall there is a stall on the event loop). Rows: ``batch_bytes, variant, prep_ms,
 append_ms, mb_per_s, p50_us, p99_us, max_us, vs_sparse``.
+
+Pre-faulting moves the cost of the first touch off the appending thread; it does not remove it. The
+"first touch" table prices it in CPU seconds per GiB of data put into the page cache of a fresh file, two
+ways, on memory settled before every run (``Benchmark.settle``: on this VM freed memory goes back to the
+hypervisor, which backs each page again on its first touch):
+
+- ``write()``: ``os.write`` of 1 MiB chunks appended to an empty file (Kafka's path, a produce request's
+  batches written as they come);
+- ``write() 4 MiB``: the same in 4 MiB chunks;
+- ``MADV_POPULATE_WRITE + copy``: copyless's path: ``posix_fallocate``, map, pre-fault, then the 1 MiB
+  chunks copied into the map;
+- ``zeros by write() + MADV_POPULATE_WRITE + copy``: the page cache filled by writing zeros in 1 MiB chunks
+  first, then pre-faulted and copied into as above.
+
+Rounds alternate which way goes first; the ratio is of the medians (``populate_copy_vs_write_cpu``, 1.0:
+the mmap path costs the CPU the write path does).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +57,8 @@ PAGE_BYTES = mmap.PAGESIZE
 # MADV_POPULATE_WRITE from <linux/mman.h>; Python 3.11 does not export it.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 VARIANTS = ("sparse", "fallocate", "MAP_POPULATE", "MADV_POPULATE_WRITE", "written ahead", "touched per page")
+FIRST_TOUCH_WAYS = ("write()", "write() 4 MiB", "MADV_POPULATE_WRITE + copy",
+                    "zeros by write() + MADV_POPULATE_WRITE + copy")
 
 
 class _Unsupported(Exception):
@@ -107,6 +126,55 @@ def _run(variant: str, path: Path, segment_bytes: int, batch: bytes) -> tuple[fl
     return prep_s, durations
 
 
+def _first_touch_cpu_s(way: str, path: Path, nbytes: int) -> tuple[float, float]:
+    """CPU seconds of this process to put ``nbytes`` (a multiple of 4 MiB) of non-zero data into a fresh
+    file's page cache ``way``, and of that the pre-fault alone (zeros written and MADV_POPULATE_WRITE; 0 for
+    the write() ways)."""
+    chunk = bytes(range(1, 256)) * (MIB // 255) + bytes(range(1, MIB % 255 + 1))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        started = time.process_time()
+        prefault = 0.0
+        if way.startswith("write()"):
+            data = chunk * (4 if way.endswith("4 MiB") else 1)
+            for _ in range(nbytes // len(data)):
+                os.write(fd, data)
+        else:
+            os.posix_fallocate(fd, 0, nbytes)
+            if way.startswith("zeros"):
+                zeros = bytes(MIB)
+                for position in range(0, nbytes, MIB):
+                    os.pwrite(fd, zeros, position)
+            with mmap.mmap(fd, nbytes) as segment:
+                segment.madvise(MADV_POPULATE_WRITE, 0, nbytes)
+                prefault = time.process_time() - started
+                for position in range(0, nbytes, MIB):
+                    segment[position:position + MIB] = chunk
+        return time.process_time() - started, prefault
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def _first_touch(bench: Benchmark, scratch: Path, nbytes: int, rounds: int) -> list[dict[str, Any]]:
+    """The first-touch table's rows: per way, CPU seconds per GiB in each round (order alternating), and
+    their median."""
+    per_gib = (1 << 30) / nbytes
+    seconds: dict[str, list[tuple[float, float]]] = {way: [] for way in FIRST_TOUCH_WAYS}
+    with bench.progress(rounds * len(FIRST_TOUCH_WAYS), "runs", label="first touch") as bar:
+        for number in range(rounds):
+            for way in FIRST_TOUCH_WAYS if number % 2 == 0 else FIRST_TOUCH_WAYS[::-1]:
+                bar.describe(f"first touch, {way}")
+                bench.settle()
+                total, prefault = _first_touch_cpu_s(way, scratch / "first-touch.log", nbytes)
+                seconds[way].append((total * per_gib, prefault * per_gib))
+                bar.advance(1)
+    return [{"way": way, "cpu_s_per_gib": statistics.median(t for t, _ in runs),
+             "prefault_cpu_s_per_gib": statistics.median(p for _, p in runs),
+             "by_round": [round(t, 2) for t, _ in runs]}
+            for way, runs in seconds.items()]
+
+
 def main(argv=None) -> dict[str, Any]:
     bench = Benchmark("mmap_warmup",
                       "append into an mmap'd segment: sparse, fallocate, MAP_POPULATE, MADV_POPULATE_WRITE, warmed",
@@ -120,8 +188,11 @@ def main(argv=None) -> dict[str, Any]:
     bench.note(f"segment {segment_bytes // MIB} MiB, a fresh file per run; the page cache, not the disk, "
                f"takes the writes (nothing is fsynced)")
 
+    first_touch_bytes = bench.pick(full=512 * MIB, quick=128 * MIB, tiny=8 * MIB)
+    first_touch_rounds = bench.pick(full=3, quick=1, tiny=2)
     results: dict[tuple[int, str], list[tuple[float, list[int]]]] = {}
     unsupported: set[str] = set()
+    first_touch: list[dict[str, Any]] = []
     with bench.scratch_dir() as scratch:
         path = scratch / "00000000000000000000.log"
         # A process's first mapping of fresh memory is slower than later ones: take that hit off the clock.
@@ -146,6 +217,8 @@ def main(argv=None) -> dict[str, Any]:
                             if path.exists():
                                 path.unlink()
                         bar.advance(1)
+        if "MADV_POPULATE_WRITE" not in unsupported:
+            first_touch = _first_touch(bench, scratch, first_touch_bytes, first_touch_rounds)
 
     for batch_bytes in batch_sizes:
         sparse_rate = None
@@ -177,6 +250,17 @@ def main(argv=None) -> dict[str, Any]:
             if rate is not None and base:
                 key = variant.lower().replace(" ", "_")
                 ratios[f"{key}_vs_sparse_{batch_bytes // 1024}KiB"] = rate / base
+    if first_touch:
+        cost = {r["way"]: r["cpu_s_per_gib"] for r in first_touch}
+        if cost["write()"] > 0:
+            ratios["populate_copy_vs_write_cpu"] = cost["MADV_POPULATE_WRITE + copy"] / cost["write()"]
+        if cost["MADV_POPULATE_WRITE + copy"] > 0:
+            ratios["zeros_first_vs_populate_cpu"] = (cost["zeros by write() + MADV_POPULATE_WRITE + copy"]
+                                                     / cost["MADV_POPULATE_WRITE + copy"])
+        bench.table(f"First touch: CPU seconds per GiB put into a fresh file's page cache, on settled memory "
+                    f"({first_touch_bytes // MIB} MiB per run, {first_touch_rounds} round(s), order "
+                    f"alternating; median and by round; prefault = the part before the copy: zeros written and "
+                    f"MADV_POPULATE_WRITE)", first_touch)
     bench.table("Reference figures measured earlier on a machine of this size (1 MiB chunks, GB/s)", [
         {"case": "first touch, sparse (ftruncate)", "gb_per_s": 1.87},
         {"case": "first touch, posix_fallocate", "gb_per_s": 2.35},
@@ -208,7 +292,8 @@ def main(argv=None) -> dict[str, Any]:
 
     return bench.finish(ratios=ratios, chart=chart,
                         extra={"segment_bytes": segment_bytes, "batch_sizes": batch_sizes,
-                               "unsupported": sorted(unsupported)},
+                               "unsupported": sorted(unsupported), "first_touch": first_touch,
+                               "first_touch_bytes": first_touch_bytes},
                         columns=["batch_bytes", "variant", "prep_ms", "append_ms", "mb_per_s", "vs_sparse",
                                  "p50_us", "p99_us", "max_us", "total_ms"])
 

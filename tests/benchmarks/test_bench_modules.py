@@ -120,6 +120,14 @@ def _check_mmap_warmup(document: dict) -> None:
         assert variants == expected, variants
         for row in _rows_with(document, batch_bytes=batch):
             assert row["mb_per_s"] > 0 and row["prep_ms"] >= 0 and row["max_us"] >= row["p50_us"] > 0
+    # The first-touch table prices both ways of filling page cache; only the mmap way has a pre-fault part.
+    ways = {r["way"]: r for r in document["first_touch"]}
+    assert list(ways) == list(mmap_warmup.FIRST_TOUCH_WAYS)
+    assert all(r["cpu_s_per_gib"] > 0 and len(r["by_round"]) == 2 for r in ways.values()), ways
+    assert ways["write()"]["prefault_cpu_s_per_gib"] == ways["write() 4 MiB"]["prefault_cpu_s_per_gib"] == 0
+    for way in ("MADV_POPULATE_WRITE + copy", "zeros by write() + MADV_POPULATE_WRITE + copy"):
+        assert 0 < ways[way]["prefault_cpu_s_per_gib"] <= ways[way]["cpu_s_per_gib"], ways[way]
+    assert document["ratios"]["populate_copy_vs_write_cpu"] > 0
 
 
 def _check_throughput(document: dict) -> None:
