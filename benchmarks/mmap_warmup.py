@@ -25,7 +25,7 @@ single append calls (a stall there is a stall on the event loop). Rows: ``batch_
 append_ms, mb_per_s, p50_us, p99_us, max_us, vs_sparse``.
 
 Pre-faulting moves the cost of the first touch off the appending thread; it does not remove it. The
-"first touch" table prices it in CPU seconds per GiB of data put into the page cache of a fresh file, two
+"first touch" table prices it in CPU seconds per GiB of data put into the page cache of a fresh file, four
 ways, on memory settled before every run (``Benchmark.settle``: on this VM freed memory goes back to the
 hypervisor, which backs each page again on its first touch):
 
@@ -37,8 +37,9 @@ hypervisor, which backs each page again on its first touch):
 - ``zeros by write() + MADV_POPULATE_WRITE + copy``: the page cache filled by writing zeros in 1 MiB chunks
   first, then pre-faulted and copied into as above.
 
-Rounds alternate which way goes first; the ratio is of the medians (``populate_copy_vs_write_cpu``, 1.0:
-the mmap path costs the CPU the write path does).
+Rounds alternate which way goes first; the ratios are of the medians (``populate_copy_vs_write_cpu``,
+1.0: the mmap path costs the CPU the write path does; ``zeros_first_vs_populate_cpu``, under 1.0: writing
+zeros first makes the mmap path cheaper).
 """
 
 from __future__ import annotations

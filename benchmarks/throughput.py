@@ -1066,6 +1066,7 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None,
 
     def broker_cpu() -> float | None:
         return cpu_seconds(broker_pid) if broker_pid else None
+
     if not work.consume_only:
         create_topic(bootstrap, work.topic, work.partitions)
     ready = ctx.Queue()
