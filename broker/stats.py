@@ -16,6 +16,10 @@ Three latency histograms say whether the broker itself kept a consumer waiting:
 - ``loop_lag``: how late a 100 ms timer on the event loop fires; anything that holds the loop thread (a
   slow handler, a blocking call, the thread not being scheduled) shows up here.
 
+Two storage counters, kept by the log's pre-fault chases (``broker.storage.segment.PREFAULT_STATS``, all
+partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writing zeros ahead of the appends,
+and ``prefault_append_waits``, appends that waited for a chunk of those zeros to be written.
+
 A histogram's snapshot carries its raw buckets, so whoever reads two snapshots can subtract them and get
 the quantiles of the window in between (the throughput benchmark does, for each consume).
 
@@ -28,6 +32,8 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+from broker.storage.segment import PREFAULT_STATS
 
 __all__ = ["BrokerStats", "LatencyHistogram", "histogram_quantile"]
 
@@ -143,6 +149,8 @@ class BrokerStats:
             "fetch_prepare": self.fetch_prepare.snapshot(),
             "fetch_send": self.fetch_send.snapshot(),
             "loop_lag": self.loop_lag.snapshot(),
+            "prefault_zeroed_bytes": PREFAULT_STATS["zeroed_bytes"],
+            "prefault_append_waits": PREFAULT_STATS["append_waits"],
         }
 
     def log_line(self) -> str:
@@ -153,7 +161,9 @@ class BrokerStats:
             f"fetch_sendfile_bytes={self.fetch_sendfile_bytes} fetch_copied_bytes={self.fetch_copied_bytes} "
             f"sendfile_share={self.sendfile_share:.1%} response_bytes={self.response_bytes} "
             f"fetch_send_p99_ms={_text(self.fetch_send.snapshot()['p99_ms'])} "
-            f"loop_lag_max_ms={self.loop_lag.max_s * 1000:.1f}"
+            f"loop_lag_max_ms={self.loop_lag.max_s * 1000:.1f} "
+            f"prefault_zeroed_bytes={PREFAULT_STATS['zeroed_bytes']} "
+            f"prefault_append_waits={PREFAULT_STATS['append_waits']}"
         )
 
 

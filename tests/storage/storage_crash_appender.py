@@ -1,18 +1,22 @@
 """Append forever (or until a failpoint SIGKILLs us) to one log, with rolls, retention, flushes and
 checkpoints; report every acknowledged offset on stdout. Used by test_storage_crash.py.
 
-Usage: python storage_crash_appender.py DATA_DIR SEED MAX_APPENDS
+Usage: python storage_crash_appender.py DATA_DIR SEED MAX_APPENDS [zeros-racing]
+``zeros-racing``: the pre-fault chases write zeros from the first page past the appends (margin 0, page-sized
+chunks), so a kill lands while zeros and appends interleave.
 Each record's value is a pure function of its offset (expected_value), so a reader can check any record.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 
 from storage_batches import build_batch
 
 from broker.storage import LogConfig, LogManager
+from broker.storage import segment as segment_module
 
 CONFIG = LogConfig(segment_bytes=24 << 10, segment_index_bytes=1024, index_interval_bytes=1024, retention_ms=None,
                    retention_bytes=96 << 10, file_delete_delay_ms=0)
@@ -25,6 +29,10 @@ def expected_value(offset: int) -> bytes:
 
 def main() -> None:
     data_dir, seed, max_appends = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if sys.argv[4:] == ["zeros-racing"]:
+        segment_module.PREFAULT_WRITES_ZEROS = True
+        segment_module.ZERO_MARGIN_BYTES = 0
+        segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
     rng = random.Random(seed)
     manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
     manager.startup()

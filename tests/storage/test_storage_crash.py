@@ -33,7 +33,8 @@ SEED = int(os.environ.get("COPYLESS_CRASH_SEED", random.randrange(1 << 30)))
 
 
 def run_appender(data_dir: Path, seed: int, *, failpoint: str | None = None, skip: int = 0,
-                 kill_after_s: float | None = None, max_appends: int = 400) -> tuple[int, int, int]:
+                 kill_after_s: float | None = None, max_appends: int = 400,
+                 zeros_racing: bool = False) -> tuple[int, int, int]:
     """Run the appender; return (exit status, last acknowledged offset or -1, last flushed offset or 0)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("COPYLESS_FAILPOINT", None)
@@ -41,7 +42,7 @@ def run_appender(data_dir: Path, seed: int, *, failpoint: str | None = None, ski
         env["COPYLESS_FAILPOINT"] = failpoint
         env["COPYLESS_FAILPOINT_SKIP"] = str(skip)
     process = subprocess.Popen([sys.executable, str(HERE / "storage_crash_appender.py"), str(data_dir), str(seed),
-                                str(max_appends)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+                                str(max_appends)] + (["zeros-racing"] if zeros_racing else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     if kill_after_s is not None:
         # Wait until it is appending, then kill at a random moment.
         first = process.stdout.readline()
@@ -121,6 +122,22 @@ def test_kill_at_random_moments(tmp_path):
     for round_number in range(4):
         status, acked, flushed = run_appender(data_dir, SEED + round_number, kill_after_s=rng.uniform(0.0, 0.4),
                                               max_appends=100_000)
+        assert status == -signal.SIGKILL
+        start, end = check_log(data_dir, acked, flushed)
+        assert end >= last_end, "recovery lost data acknowledged in an earlier round"
+        last_end = end
+
+
+def test_kill_while_zeros_race_the_appends(tmp_path):
+    """The pre-fault's zeros claimed right behind the appends (margin 0): no acknowledged record may be wiped
+    by zeros that landed after it was copied, whatever moment the kill hits."""
+    print(f"crash test seed={SEED}")
+    rng = random.Random(SEED + 1000)
+    data_dir = tmp_path / "data"
+    last_end = 0
+    for round_number in range(3):
+        status, acked, flushed = run_appender(data_dir, SEED + round_number, kill_after_s=rng.uniform(0.0, 0.4),
+                                              max_appends=100_000, zeros_racing=True)
         assert status == -signal.SIGKILL
         start, end = check_log(data_dir, acked, flushed)
         assert end >= last_end, "recovery lost data acknowledged in an earlier round"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -212,8 +214,8 @@ class RecordingExecutor(ThreadPoolExecutor):
         self.ranges: list[tuple[int, int]] = []
 
     def submit(self, function, *args, **kwargs):
-        _region, _fd, start, length = args[:4]
-        self.ranges.append((start, start + length))
+        _region, _fd, start, end = args[:4]
+        self.ranges.append((start, end))
         return super().submit(function, *args, **kwargs)
 
 
@@ -261,3 +263,121 @@ def test_an_active_segment_map_reads_no_pages_around_a_fault(window_manager, win
     append_until_roll(window_log)
     window_manager.wait_for_background()  # the new segment's files have their final names
     assert "rr" in vm_flags_of(window_log.segments[-1].log_path)
+
+
+# --- zeros ahead of the appends ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def segment_file(tmp_path):
+    """An 8 MiB preallocated file and its shared map."""
+    fd = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT, 0o644)
+    preallocate(fd, 8 * MIB)
+    region = mmap.mmap(fd, 8 * MIB)
+    try:
+        yield fd, region
+    finally:
+        region.close()
+        os.close(fd)
+
+
+def test_a_chase_writes_zeros_then_maps_the_pages(segment_file, monkeypatch):
+    fd, region = segment_file
+    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
+    zeroed = segment_module.PREFAULT_STATS["zeroed_bytes"]
+    prefault = segment_module.Prefault()
+    assert prefault.want(6 * MIB)
+    prefault.chase(region, fd, lambda: 8 * MIB)
+    assert prefault.method == "zeros+madvise"
+    # Nothing has been appended: zeros go from the margin past position 0 to the target.
+    assert segment_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - segment_module.ZERO_MARGIN_BYTES
+    assert all(present_pages(region, 0, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
+    assert region[:6 * MIB] == bytes(6 * MIB)
+    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", False)
+    assert prefault.want(7 * MIB)
+    prefault.chase(region, fd, lambda: 8 * MIB)
+    assert prefault.method == "madvise"
+    assert segment_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - segment_module.ZERO_MARGIN_BYTES
+    assert all(present_pages(region, 6 * MIB, 7 * MIB))
+
+
+def test_zeros_are_claimed_only_past_the_appends_by_the_margin(segment_file):
+    prefault = segment_module.Prefault()
+    prefault.begin_append(0, 5000)
+    margin = segment_module.ZERO_MARGIN_BYTES
+    first_page = (5000 + margin + PAGE - 1) // PAGE * PAGE
+    claim = prefault.claim(0, 8 * MIB)
+    assert claim == (first_page, 8 * MIB)
+    prefault.release(claim)
+    assert prefault.claim(0, first_page) is None, "nothing of the range is far enough past the appends"
+    prefault.begin_append(5000, 3 * MIB)
+    assert prefault.claim(0, 5 * MIB) == (3 * MIB + margin, 5 * MIB)
+
+
+def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatch):
+    """The race the claims exist for, forced: a chunk of zeros is held mid-write while an append copies into
+    the same pages. Without the wait, the zeros written after the copy wipe the appended bytes."""
+    fd, region = segment_file
+    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
+    monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
+    writing, resume = threading.Event(), threading.Event()
+    real_write_zeros = segment_module.write_zeros
+
+    def held_write_zeros(fd_, start, end):
+        writing.set()
+        assert resume.wait(30)
+        real_write_zeros(fd_, start, end)
+
+    monkeypatch.setattr(segment_module, "write_zeros", held_write_zeros)
+    waits = segment_module.PREFAULT_STATS["append_waits"]
+    prefault = segment_module.Prefault()
+    assert prefault.want(2 * MIB)
+    chase = threading.Thread(target=prefault.chase, args=(region, fd, lambda: 8 * MIB))
+    chase.start()
+    assert writing.wait(30), "the chase claimed its first chunk"
+    assert prefault._claims == [(0, 1 * MIB)]
+    data = bytes(range(1, 256)) * 64
+
+    def append() -> None:
+        prefault.begin_append(0, len(data))
+        region[0:len(data)] = data
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    appender.join(0.5)
+    assert appender.is_alive(), "the append copied into pages a chunk of zeros was being written over"
+    resume.set()
+    appender.join(30)
+    chase.join(30)
+    assert not appender.is_alive() and not chase.is_alive()
+    assert segment_module.PREFAULT_STATS["append_waits"] == waits + 1
+    assert region[0:len(data)] == data, "the appended bytes survived the zeros"
+    assert os.pread(fd, len(data), 0) == data
+    # The chunk after it was claimed past the append's end, not over it.
+    assert prefault.position == 2 * MIB and not prefault._claims
+
+
+def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
+    """Real threads, no holds: one chase zeroes page-sized chunks right behind the appends (margin 0) while
+    this thread appends odd-sized runs; every appended byte must be in the file afterwards."""
+    fd, region = segment_file
+    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
+    monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
+    monkeypatch.setattr(segment_module, "ZERO_CHUNK_BYTES", PAGE)
+    rng = random.Random(7)
+    prefault = segment_module.Prefault()
+    written = 0
+    model = bytearray()
+    with ThreadPoolExecutor(1) as warm:
+        while written < 7 * MIB:
+            if prefault.want(min(8 * MIB, written + 1 * MIB)):
+                warm.submit(prefault.chase, region, fd, lambda: 8 * MIB, lambda: written)
+            size = rng.choice((100, 1000, 5000, 40_000))
+            data = rng.randbytes(size)
+            prefault.begin_append(written, written + size)
+            region[written:written + size] = data
+            model += data
+            written += size
+        assert prefault.idle.wait(30)
+    assert region[:written] == model
+    assert segment_module.PREFAULT_STATS["zeroed_bytes"] > 0

@@ -6,6 +6,9 @@ LogAppendTime), read at random offsets and sizes, look up timestamps, roll, appl
 reopen cleanly, and crash (drop everything without flushing, then truncate the active segment at a random
 byte or overwrite its tail with garbage or zeros, never below what was flushed).
 
+The second machine runs the same rules with the pre-fault chases writing zeros right behind the appends
+(margin 0, page-sized chunks) instead of a megabyte past them, so the warm thread's zeros race every append.
+
 Invariants: offsets are contiguous from log_start_offset to log_end_offset; every read returns the model's
 records under Kafka's fetch rules; timestamp lookups match Kafka's rule; after a crash the reopened log
 equals a prefix of the model that contains everything flushed.
@@ -25,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from storage_batches import build_batch, records_of
 
 from broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
+from broker.storage import segment as segment_module
 from client.protocol.records import iter_batches, read_header
 
 record_value = st.binary(min_size=0, max_size=300)
@@ -313,3 +317,26 @@ PartitionLogMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 test_partition_log_matches_model = PartitionLogMachine.TestCase
+
+
+class ZerosRacingAppendsMachine(PartitionLogMachine):
+    """The same model with zeros claimed at the first page past the appends' published end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved = (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
+                      segment_module.ZERO_CHUNK_BYTES)
+        segment_module.PREFAULT_WRITES_ZEROS = True
+        segment_module.ZERO_MARGIN_BYTES = 0
+        segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
+             segment_module.ZERO_CHUNK_BYTES) = self.saved
+
+
+ZerosRacingAppendsMachine.TestCase.settings = PartitionLogMachine.TestCase.settings
+test_partition_log_with_zeros_racing_the_appends = ZerosRacingAppendsMachine.TestCase
