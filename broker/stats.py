@@ -18,7 +18,8 @@ Three latency histograms say whether the broker itself kept a consumer waiting:
 
 Two storage counters, kept by the log's pre-fault chases (``broker.storage.segment.PREFAULT_STATS``, all
 partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writing zeros ahead of the appends,
-and ``prefault_append_waits``, appends that waited for a chunk of those zeros to be written.
+and ``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (the event
+loop held meanwhile: ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest).
 
 A histogram's snapshot carries its raw buckets, so whoever reads two snapshots can subtract them and get
 the quantiles of the window in between (the throughput benchmark does, for each consume).
@@ -151,6 +152,8 @@ class BrokerStats:
             "loop_lag": self.loop_lag.snapshot(),
             "prefault_zeroed_bytes": PREFAULT_STATS["zeroed_bytes"],
             "prefault_append_waits": PREFAULT_STATS["append_waits"],
+            "prefault_append_wait_s": round(PREFAULT_STATS["append_wait_s"], 6),
+            "prefault_append_wait_max_ms": round(PREFAULT_STATS["append_wait_max_s"] * 1000, 3),
         }
 
     def log_line(self) -> str:
@@ -163,7 +166,8 @@ class BrokerStats:
             f"fetch_send_p99_ms={_text(self.fetch_send.snapshot()['p99_ms'])} "
             f"loop_lag_max_ms={self.loop_lag.max_s * 1000:.1f} "
             f"prefault_zeroed_bytes={PREFAULT_STATS['zeroed_bytes']} "
-            f"prefault_append_waits={PREFAULT_STATS['append_waits']}"
+            f"prefault_append_waits={PREFAULT_STATS['append_waits']} "
+            f"prefault_append_wait_max_ms={PREFAULT_STATS['append_wait_max_s'] * 1000:.1f}"
         )
 
 

@@ -305,6 +305,7 @@ class PartitionLog:
         did, left the head cold and the appends after a roll at 0.2x the warm rate."""
         written = active.written_position
         prefault = active.prefault
+        prefault.rate_margin = int(bytes_per_ms * segment_module.ZERO_MARGIN_MS)
         if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
             self._background.submit_warm(prefault.idle, active.chase, self._background.prefault_helper)
         prepared = self._prepared

@@ -164,13 +164,21 @@ def _observe_prefault(length: int, seconds: float) -> None:
 # the appends' memcpy takes no fault. COPYLESS_PREFAULT_ZEROS=0 turns the zeros off.
 PREFAULT_WRITES_ZEROS = os.environ.get("COPYLESS_PREFAULT_ZEROS", "1") != "0"
 # Unlike MADV_POPULATE_WRITE, a write of zeros changes the file: one that raced an append would wipe records
-# just copied into the map. So zeros go only under a claim (Prefault.claim), at least this far past the
-# furthest byte an append has begun writing; nearer (a chase that fell behind the appends), the pages are
-# only populated. The margin makes an append that must wait for a claim rare: it takes one append of more
-# than a megabyte landing while a chunk is being written, and the wait is that chunk's pwrite (0.3-2 ms).
+# just copied into the map. So zeros go only under a claim (Prefault.claim), a margin past the furthest byte
+# an append has begun writing; nearer (a chase that fell behind the appends), the pages are only populated.
+# An append that reaches into a claim waits for that chunk's pwrite (0.3-2 ms), holding the event loop. The
+# margin is the largest of ZERO_MARGIN_BYTES, ZERO_MARGIN_APPENDS times the recent appends' size (the
+# largest, decaying by an eighth per append) and ZERO_MARGIN_MS of the append rate. Measured on 1.5 GiB
+# produce runs of 1 KB and 10 KB records (librdkafka's requests of 1-2 MB): with a fixed 1 MiB, 90-158
+# appends waited per run; with twice the appends' size, 9-81, for 0.03-0.34 s in all and up to 16.5 ms at a
+# time (the warm thread descheduled while it held a claim: two cores, shared with the producer). 40 ms of
+# the rate is under a tenth of the window (WARM_AHEAD_MS, 500 ms of it).
 ZERO_MARGIN_BYTES = 1 << 20
-# How the chases went, all logs together: bytes zeroed, and appends that had to wait for a zero chunk.
-PREFAULT_STATS = {"zeroed_bytes": 0, "append_waits": 0}
+ZERO_MARGIN_APPENDS = 2
+ZERO_MARGIN_MS = 40
+# How the chases went, all logs together: bytes zeroed, and appends that had to wait for a zero chunk (how
+# many, their seconds in all and the longest wait: time the event loop was held).
+PREFAULT_STATS = {"zeroed_bytes": 0, "append_waits": 0, "append_wait_s": 0.0, "append_wait_max_s": 0.0}
 _stats_lock = threading.Lock()
 
 
@@ -191,8 +199,8 @@ class Prefault:
     roll, so a chase of the spare's head that is still running after the roll is held off the appends too.
     """
 
-    __slots__ = ("position", "target", "stopped", "idle", "method", "seconds", "append_end", "_claims",
-                 "_released")
+    __slots__ = ("position", "target", "stopped", "idle", "method", "seconds", "append_end", "append_span",
+                 "rate_margin", "_claims", "_released")
 
     def __init__(self, position: int = 0) -> None:
         self.position = position
@@ -203,6 +211,8 @@ class Prefault:
         self.method = ""
         self.seconds = 0.0
         self.append_end = position  # the furthest byte an append has begun writing (loop thread)
+        self.append_span = 0  # the recent appends' size: the largest, decaying by an eighth per append
+        self.rate_margin = 0  # ZERO_MARGIN_MS of the append rate, in bytes (set by the log, loop thread)
         self._claims: list[tuple[int, int]] = []  # ranges being zeroed (at most one per chasing thread)
         self._released = threading.Condition(threading.Lock())
 
@@ -221,11 +231,17 @@ class Prefault:
         with self._released:
             if end > self.append_end:
                 self.append_end = end
+            span = self.append_span - (self.append_span >> 3)
+            self.append_span = max(span, end - start)
             if self._claims and self._overlaps(start, end):
-                with _stats_lock:
-                    PREFAULT_STATS["append_waits"] += 1
+                waited = time.perf_counter()
                 while self._overlaps(start, end):
                     self._released.wait()
+                waited = time.perf_counter() - waited
+                with _stats_lock:
+                    PREFAULT_STATS["append_waits"] += 1
+                    PREFAULT_STATS["append_wait_s"] += waited
+                    PREFAULT_STATS["append_wait_max_s"] = max(PREFAULT_STATS["append_wait_max_s"], waited)
 
     def _overlaps(self, start: int, end: int) -> bool:
         return any(claim_start < end and start < claim_end for claim_start, claim_end in self._claims)
@@ -235,7 +251,8 @@ class Prefault:
         page of it is far enough past the appends. Release with ``release``."""
         page = mmap.PAGESIZE
         with self._released:
-            start = max(start, self.append_end + ZERO_MARGIN_BYTES)
+            margin = max(ZERO_MARGIN_BYTES, ZERO_MARGIN_APPENDS * self.append_span, self.rate_margin)
+            start = max(start, self.append_end + margin)
             start += -start % page
             if start >= end:
                 return None

@@ -32,6 +32,8 @@ def main() -> None:
     if sys.argv[4:] == ["zeros-racing"]:
         segment_module.PREFAULT_WRITES_ZEROS = True
         segment_module.ZERO_MARGIN_BYTES = 0
+        segment_module.ZERO_MARGIN_APPENDS = 0
+        segment_module.ZERO_MARGIN_MS = 0
         segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
     rng = random.Random(seed)
     manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)

@@ -310,8 +310,19 @@ def test_zeros_are_claimed_only_past_the_appends_by_the_margin(segment_file):
     assert claim == (first_page, 8 * MIB)
     prefault.release(claim)
     assert prefault.claim(0, first_page) is None, "nothing of the range is far enough past the appends"
-    prefault.begin_append(5000, 3 * MIB)
-    assert prefault.claim(0, 5 * MIB) == (3 * MIB + margin, 5 * MIB)
+    prefault.begin_append(5000, 400 * KIB)
+    assert prefault.claim(0, 2 * MIB) == (400 * KIB + margin, 2 * MIB)
+    prefault.release((400 * KIB + margin, 2 * MIB))
+    # An append of 2 MiB (one produce request of librdkafka's largest batches) widens the margin to twice
+    # its size, and it shrinks by an eighth per append after it.
+    prefault.begin_append(400 * KIB, 400 * KIB + 2 * MIB)
+    assert prefault.claim(0, 8 * MIB) == (400 * KIB + 6 * MIB, 8 * MIB)
+    prefault.release((400 * KIB + 6 * MIB, 8 * MIB))
+    prefault.begin_append(400 * KIB + 2 * MIB, 400 * KIB + 2 * MIB + 100)
+    assert prefault.claim(0, 8 * MIB) == (400 * KIB + 2 * MIB + 4096 + 2 * (2 * MIB - 2 * MIB // 8), 8 * MIB)
+    # The log sets a margin of ZERO_MARGIN_MS of its append rate; the largest of the three counts.
+    prefault.rate_margin = 5 * MIB
+    assert prefault.claim(0, 8 * MIB) == (400 * KIB + 2 * MIB + 4096 + 5 * MIB, 8 * MIB)
 
 
 def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatch):
@@ -320,6 +331,7 @@ def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatc
     fd, region = segment_file
     monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
     monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
+    monkeypatch.setattr(segment_module, "ZERO_MARGIN_APPENDS", 0)
     writing, resume = threading.Event(), threading.Event()
     real_write_zeros = segment_module.write_zeros
 
@@ -363,6 +375,7 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
     fd, region = segment_file
     monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
     monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
+    monkeypatch.setattr(segment_module, "ZERO_MARGIN_APPENDS", 0)
     monkeypatch.setattr(segment_module, "ZERO_CHUNK_BYTES", PAGE)
     rng = random.Random(7)
     prefault = segment_module.Prefault()

@@ -7,7 +7,7 @@ reopen cleanly, and crash (drop everything without flushing, then truncate the a
 byte or overwrite its tail with garbage or zeros, never below what was flushed).
 
 The second machine runs the same rules with the pre-fault chases writing zeros right behind the appends
-(margin 0, page-sized chunks) instead of a megabyte past them, so the warm thread's zeros race every append.
+(no margin, page-sized chunks) instead of a megabyte past them, so the warm thread's zeros race every append.
 
 Invariants: offsets are contiguous from log_start_offset to log_end_offset; every read returns the model's
 records under Kafka's fetch rules; timestamp lookups match Kafka's rule; after a crash the reopened log
@@ -325,9 +325,12 @@ class ZerosRacingAppendsMachine(PartitionLogMachine):
     def __init__(self) -> None:
         super().__init__()
         self.saved = (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
+                      segment_module.ZERO_MARGIN_APPENDS, segment_module.ZERO_MARGIN_MS,
                       segment_module.ZERO_CHUNK_BYTES)
         segment_module.PREFAULT_WRITES_ZEROS = True
         segment_module.ZERO_MARGIN_BYTES = 0
+        segment_module.ZERO_MARGIN_APPENDS = 0
+        segment_module.ZERO_MARGIN_MS = 0
         segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
 
     def teardown(self) -> None:
@@ -335,6 +338,7 @@ class ZerosRacingAppendsMachine(PartitionLogMachine):
             super().teardown()
         finally:
             (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
+             segment_module.ZERO_MARGIN_APPENDS, segment_module.ZERO_MARGIN_MS,
              segment_module.ZERO_CHUNK_BYTES) = self.saved
 
 
