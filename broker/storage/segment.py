@@ -193,7 +193,7 @@ class Prefault:
 
     Zeros and appends never overlap. Each append publishes its end before it copies (``begin_append``, loop
     thread) and waits while a claim overlaps its range; each chunk of zeros is claimed (``claim``, warm or
-    helper thread) only past the published end plus ZERO_MARGIN_BYTES, and released once written. Both sides
+    helper thread) only a margin past the published end (ZERO_MARGIN_*), and released once written. Both sides
     check under one lock, so an append either sees the claim and waits, or has published an end that the
     claim then starts beyond. The object is shared by a prepared segment and the segment made from it at a
     roll, so a chase of the spare's head that is still running after the roll is held off the appends too.
@@ -227,7 +227,7 @@ class Prefault:
 
     def begin_append(self, start: int, end: int) -> None:
         """Loop thread, before copying [start, end) into the map: publish ``end`` and wait out any zero chunk
-        being written over the range (rare: see ZERO_MARGIN_BYTES)."""
+        being written over the range (rare: see ZERO_MARGIN_MS)."""
         with self._released:
             if end > self.append_end:
                 self.append_end = end
@@ -300,11 +300,11 @@ class Prefault:
     def chase(self, region: mmap.mmap | None, fd: int, limit, floor=lambda: 0, helper=None, lead=None) -> None:
         """Warm thread: pre-fault [max(position, floor()), target), never past ``limit`` (the allocated prefix:
         a pre-fault of a sparse page could hit a full disk; a write of zeros there would allocate blocks). The
-        caller keeps the map and ``fd`` open until ``idle``;
-        ``limit``, ``floor`` and ``lead`` are callables read at each step. ``helper``: an executor that takes
-        the upper half of a step more than PREFAULT_SPLIT_BYTES long (waited for before the step counts as
-        done). ``lead``: the furthest the chase may go for now; a chase it stops short lowers the target to
-        where it stopped, so the next append that wants more queues a new chase."""
+        caller keeps the map and ``fd`` open until ``idle``; ``limit``, ``floor`` and ``lead`` are callables
+        read at each step. ``helper``: an executor that takes the upper half of a step more than
+        PREFAULT_SPLIT_BYTES long (waited for before the step counts as done). ``lead``: the furthest the chase
+        may go for now; a chase it stops short lowers the target to where it stopped, so the next append that
+        wants more queues a new chase."""
         started = time.perf_counter()
 
         def stopped() -> bool:
@@ -401,7 +401,8 @@ class PreparedSegment:
     """The next segment, created ahead of a roll under a temporary name (worker thread).
 
     ``ready`` is set once the files exist, are preallocated and mapped: from then on a roll may take it even
-    while pre-faulting is still running (the warm-up then races the appends harmlessly). Its log is
+    while pre-faulting is still running (the warm-up then races the appends harmlessly: its zeros are claimed
+    past them, see ``Prefault``). Its log is
     pre-faulted only as far as the active segment's pre-fault window reaches past the active end
     (``prefault``, moved by the appends), so a spare that is never rolled into costs no pre-faulting.
     """
