@@ -3,6 +3,10 @@
 A page whose page-table entry is present was pre-faulted (or written); pre-faulting the whole segment up
 front would show every page present. mincore() cannot tell: it reports pages in the page cache, and the
 kernel's read-ahead puts neighbours of every touched page there.
+
+The zeros a chase writes before it maps its pages: where the claims put them (a margin past the appends),
+an append that must wait for a chunk being written over its range (forced with a chunk held mid-write), and
+appends racing a chase on real threads with no margin at all, every byte kept.
 """
 
 from __future__ import annotations
