@@ -127,7 +127,7 @@ def _run(variant: str, path: Path, segment_bytes: int, batch: bytes) -> tuple[fl
     return prep_s, durations
 
 
-def _first_touch_cpu_s(way: str, path: Path, nbytes: int) -> tuple[float, float]:
+def first_touch_cpu_s(way: str, path: Path, nbytes: int) -> tuple[float, float]:
     """CPU seconds of this process to put ``nbytes`` (a multiple of 4 MiB) of non-zero data into a fresh
     file's page cache ``way``, and of that the pre-fault alone (zeros written and MADV_POPULATE_WRITE; 0 for
     the write() ways)."""
@@ -167,7 +167,7 @@ def _first_touch(bench: Benchmark, scratch: Path, nbytes: int, rounds: int) -> l
             for way in FIRST_TOUCH_WAYS if number % 2 == 0 else FIRST_TOUCH_WAYS[::-1]:
                 bar.describe(f"first touch, {way}")
                 bench.settle()
-                total, prefault = _first_touch_cpu_s(way, scratch / "first-touch.log", nbytes)
+                total, prefault = first_touch_cpu_s(way, scratch / "first-touch.log", nbytes)
                 seconds[way].append((total * per_gib, prefault * per_gib))
                 bar.advance(1)
     return [{"way": way, "cpu_s_per_gib": statistics.median(t for t, _ in runs),

@@ -32,8 +32,8 @@ from benchmarks._harness import format_bytes, format_table, format_value
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
-ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "client", "connections",
-         "throughput")
+ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "client",
+         "connections", "throughput")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -41,6 +41,7 @@ TITLES = {
     "poll": "poll vs epoll with idle connections (IBM pollset article, seed 003)",
     "mmap_warmup": "Warming an mmap'd segment (RocketMQ, seed 001)",
     "storage": "Storage engine",
+    "prefault": "The broker's pre-fault: zeros first vs MADV_POPULATE_WRITE alone",
     "client": "copyless client",
     "connections": "Many connections against the broker",
     "throughput": "End to end: copyless vs Apache Kafka",
@@ -115,6 +116,16 @@ def _headline_mmap_warmup(d: dict) -> str:
     return "append MB/s vs a sparse segment — " + ", ".join(parts)
 
 
+def _headline_prefault(d: dict) -> str:
+    lines = next((t["rows"] for t in d.get("tables", []) if t["title"].startswith("Zeros first")), [])
+    parts = [f"{line['record_bytes']} B: MB/s " + _verdict_cell(line["mb_per_s_ratio"], line["mb_per_s_interval"],
+                                                                 line["mb_per_s_verdict"], line["mb_per_s_ratio"])
+             + ", CPU/GB " + _verdict_cell(line["cpu_ratio"], line["cpu_interval"], line["cpu_verdict"],
+                                           line["cpu_ratio"])
+             for line in lines]
+    return "produce with zeros first / MADV_POPULATE_WRITE alone, per-round median — " + "; ".join(parts)
+
+
 def _verdict_cell(paired, interval, verdict: str | None, ratio, against: str = "") -> str:
     """``median [low, high] verdict`` where a table line has a verdict, else ``x`` and the ratio of medians."""
     if verdict:
@@ -164,6 +175,7 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "writev": _headline_writev,
     "poll": _headline_poll,
     "mmap_warmup": _headline_mmap_warmup,
+    "prefault": _headline_prefault,
     "throughput": _headline_throughput,
 }
 

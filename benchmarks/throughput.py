@@ -861,14 +861,15 @@ def _find_listen_address(text: str) -> tuple[str, int] | None:
     return None
 
 
-def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True,
-                   extra_args: tuple[str, ...] = ()) -> BrokerHandle:
-    """``copyless serve --data-dir D --listen 127.0.0.1:0``; returns once its startup line names the port."""
+def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True, extra_args: tuple[str, ...] = (),
+                   env: dict[str, str] | None = None) -> BrokerHandle:
+    """``copyless serve --data-dir D --listen 127.0.0.1:0``, with ``env`` added to this process's environment;
+    returns once its startup line names the port."""
     command = [sys.executable, "-m", "broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
     if not sendfile:
         command.append("--no-sendfile")
     command += list(extra_args)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     log_file = open(log_path, "ab")
     offset = log_path.stat().st_size

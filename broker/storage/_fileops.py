@@ -78,7 +78,7 @@ def map_address(region: mmap.mmap) -> int:
         del view
 
 
-def populate(region: mmap.mmap, fd: int, start: int, length: int, should_stop=lambda: False) -> str:
+def populate(region: mmap.mmap, start: int, length: int, should_stop=lambda: False) -> str:
     """Pre-fault [start, start+length) of a shared writable map. Returns the method used.
 
     madvise(MADV_POPULATE_WRITE) through ctypes, which drops the GIL for the call (``mmap.madvise`` keeps it,
@@ -87,8 +87,7 @@ def populate(region: mmap.mmap, fd: int, start: int, length: int, should_stop=la
     preallocated blocks), so the first append pays a minor fault instead of an allocation. Neither changes a
     byte of the file, so both may run over a range the appends are writing (``write_zeros`` may not).
 
-    The caller guarantees the map stays open until this returns. ``fd`` is unused (kept for the callers'
-    symmetry with ``write_zeros``).
+    The caller guarantees the map stays open until this returns.
     """
     global _populate_write_supported
     page = mmap.PAGESIZE

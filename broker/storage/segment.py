@@ -277,7 +277,7 @@ class Prefault:
             step_end = min(end, step_start + POPULATE_STEP_BYTES)
             if PREFAULT_WRITES_ZEROS:
                 self._write_zeros(fd, step_start, step_end)
-            method = populate(region, fd, step_start, step_end - step_start, stopped)
+            method = populate(region, step_start, step_end - step_start, stopped)
             if PREFAULT_WRITES_ZEROS and method == "madvise":
                 method = "zeros+madvise"
             step_start = step_end
@@ -476,7 +476,7 @@ class PreparedSegment:
             for index in (self.offset_index, self.time_index):
                 length = min(index.max_entries, expected_entries) * index.entry.size
                 if length and not self.stop_warm:
-                    populate(index._writable_map, index.fd, 0, length, stop)
+                    populate(index._writable_map, 0, length, stop)
         except OSError as exc:  # not fatal: the segment works, its first appends just fault pages in
             log.warning("pre-faulting %s failed: %s", self.log_path, exc)
         finally:
@@ -801,7 +801,7 @@ class Segment:
                     start = index.entries * index.entry.size
                     end = min(index.max_entries, expected_entries) * index.entry.size
                     if index.writable and end > start and not stop():
-                        populate(index._writable_map, index.fd, start, end - start, stop)
+                        populate(index._writable_map, start, end - start, stop)
         except OSError as exc:
             log.warning("warming %s failed: %s", self.log_path, exc)
         finally:

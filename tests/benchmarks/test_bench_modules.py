@@ -133,6 +133,28 @@ def _check_mmap_warmup(document: dict) -> None:
     assert document["ratios"]["populate_copy_vs_write_cpu"] > 0
 
 
+def _check_prefault(document: dict) -> None:
+    from benchmarks import prefault
+
+    rounds = document["rounds"]
+    probes = _rows_with(document, variant="memory probe")
+    assert [r["round"] for r in probes] == list(range(1, rounds + 1)), probes
+    assert all(r["populate_cpu_s_per_gib"] > 0 and r["zeros_cpu_s_per_gib"] > 0 for r in probes)
+    for size in document["sizes"]:
+        runs = _rows_with(document, record_bytes=size)
+        # One run per variant per round, the order alternating: zeros first in odd rounds.
+        assert [(r["round"], r["variant"]) for r in runs] == [
+            (n, v) for n in range(1, rounds + 1) for v in (prefault.VARIANTS if n % 2 else prefault.VARIANTS[::-1])]
+        for row in runs:
+            assert row["produce_mb_per_s"] > 0 and row["consume_mb_per_s"] > 0, row
+            assert row["append_waits"] >= 0 and row["append_wait_max_ms"] >= 0, row
+            # The environment reached the broker: only the zeros broker wrote zeros ahead of its appends.
+            assert (row["zeroed_mb"] > 0) == (row["variant"] == "zeros"), row
+        assert document["ratios"][f"zeros_vs_populate_mb_per_s_{size // 1000}KB"] > 0
+    table = next(t for t in document["tables"] if t["title"].startswith("Zeros first"))
+    assert [line["record_bytes"] for line in table["rows"]] == document["sizes"]
+
+
 def _check_throughput(document: dict) -> None:
     from benchmarks import throughput
 
@@ -194,6 +216,7 @@ CHECKS = {
     "writev": _check_writev,
     "poll": _check_poll,
     "mmap_warmup": _check_mmap_warmup,
+    "prefault": _check_prefault,
     "throughput": _check_throughput,
 }
 
