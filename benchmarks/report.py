@@ -41,7 +41,7 @@ TITLES = {
     "poll": "poll vs epoll with idle connections (IBM pollset article, seed 003)",
     "mmap_warmup": "Warming an mmap'd segment (RocketMQ, seed 001)",
     "storage": "Storage engine",
-    "prefault": "The broker's pre-fault: zeros first vs MADV_POPULATE_WRITE alone",
+    "prefault": "The broker's pre-fault: zeros first, pwrite past it, neither",
     "client": "copyless client",
     "connections": "Many connections against the broker",
     "throughput": "End to end: copyless vs Apache Kafka",
@@ -117,13 +117,14 @@ def _headline_mmap_warmup(d: dict) -> str:
 
 
 def _headline_prefault(d: dict) -> str:
-    lines = next((t["rows"] for t in d.get("tables", []) if t["title"].startswith("Zeros first")), [])
-    parts = [f"{line['record_bytes']} B: MB/s " + _verdict_cell(line["mb_per_s_ratio"], line["mb_per_s_interval"],
-                                                                 line["mb_per_s_verdict"], line["mb_per_s_ratio"])
+    lines = next((t["rows"] for t in d.get("tables", []) if t["title"].startswith("Pairs of variants")), [])
+    parts = [f"{line['pair']}, {line['record_bytes']} B: MB/s "
+             + _verdict_cell(line["mb_per_s_ratio"], line["mb_per_s_interval"], line["mb_per_s_verdict"],
+                             line["mb_per_s_ratio"])
              + ", CPU/GB " + _verdict_cell(line["cpu_ratio"], line["cpu_interval"], line["cpu_verdict"],
                                            line["cpu_ratio"])
              for line in lines]
-    return "produce with zeros first / MADV_POPULATE_WRITE alone, per-round median — " + "; ".join(parts)
+    return "produce, per-round median — " + "; ".join(parts)
 
 
 def _verdict_cell(paired, interval, verdict: str | None, ratio, against: str = "") -> str:

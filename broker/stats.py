@@ -16,10 +16,11 @@ Three latency histograms say whether the broker itself kept a consumer waiting:
 - ``loop_lag``: how late a 100 ms timer on the event loop fires; anything that holds the loop thread (a
   slow handler, a blocking call, the thread not being scheduled) shows up here.
 
-Two storage counters, kept by the log's pre-fault chases (``broker.storage.segment.PREFAULT_STATS``, all
-partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writing zeros ahead of the appends,
-and ``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (the event
-loop held meanwhile: ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest).
+Three storage counters, kept by the log's pre-fault chases (``broker.storage.segment.PREFAULT_STATS``, all
+partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writing zeros ahead of the appends;
+``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (the event loop held
+meanwhile: ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest); and
+``prefault_outrun_bytes``, bytes appended with pwrite because they ran past the pre-faulted pages.
 
 A histogram's snapshot carries its raw buckets, so whoever reads two snapshots can subtract them and get
 the quantiles of the window in between (the throughput benchmark does, for each consume).
@@ -154,6 +155,7 @@ class BrokerStats:
             "prefault_append_waits": PREFAULT_STATS["append_waits"],
             "prefault_append_wait_s": round(PREFAULT_STATS["append_wait_s"], 6),
             "prefault_append_wait_max_ms": round(PREFAULT_STATS["append_wait_max_s"] * 1000, 3),
+            "prefault_outrun_bytes": PREFAULT_STATS["outrun_bytes"],
         }
 
     def log_line(self) -> str:
@@ -167,7 +169,8 @@ class BrokerStats:
             f"loop_lag_max_ms={self.loop_lag.max_s * 1000:.1f} "
             f"prefault_zeroed_bytes={PREFAULT_STATS['zeroed_bytes']} "
             f"prefault_append_waits={PREFAULT_STATS['append_waits']} "
-            f"prefault_append_wait_max_ms={PREFAULT_STATS['append_wait_max_s'] * 1000:.1f}"
+            f"prefault_append_wait_max_ms={PREFAULT_STATS['append_wait_max_s'] * 1000:.1f} "
+            f"prefault_outrun_bytes={PREFAULT_STATS['outrun_bytes']}"
         )
 
 

@@ -125,3 +125,10 @@ def write_zeros(fd: int, start: int, end: int) -> None:
     while position < end:
         stop = min(end, (position // ZERO_CHUNK_BYTES + 1) * ZERO_CHUNK_BYTES)
         position += os.pwrite(fd, _ZEROS[: stop - position], position)
+
+
+def write_at(fd: int, data: memoryview, position: int) -> None:
+    """pwrite(2) all of ``data`` at ``position`` (a regular file takes it in one call; short writes loop)."""
+    written = os.pwrite(fd, data, position)
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], position + written)

@@ -140,19 +140,24 @@ def _check_prefault(document: dict) -> None:
     probes = _rows_with(document, variant="memory probe")
     assert [r["round"] for r in probes] == list(range(1, rounds + 1)), probes
     assert all(r["populate_cpu_s_per_gib"] > 0 and r["zeros_cpu_s_per_gib"] > 0 for r in probes)
+    variants = prefault.VARIANTS
     for size in document["sizes"]:
         runs = _rows_with(document, record_bytes=size)
-        # One run per variant per round, the order alternating: zeros first in odd rounds.
+        # One run per variant per round, the order rotating: round n starts with the n-th variant.
         assert [(r["round"], r["variant"]) for r in runs] == [
-            (n, v) for n in range(1, rounds + 1) for v in (prefault.VARIANTS if n % 2 else prefault.VARIANTS[::-1])]
+            (n, variants[(n - 1 + i) % len(variants)]) for n in range(1, rounds + 1) for i in range(len(variants))]
         for row in runs:
             assert row["produce_mb_per_s"] > 0 and row["consume_mb_per_s"] > 0, row
             assert row["append_waits"] >= 0 and row["append_wait_max_ms"] >= 0, row
-            # The environment reached the broker: only the zeros broker wrote zeros ahead of its appends.
-            assert (row["zeroed_mb"] > 0) == (row["variant"] == "zeros"), row
-        assert document["ratios"][f"zeros_vs_populate_mb_per_s_{size // 1000}KB"] > 0
-    table = next(t for t in document["tables"] if t["title"].startswith("Zeros first"))
-    assert [line["record_bytes"] for line in table["rows"]] == document["sizes"]
+            # Each broker got its variant's environment: zeros unless "populate only", pwrite past the
+            # pre-fault only in "default".
+            assert (row["zeroed_mb"] > 0) == (row["variant"] != "populate only"), row
+            assert row["outrun_mb"] == 0 or row["variant"] == "default", row
+        for a, b in prefault.PAIRS:
+            assert document["ratios"][f"{prefault._key(a)}_vs_{prefault._key(b)}_mb_per_s_{size // 1000}KB"] > 0
+    table = next(t for t in document["tables"] if t["title"].startswith("Pairs of variants"))
+    assert [(line["pair"], line["record_bytes"]) for line in table["rows"]] == [
+        (f"{a} / {b}", size) for a, b in prefault.PAIRS for size in document["sizes"]]
 
 
 def _check_throughput(document: dict) -> None:

@@ -4,6 +4,9 @@ A page whose page-table entry is present was pre-faulted (or written); pre-fault
 front would show every page present. mincore() cannot tell: it reports pages in the page cache, and the
 kernel's read-ahead puts neighbours of every touched page there.
 
+Appends past the pre-faulted pages are written with pwrite, not faulted in through the map, and keep their
+header rewrites.
+
 The zeros a chase writes before it maps its pages: where the claims put them (a margin past the appends),
 an append that must wait for a chunk being written over its range (forced with a chunk held mid-write), and
 appends racing a chase on real threads with no margin at all, every byte kept.
@@ -24,6 +27,7 @@ from broker.storage import LogConfig
 from broker.storage import partition_log as partition_log_module
 from broker.storage import segment as segment_module
 from broker.storage._fileops import map_address, preallocate
+from client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KIB, MIB = 1 << 10, 1 << 20
@@ -48,7 +52,11 @@ def mapped_bytes(region, start: int, end: int) -> int:
 
 @pytest.fixture
 def window_manager(manager_factory, monkeypatch):
-    """Logs with whole-segment allocation and a fixed 256 KiB window (no rate-based growth)."""
+    """Logs with whole-segment allocation and a fixed 256 KiB window (no rate-based growth). Appends that
+    outrun the window fault their pages in here, as they did before OUTRUN_PWRITE: these tests read which
+    pages are mapped, and a page an append wrote with pwrite is cached but not mapped (the outrun tests
+    below cover that path)."""
+    monkeypatch.setattr(segment_module, "OUTRUN_PWRITE", False)
     monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
     monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
     monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 0)
@@ -267,6 +275,71 @@ def test_an_active_segment_map_reads_no_pages_around_a_fault(window_manager, win
     append_until_roll(window_log)
     window_manager.wait_for_background()  # the new segment's files have their final names
     assert "rr" in vm_flags_of(window_log.segments[-1].log_path)
+
+
+# --- appends that outrun the pre-fault ----------------------------------------------------------------------
+
+
+def read_back(partition_log) -> tuple[list[tuple[int, int, int]], list[bytes]]:
+    """(baseOffset, attributes, maxTimestamp) of every batch of the log, each validated (CRC included), and
+    every record's value, read with pread."""
+    headers, values = [], []
+    offset = 0
+    while offset < partition_log.log_end_offset:
+        read = partition_log.read(offset, 1 << 30)
+        data = os.pread(read.slice.fd, read.slice.length, read.slice.position)
+        read.slice.release()
+        position = 0
+        while position < len(data):
+            header = validate_batch(data, position)
+            headers.append((header.base_offset, header.attributes, header.max_timestamp))
+            values += [record.value for record in decode_records(data, position)]
+            position += header.batch_length + LOG_OVERHEAD
+            offset = header.base_offset + header.last_offset_delta + 1
+    return headers, values
+
+
+@pytest.mark.parametrize("log_append_time", [False, True])
+def test_appends_past_the_pre_faulted_pages_are_written_not_faulted_in(window_manager, monkeypatch,
+                                                                        log_append_time):
+    """A window pre-faulted, its chases then stopped: appends inside it are copied into the map; those past
+    it are written with pwrite (counted), their pages cached but not mapped, and their headers rewritten in
+    the map all the same (offsets; with LogAppendTime, the timestamp and a CRC recomputed over pwrite'd
+    bytes)."""
+    monkeypatch.setattr(segment_module, "OUTRUN_PWRITE", True)
+    partition_log = window_manager.create_log("outrun", 0)
+    assert partition_log.wait_warm(30)
+    active = partition_log.segments[-1]
+    active.prefault.stopped = True  # no chase moves the pre-faulted end from here on
+    pre_faulted = active.prefault.position
+    assert pre_faulted >= WINDOW - PAGE
+    outrun = segment_module.PREFAULT_STATS["outrun_bytes"]
+    expected_outrun = 0
+    append_time = 1_700_000_000_000 if log_append_time else None
+    number = 0
+    while active.written_position < 1 * MIB:
+        start = active.written_position
+        partition_log.append(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
+                             log_append_time_ms=append_time)
+        if active.written_position > pre_faulted:
+            expected_outrun += active.written_position - start
+        number += 1
+    assert segment_module.PREFAULT_STATS["outrun_bytes"] - outrun == expected_outrun > 512 * KIB
+    # Copied into the map below the pre-faulted end; past it only the header pages were touched through the
+    # map: a 16 KiB batch spans four pages, and the middle ones of every batch stay unmapped. (A LogAppendTime
+    # CRC reads the whole batch through the map, which maps its pages without allocating any.)
+    assert all(present_pages(active.map, 0, pre_faulted // PAGE * PAGE))
+    if not log_append_time:
+        past = present_pages(active.map, pre_faulted // PAGE * PAGE + 4 * PAGE,
+                             active.written_position // PAGE * PAGE)
+        assert sum(past) < len(past) // 2, "pages past the pre-fault were faulted in, not written"
+    headers, values = read_back(partition_log)
+    assert [base for base, _, _ in headers] == list(range(number))
+    assert values == [bytes([n % 251]) * (16 * KIB - 200) for n in range(number)]
+    if log_append_time:
+        assert all(attributes & 0x08 and timestamp == append_time for _, attributes, timestamp in headers)
+    else:
+        assert [timestamp for _, _, timestamp in headers] == list(range(number))
 
 
 # --- zeros ahead of the appends ----------------------------------------------------------------------------
