@@ -33,6 +33,7 @@ retention closes its fd and unlinks its files only once the pin count is zero.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -891,8 +892,9 @@ class Segment:
         append past the pages the chase has pre-faulted, one pwrite (OUTRUN_PWRITE); the header rewrites
         happen in the map so the caller's buffer is never copied twice and never changed.
 
-        Raises StorageError if the pwrite fails (nothing is committed: the bytes past ``committed_position``
-        are overwritten by the next append or cut by recovery).
+        Raises StorageError if the pwrite fails (EIO, ...; nothing is committed: the bytes past
+        ``committed_position`` are overwritten by the next append or cut by recovery), except with EFBIG,
+        where the memcpy takes the bytes.
         """
         start = self.written_position
         if start == 0:
@@ -908,9 +910,15 @@ class Segment:
             try:
                 write_at(self.fd, view, start)
             except OSError as exc:
-                raise storage_error_from(exc, "appending to", self.log_path) from None
-            with _stats_lock:
-                PREFAULT_STATS["outrun_bytes"] += end - start
+                if exc.errno != errno.EFBIG:
+                    raise storage_error_from(exc, "appending to", self.log_path) from None
+                # A per-file size limit (RLIMIT_FSIZE) caps write(2), not stores into a map over blocks
+                # allocated before it: those bytes go in by memcpy, as without the pwrite. The limit
+                # then stops the log where it always did, at the next segment's preallocation.
+                region[start:end] = view
+            else:
+                with _stats_lock:
+                    PREFAULT_STATS["outrun_bytes"] += end - start
         else:
             region[start:end] = view
         self.written_position = end
