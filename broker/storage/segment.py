@@ -19,9 +19,10 @@ shrinks to its floor when the appends pause, and spills into the head of the nex
 be done by the roll: zeros are written over them (pwrite, claimed so that they never land where an append
 is copying) and then they are mapped (MADV_POPULATE_WRITE). Appends are a memcpy into the map plus in-place
 header rewrites; an append that runs past the pre-faulted pages writes them with pwrite instead (the page
-cache takes them as from write(), for a seventh of a fault's CPU) and rewrites its headers in the map. Reads never touch the map: they hand out ``(fd, position, length)`` regions and scan headers
-with ``os.pread`` (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the zero or
-sparse tail and fdatasyncs, on a worker thread.
+cache takes them as from write(), for a seventh of a fault's CPU) and rewrites its headers in the map. Reads
+never touch the map: they hand out ``(fd, position, length)`` regions and scan headers with ``os.pread``
+(coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the zero or sparse tail and
+fdatasyncs, on a worker thread.
 
 A crash leaves the active file at full length with a zero, sparse (it reads as zeros) or torn tail; recovery
 rescans batches with their CRC-32C, stops at the first bad one, truncates there (the file is not mapped
