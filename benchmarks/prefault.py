@@ -42,9 +42,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import Benchmark, median_interval
+from benchmarks._harness import Benchmark
 from benchmarks.mmap_warmup import FIRST_TOUCH_WAYS, MIB, first_touch_cpu_s
-from benchmarks.throughput import Workload, run_workload, start_copyless
+from benchmarks.throughput import Workload, ratio_verdict, run_workload, start_copyless
 
 VARIANTS = ("default", "outrun faults", "populate only")
 ENVIRONMENT = {
@@ -52,8 +52,8 @@ ENVIRONMENT = {
     "outrun faults": {"COPYLESS_PREFAULT_ZEROS": "1", "COPYLESS_OUTRUN_PWRITE": "0"},
     "populate only": {"COPYLESS_PREFAULT_ZEROS": "0", "COPYLESS_OUTRUN_PWRITE": "0"},
 }
-# (a, b): the ratio a / b isolates one change: the pwrite past the pre-faulted pages, then the zeros.
 COLOURS = {"default": "tab:green", "outrun faults": "tab:blue", "populate only": "tab:gray"}
+# (a, b): the ratio a / b isolates one change: the pwrite past the pre-faulted pages, then the zeros.
 PAIRS = (("default", "outrun faults"), ("outrun faults", "populate only"))
 POPULATE_WAY, ZEROS_WAY = FIRST_TOUCH_WAYS[2], FIRST_TOUCH_WAYS[3]
 
@@ -108,12 +108,9 @@ def _paired(rows: list[dict[str, Any]], record_bytes: int, key: str, a: str, b: 
 
 
 def _summary(rows: list[dict[str, Any]], record_bytes: int, key: str, a: str, b: str) -> dict[str, Any]:
+    """The per-round a / b ratios with their median, interval and verdict vs 1.0 (the throughput benchmark's)."""
     ratios = _paired(rows, record_bytes, key, a, b)
-    interval = median_interval(ratios)
-    return {"by_round": [round(r, 2) for r in ratios],
-            "median": statistics.median(ratios) if ratios else None,
-            "interval": None if interval is None else [round(interval.low, 3), round(interval.high, 3)],
-            "verdict": None if interval is None else f"{interval.verdict(1.0)} ({interval.confidence:.0%})"}
+    return {"by_round": [round(r, 2) for r in ratios], **ratio_verdict(ratios)}
 
 
 def _key(variant: str) -> str:
@@ -158,8 +155,8 @@ def main(argv=None) -> dict[str, Any]:
             rate = _summary(runs, record_bytes, "produce_mb_per_s", a, b)
             cpu = _summary(runs, record_bytes, "broker_produce_cpu_s_per_gb", a, b)
             key = f"{_key(a)}_vs_{_key(b)}"
-            ratios[f"{key}_mb_per_s_{record_bytes // 1000}KB"] = rate["median"]
-            ratios[f"{key}_cpu_{record_bytes // 1000}KB"] = cpu["median"]
+            ratios[f"{key}_mb_per_s_{record_bytes // 1000}KB"] = rate["paired"]
+            ratios[f"{key}_cpu_{record_bytes // 1000}KB"] = cpu["paired"]
             mine = [r for r in runs if r["record_bytes"] == record_bytes]
 
             def median_of(variant: str, field: str) -> float | None:
@@ -169,11 +166,11 @@ def main(argv=None) -> dict[str, Any]:
             table.append({"pair": f"{a} / {b}", "record_bytes": record_bytes,
                           "a_mb_per_s": median_of(a, "produce_mb_per_s"),
                           "b_mb_per_s": median_of(b, "produce_mb_per_s"),
-                          "mb_per_s_ratio": rate["median"], "mb_per_s_by_round": rate["by_round"],
+                          "mb_per_s_ratio": rate["paired"], "mb_per_s_by_round": rate["by_round"],
                           "mb_per_s_interval": rate["interval"], "mb_per_s_verdict": rate["verdict"],
                           "a_cpu_s_per_gb": median_of(a, "broker_produce_cpu_s_per_gb"),
                           "b_cpu_s_per_gb": median_of(b, "broker_produce_cpu_s_per_gb"),
-                          "cpu_ratio": cpu["median"], "cpu_by_round": cpu["by_round"],
+                          "cpu_ratio": cpu["paired"], "cpu_by_round": cpu["by_round"],
                           "cpu_interval": cpu["interval"], "cpu_verdict": cpu["verdict"],
                           "a_outrun_mb": median_of(a, "outrun_mb"),
                           "a_append_waits_max": max(r["append_waits"] for r in mine if r["variant"] == a)})

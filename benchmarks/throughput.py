@@ -1747,7 +1747,7 @@ def _paired_ratios(ours: dict[int, dict], kafka: dict[int, dict], key: str) -> l
     return [r for r in ratios if r is not None]
 
 
-def _ratio_verdict(ratios: list[float], against: float = 1.0) -> dict[str, Any]:
+def ratio_verdict(ratios: list[float], against: float = 1.0) -> dict[str, Any]:
     """The per-round ratios' median with its sign-test interval (``median_interval``), and where that interval
     lies: ``above`` ``against`` (1.0: copyless measurably faster than Kafka; for the fetch path, 1.5:
     sendfile measurably over its target), ``below`` (measurably under) or ``level`` (this run cannot tell).
@@ -1773,7 +1773,7 @@ def _target_entry(rows: list[dict[str, Any]], ours: str, client: str, record_byt
                       f"{what}_ratio": _ratio(median, kafka_median)})
         ratios = _paired_ratios(mine, kafka, key)
         entry[f"{what}_ratio_by_round"] = [round(r, 3) for r in ratios] or None
-        entry.update({f"{what}_{name}": value for name, value in _ratio_verdict(ratios).items()})
+        entry.update({f"{what}_{name}": value for name, value in ratio_verdict(ratios).items()})
     # How busy the consumer's own Python thread was (CPU seconds over wall seconds) and how long it waited for
     # records (share of the window), medians over rounds: busy near 1.0 and waited near 0 on both brokers
     # mean the client, not the broker, set the consume rate.
@@ -1813,7 +1813,7 @@ def _fetch_entry(rows: list[dict[str, Any]], client: str, record_bytes: int) -> 
     cpu_on, cpu_off = median(mine, "broker_cpu_s_per_gb"), median(copy, "broker_cpu_s_per_gb")
     # Only the pair's rounds pair up; a single run (round None) has nothing seconds away to compare with.
     paired = _paired_ratios({n: r for n, r in mine.items() if n is not None}, copy, "consume_mb_per_s")
-    verdict = _ratio_verdict(paired, FETCH_TARGET)
+    verdict = ratio_verdict(paired, FETCH_TARGET)
     kafka_mb_s = median(kafka, "consume_mb_per_s")
     return {"client": client, "record_bytes": record_bytes, "rounds": len(paired) or None,
             "sendfile_mb_s": on, "no_sendfile_mb_s": off, "ratio": _ratio(on, off),

@@ -188,7 +188,7 @@ ZERO_MARGIN_MS = 40
 # pre-faulted pages, 0.15-0.18 for the memcpy and 0.20 for pwrite, so pre-faulted pages keep the memcpy.
 # The header rewrites still go through the map (a minor fault on a page already cached). It is a syscall on
 # the loop thread (0.25 ms per MiB, GIL released), where a memcpy into unpopulated pages held the loop
-# 1.8 ms per MiB. COPYLESS_OUTRUN_PWRITE=0 turns it off (those appends fault their pages in, as before).
+# 1.8 ms per MiB; dirty-page throttling can hold either the same way. COPYLESS_OUTRUN_PWRITE=0 turns it off (those appends fault their pages in, as before).
 OUTRUN_PWRITE = os.environ.get("COPYLESS_OUTRUN_PWRITE", "1") != "0"
 # How the chases went, all logs together: bytes zeroed, appends that had to wait for a zero chunk (how many,
 # their seconds in all and the longest wait: time the event loop was held), and bytes appended with pwrite
