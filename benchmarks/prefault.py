@@ -4,9 +4,8 @@ copyless pre-faults the segment it appends to in a window ahead of the writer (R
 through mmap, preallocated, pre-faulted"). Two choices of that pre-fault are measured here against the ways
 they replaced, each switched off by an environment variable the broker reads at start:
 
-- ``default`` (named for the code as measured; the pwrite is now off in the broker by default, and this
-  variant turns it on with ``COPYLESS_OUTRUN_PWRITE=1``): each step of the window is written with zeros by ``pwrite`` (1 MiB chunks, claimed a margin
-  past the appends) and then mapped with ``MADV_POPULATE_WRITE``; an append that runs past the pre-faulted
+- ``default`` (the broker's defaults, set explicitly): each step of the window is written with zeros by
+  ``pwrite`` (1 MiB chunks, claimed a margin past the appends) and then mapped with ``MADV_POPULATE_WRITE``; an append that runs past the pre-faulted
   pages writes them with ``pwrite`` instead of faulting them in through the map;
 - ``outrun faults`` (``COPYLESS_OUTRUN_PWRITE=0``): the same zeros, but an append past the pre-faulted pages
   copies into the map and faults each page in;

@@ -16,6 +16,7 @@ _skip = int(os.environ.get("COPYLESS_FAILPOINT_SKIP", "0") or 0)
 # Every point, in protocol order; the crash tests iterate over this tuple.
 POINTS = (
     "roll.before_rename",  # next segment taken at a roll, no batch in it yet, nothing renamed
+    "append.first_copied",  # a segment's first append is in the file, its headers not yet rewritten
     "roll.after_log_rename",  # io thread: new .log has its name; its indexes still carry the prepared names
     "roll.after_index_rename",  # io thread: new segment named, old one not yet sealed on disk
     "seal.after_unmap",  # old segment unmapped, still full length (zero tail)

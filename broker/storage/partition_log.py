@@ -944,15 +944,17 @@ class PartitionLog:
         """Remove leftovers of interrupted operations and return the segment base offsets, sorted.
 
         Leftovers: ``*.deleted`` (retention was interrupted; the log start already moved past them);
-        ``prepared-*`` files: adopted under their first batch's base offset when they hold batches (a roll
-        whose renames never ran), removed otherwise (an unused spare); index files without a ``.log`` (a
-        roll interrupted between renames; a ``.log`` without indexes gets them rebuilt).
+        ``prepared-*`` files: adopted under their first batch's base offset when they hold batches past the
+        named segments (a roll whose renames never ran), removed otherwise (an unused spare); index files
+        without a ``.log`` (a roll interrupted between renames; a ``.log`` without indexes gets them rebuilt).
         """
         logs: set[int] = set()
         indexes: list[tuple[int, Path]] = []
+        named = [parsed[0] for parsed in map(filenames.parse_segment_file, os.listdir(directory))
+                 if parsed is not None and parsed[1] == "log"]
         for entry in sorted(os.scandir(directory), key=lambda entry: entry.name):
             if entry.name.startswith(filenames.PREPARED_PREFIX) and entry.name.endswith(filenames.LOG_SUFFIX):
-                adopted = Segment.adopt_prepared(directory, Path(entry.path))
+                adopted = Segment.adopt_prepared(directory, Path(entry.path), max(named, default=-1))
                 if adopted is not None:
                     log.info("%s: adopted %s as segment %d (a roll's renames were interrupted)", directory,
                              entry.name, adopted)

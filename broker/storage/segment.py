@@ -18,8 +18,9 @@ Pages are pre-faulted on the warm thread in a window that runs ahead of the writ
 shrinks to its floor when the appends pause, and spills into the head of the next segment early enough to
 be done by the roll: zeros are written over them (pwrite, claimed so that they never land where an append
 is copying) and then they are mapped (MADV_POPULATE_WRITE). Appends are a memcpy into the map plus in-place
-header rewrites; with OUTRUN_PWRITE (opt-in), an append that runs past the pre-faulted pages writes them with
-pwrite instead (the page cache takes them as from write(), for a seventh of a fault's CPU). Reads
+header rewrites; an append that runs past the pre-faulted pages writes them with pwrite instead
+(OUTRUN_PWRITE: the page cache takes them as from write(), for a seventh of a fault's CPU). A segment's
+first append puts its base offset in before the rest of the batch (see ``adopt_prepared``). Reads
 never touch the map: they hand out ``(fd, position, length)`` regions and scan headers with ``os.pread``
 (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the zero or sparse tail and
 fdatasyncs, on a worker thread.
@@ -27,6 +28,8 @@ fdatasyncs, on a worker thread.
 A crash leaves the active file at full length with a zero, sparse (it reads as zeros) or torn tail; recovery
 rescans batches with their CRC-32C, stops at the first bad one, truncates there (the file is not mapped
 during recovery: truncating a mapped file and touching the lost pages is SIGBUS) and rebuilds both indexes.
+A roll's segment keeps the spare's temporary name until the io thread renames it; a crash before that leaves
+a ``prepared-N.log`` that start-up names after its first batch's base offset (``adopt_prepared``).
 
 Pinning (RocketMQ ``ReferenceResource``): every handed-out FileSlice pins its segment; a segment retired by
 retention closes its fd and unlinks its files only once the pin count is zero.
@@ -188,11 +191,9 @@ ZERO_MARGIN_MS = 40
 # pre-faulted pages, 0.15-0.18 for the memcpy and 0.20 for pwrite, so pre-faulted pages keep the memcpy.
 # The header rewrites still go through the map (a minor fault on a page already cached). It is a syscall on
 # the loop thread (0.25 ms per MiB, GIL released), where a memcpy into unpopulated pages held the loop
-# 1.8 ms per MiB; dirty-page throttling can hold either the same way. OFF by default
-# (COPYLESS_OUTRUN_PWRITE=1 turns it on): one kill -9 run of the zeros-racing crash test
-# (test_kill_while_zeros_race_the_appends, zero margin) lost acknowledged records with it on, a race not yet
-# found; with it off, those appends fault their pages in, as before.
-OUTRUN_PWRITE = os.environ.get("COPYLESS_OUTRUN_PWRITE", "0") == "1"
+# 1.8 ms per MiB; dirty-page throttling can hold either the same way. COPYLESS_OUTRUN_PWRITE=0 turns it off
+# (those appends then fault their pages in through the map).
+OUTRUN_PWRITE = os.environ.get("COPYLESS_OUTRUN_PWRITE", "1") != "0"
 # How the chases went, all logs together: bytes zeroed, appends that had to wait for a zero chunk (how many,
 # their seconds in all and the longest wait: time the event loop was held), and bytes appended with pwrite
 # because they ran past the pre-faulted pages.
@@ -373,6 +374,7 @@ class Prefault:
 # Recovery reads whole batches for their CRC: 8 MiB per pread (GIL released) keeps syscalls rare.
 RECOVERY_CHUNK_BYTES = 8 << 20
 _MIN_BATCH_BYTES = RECORD_BATCH_OVERHEAD
+_BASE_OFFSET_BYTES = 8  # baseOffset, the first field of a batch (int64)
 
 
 def now_ms() -> int:
@@ -664,10 +666,12 @@ class Segment:
         return True
 
     @staticmethod
-    def adopt_prepared(directory: Path, log_path: Path) -> int | None:
+    def adopt_prepared(directory: Path, log_path: Path, after: int) -> int | None:
         """Start-up: a prepared file that already holds a valid first batch was the active segment of a roll
         whose renames never ran. Give it (and its indexes, if present) the name of that batch's base offset
-        and return it; None when the file holds no valid batch (an unused spare: the caller removes it)."""
+        and return it; None when the file holds no valid batch (an unused spare: the caller removes it) or
+        when that batch does not lie past ``after``, the highest base offset of the named segments (a roll's
+        segment always comes after them)."""
         try:
             with open(log_path, "rb") as handle:
                 head = handle.read(RECORD_BATCH_OVERHEAD)
@@ -681,7 +685,7 @@ class Segment:
             return None
         base_offset = header.base_offset
         target_log, target_index, target_time_index = filenames.segment_paths(directory, base_offset)
-        if target_log.exists():
+        if base_offset <= after or target_log.exists():
             return None
         stem = log_path.name[: -len(filenames.LOG_SUFFIX)]
         for suffix, target in ((filenames.INDEX_SUFFIX, target_index), (filenames.TIME_INDEX_SUFFIX, target_time_index)):
@@ -894,7 +898,8 @@ class Segment:
 
         The copy is one memcpy (6.7 GB/s into pre-faulted pages here vs 2.35 GB/s first-touch), or, for an
         append past the pages the chase has pre-faulted, one pwrite (OUTRUN_PWRITE); the header rewrites
-        happen in the map so the caller's buffer is never copied twice and never changed.
+        happen in the map so the caller's buffer is never copied twice and never changed. A segment's first
+        append writes its base offset first: until then the file may hold no whole batch.
 
         Raises StorageError if the pwrite fails (EIO, ...; nothing is committed: the bytes past
         ``committed_position`` are overwritten by the next append or cut by recovery), except with EFBIG,
@@ -910,21 +915,30 @@ class Segment:
             raise AssertionError(f"append to {end} past the allocated prefix {self.allocated_bytes}")
         self.prefault.begin_append(start, end)  # no zeros of a pre-fault chase land in [start, end)
         region = self.map
+        head = 0
+        if start == 0:
+            # A segment's first batch names it at start-up when a roll's renames never ran (adopt_prepared),
+            # so its base offset goes in before the rest of it: a kill between the copy and the rewrites
+            # below must not leave a whole batch that still carries the client's base offset 0.
+            set_base_offset(region, 0, first_offset)
+            head = _BASE_OFFSET_BYTES
         if OUTRUN_PWRITE and end > self.prefault.position:
             try:
-                write_at(self.fd, view, start)
+                write_at(self.fd, view[head:], start + head)
             except OSError as exc:
                 if exc.errno != errno.EFBIG:
                     raise storage_error_from(exc, "appending to", self.log_path) from None
                 # A per-file size limit (RLIMIT_FSIZE) caps write(2), not stores into a map over blocks
                 # allocated before it: those bytes go in by memcpy, as without the pwrite. The limit
                 # then stops the log where it always did, at the next segment's preallocation.
-                region[start:end] = view
+                region[start + head:end] = view[head:]
             else:
                 with _stats_lock:
                     PREFAULT_STATS["outrun_bytes"] += end - start
         else:
-            region[start:end] = view
+            region[start + head:end] = view[head:]
+        if start == 0:
+            failpoint("append.first_copied")
         self.written_position = end
         offset = first_offset
         for relative, header in batches:

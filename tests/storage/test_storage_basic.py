@@ -377,6 +377,45 @@ def test_prepared_segment_holding_batches_is_adopted_after_a_crash(manager_facto
         assert records_of(region.read_bytes())[-1].offset == 199
 
 
+def test_two_rolls_whose_renames_never_ran_are_both_adopted(manager_factory, small_config):
+    # The io thread renames in roll order, so a kill may leave the last two segments unnamed. Their names
+    # sort "prepared-10" before "prepared-9": the newer file is looked at first and must not make the
+    # older one look out of order.
+    manager = manager_factory(small_config)
+    partition_log = manager.create_log("t", 0)
+    append_values(partition_log, 200, size=400)
+    bases = partition_log.segment_base_offsets()
+    directory = partition_log.directory
+    manager.abandon()
+    for base, name in ((bases[-2], "prepared-9"), (bases[-1], "prepared-10")):
+        for suffix in (".log", ".index", ".timeindex"):
+            os.rename(directory / f"{base:020d}{suffix}", directory / f"{name}{suffix}")
+    partition_log = manager_factory(small_config).get_log("t", 0)
+    assert partition_log.segment_base_offsets() == bases
+    assert partition_log.log_end_offset == 200
+
+
+def test_a_prepared_file_whose_first_batch_precedes_the_named_segments_is_removed(manager_factory, small_config):
+    # A kill between a rolled segment's first copy and its header rewrites could leave a whole batch that
+    # still carries the client's base offset 0. With segment 0 gone (retention), adopting it as segment 0
+    # would cut every later segment as not following on from it.
+    manager = manager_factory(small_config)
+    partition_log = manager.create_log("t", 0)
+    append_values(partition_log, 200, size=400)
+    bases = partition_log.segment_base_offsets()
+    directory = partition_log.directory
+    manager.abandon()
+    for suffix in (".log", ".index", ".timeindex"):
+        (directory / f"{0:020d}{suffix}").unlink()
+    stale = build_batch([b"not rewritten"], [5_000])
+    validate_batch(stale)  # a whole, valid batch: only its base offset gives it away
+    (directory / "prepared-11.log").write_bytes(stale + bytes(4096))
+    partition_log = manager_factory(small_config).get_log("t", 0)
+    assert partition_log.segment_base_offsets() == bases[1:]
+    assert (partition_log.log_start_offset, partition_log.log_end_offset) == (bases[1], 200)
+    assert not [name for name in os.listdir(directory) if name.startswith("prepared")]
+
+
 def test_recovery_rescans_only_from_the_recovery_point(manager_factory, small_config):
     manager = manager_factory(small_config)
     partition_log = manager.create_log("t", 0)

@@ -34,15 +34,19 @@ SEED = int(os.environ.get("COPYLESS_CRASH_SEED", random.randrange(1 << 30)))
 
 def run_appender(data_dir: Path, seed: int, *, failpoint: str | None = None, skip: int = 0,
                  kill_after_s: float | None = None, max_appends: int = 400,
-                 zeros_racing: bool = False) -> tuple[int, int, int]:
-    """Run the appender; return (exit status, last acknowledged offset or -1, last flushed offset or 0)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+                 zeros_racing: bool = False, outrun_pwrite: bool = True) -> tuple[int, int, int]:
+    """Run the appender; return (exit status, last acknowledged offset or -1, last flushed offset or 0).
+    ``outrun_pwrite``: appends past the pre-faulted pages write with pwrite (the default) or fault the pages
+    in through the map (COPYLESS_OUTRUN_PWRITE=0)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]),
+               COPYLESS_OUTRUN_PWRITE="1" if outrun_pwrite else "0")
     env.pop("COPYLESS_FAILPOINT", None)
     if failpoint is not None:
         env["COPYLESS_FAILPOINT"] = failpoint
         env["COPYLESS_FAILPOINT_SKIP"] = str(skip)
-    process = subprocess.Popen([sys.executable, str(HERE / "storage_crash_appender.py"), str(data_dir), str(seed),
-                                str(max_appends)] + (["zeros-racing"] if zeros_racing else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    arguments = [str(data_dir), str(seed), str(max_appends)] + (["zeros-racing"] if zeros_racing else [])
+    process = subprocess.Popen([sys.executable, str(HERE / "storage_crash_appender.py"), *arguments],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     if kill_after_s is not None:
         # Wait until it is appending, then kill at a random moment.
         first = process.stdout.readline()
@@ -128,17 +132,37 @@ def test_kill_at_random_moments(tmp_path):
         last_end = end
 
 
-def test_kill_while_zeros_race_the_appends(tmp_path):
+@pytest.mark.parametrize("outrun_pwrite", [False, True], ids=["copy", "pwrite"])
+def test_kill_while_zeros_race_the_appends(tmp_path, outrun_pwrite):
     """The pre-fault's zeros claimed right behind the appends (margin 0): no acknowledged record may be wiped
-    by zeros that landed after it was copied, whatever moment the kill hits."""
+    by zeros that landed after it was copied, whatever moment the kill hits; appends that outrun the
+    pre-fault copy into the map or write with pwrite."""
     print(f"crash test seed={SEED}")
     rng = random.Random(SEED + 1000)
     data_dir = tmp_path / "data"
     last_end = 0
     for round_number in range(3):
         status, acked, flushed = run_appender(data_dir, SEED + round_number, kill_after_s=rng.uniform(0.0, 0.4),
-                                              max_appends=100_000, zeros_racing=True)
+                                              max_appends=100_000, zeros_racing=True, outrun_pwrite=outrun_pwrite)
         assert status == -signal.SIGKILL
         start, end = check_log(data_dir, acked, flushed)
         assert end >= last_end, "recovery lost data acknowledged in an earlier round"
         last_end = end
+
+
+@pytest.mark.parametrize("outrun_pwrite", [False, True], ids=["copy", "pwrite"])
+def test_kill_between_a_rolled_segments_first_copy_and_its_header_rewrites(tmp_path, outrun_pwrite):
+    """A roll's segment keeps its prepared name until the io thread renames it, and its first append comes
+    before that: killed once that append's bytes are in the file but before its headers are rewritten, with
+    retention already past segment 0, start-up must not take the file for a segment at the client's base
+    offset 0 (which cut every acknowledged segment as not following on from it)."""
+    print(f"crash test seed={SEED}")
+    rng = random.Random(SEED + 2000)
+    # Segments of 24 KiB hold ~10 appends and retention keeps 96 KiB: by the sixth roll segment 0 is gone.
+    for skip in sorted(rng.sample(range(6, 16), 2)):
+        data_dir = tmp_path / f"data-{skip}"
+        status, acked, flushed = run_appender(data_dir, SEED + skip, failpoint="append.first_copied", skip=skip,
+                                              outrun_pwrite=outrun_pwrite)
+        assert status == -signal.SIGKILL, f"roll {skip} was never reached (status {status})"
+        start, end = check_log(data_dir, acked, flushed)
+        assert start > 0, "retention never removed segment 0: the case under test did not arise"
