@@ -356,15 +356,22 @@ def test_appends_never_straddle_segments_and_big_appends_split(manager_factory):
         partition_log.append(build_batch([b"x" * (9 << 10)], [0]))  # a batch larger than a segment
 
 
+def abandoned_log(manager_factory, config):
+    """A real log of 200 records over several segments, dropped as a kill -9 leaves it: (bases, directory)."""
+    manager = manager_factory(config)
+    partition_log = manager.create_log("t", 0)
+    append_values(partition_log, 200, size=400)
+    bases = partition_log.segment_base_offsets()
+    directory = partition_log.directory
+    manager.abandon()
+    return bases, directory
+
+
 def test_prepared_segment_holding_batches_is_adopted_after_a_crash(manager_factory, small_config):
     # The state a kill leaves when a roll's renames (done on the io thread) never ran: the active segment's
     # batches sit in prepared-N.log. Built here from a real log by undoing the renames.
-    manager = manager_factory(small_config)
-    partition_log = manager.create_log("t", 0)
-    append_values(partition_log, 200, size=400)
-    last_base = partition_log.segment_base_offsets()[-1]
-    directory = partition_log.directory
-    manager.abandon()
+    bases, directory = abandoned_log(manager_factory, small_config)
+    last_base = bases[-1]
     for suffix in (".log", ".index", ".timeindex"):
         os.rename(directory / f"{last_base:020d}{suffix}", directory / f"prepared-9{suffix}")
     (directory / "prepared-10.log").write_bytes(bytes(4096))  # an unused spare: removed
@@ -381,12 +388,7 @@ def test_two_rolls_whose_renames_never_ran_are_both_adopted(manager_factory, sma
     # The io thread renames in roll order, so a kill may leave the last two segments unnamed. Their names
     # sort "prepared-10" before "prepared-9": the newer file is looked at first and must not make the
     # older one look out of order.
-    manager = manager_factory(small_config)
-    partition_log = manager.create_log("t", 0)
-    append_values(partition_log, 200, size=400)
-    bases = partition_log.segment_base_offsets()
-    directory = partition_log.directory
-    manager.abandon()
+    bases, directory = abandoned_log(manager_factory, small_config)
     for base, name in ((bases[-2], "prepared-9"), (bases[-1], "prepared-10")):
         for suffix in (".log", ".index", ".timeindex"):
             os.rename(directory / f"{base:020d}{suffix}", directory / f"{name}{suffix}")
@@ -399,12 +401,7 @@ def test_a_prepared_file_whose_first_batch_precedes_the_named_segments_is_remove
     # A kill between a rolled segment's first copy and its header rewrites could leave a whole batch that
     # still carries the client's base offset 0. With segment 0 gone (retention), adopting it as segment 0
     # would cut every later segment as not following on from it.
-    manager = manager_factory(small_config)
-    partition_log = manager.create_log("t", 0)
-    append_values(partition_log, 200, size=400)
-    bases = partition_log.segment_base_offsets()
-    directory = partition_log.directory
-    manager.abandon()
+    bases, directory = abandoned_log(manager_factory, small_config)
     for suffix in (".log", ".index", ".timeindex"):
         (directory / f"{0:020d}{suffix}").unlink()
     stale = build_batch([b"not rewritten"], [5_000])
