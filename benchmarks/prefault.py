@@ -5,8 +5,9 @@ through mmap, preallocated, pre-faulted"). Two choices of that pre-fault are mea
 they replaced, each switched off by an environment variable the broker reads at start:
 
 - ``default`` (the broker's defaults, set explicitly): each step of the window is written with zeros by
-  ``pwrite`` (1 MiB chunks, claimed a margin past the appends) and then mapped with ``MADV_POPULATE_WRITE``; an append that runs past the pre-faulted
-  pages writes them with ``pwrite`` instead of faulting them in through the map;
+  ``pwrite`` (1 MiB chunks, claimed a margin past the appends) and then mapped with
+  ``MADV_POPULATE_WRITE``; an append that runs past the pre-faulted pages writes them with ``pwrite``
+  instead of faulting them in through the map;
 - ``outrun faults`` (``COPYLESS_OUTRUN_PWRITE=0``): the same zeros, but an append past the pre-faulted pages
   copies into the map and faults each page in;
 - ``populate only`` (also ``COPYLESS_PREFAULT_ZEROS=0``): ``MADV_POPULATE_WRITE`` alone allocates and zeroes
