@@ -282,13 +282,12 @@ def test_an_active_segment_map_reads_no_pages_around_a_fault(window_manager, win
 
 def read_back(partition_log) -> tuple[list[tuple[int, int, int]], list[bytes]]:
     """(baseOffset, attributes, maxTimestamp) of every batch of the log, each validated (CRC included), and
-    every record's value, read with pread."""
+    every record's value, read from the file (pread)."""
     headers, values = [], []
     offset = 0
     while offset < partition_log.log_end_offset:
-        read = partition_log.read(offset, 1 << 30)
-        data = os.pread(read.slice.fd, read.slice.length, read.slice.position)
-        read.slice.release()
+        with partition_log.read(offset, 1 << 30).slice as region:
+            data = region.read_bytes()
         position = 0
         while position < len(data):
             header = validate_batch(data, position)
