@@ -45,7 +45,7 @@ def _arguments(parser) -> None:
 
 
 def _start_copyless(data_dir: Path, log_path: Path):
-    command = [sys.executable, "-m", "broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
+    command = [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     with open(log_path, "wb") as log_file:
@@ -66,7 +66,7 @@ def _start_copyless(data_dir: Path, log_path: Path):
 
 
 async def produce_ours(bootstrap: str, topic: str, count: int, bar, **options) -> tuple[float, float]:
-    from client import Producer
+    from copyless.client import Producer
 
     value = b"v" * VALUE_BYTES
     producer = Producer(bootstrap, **options)
@@ -168,7 +168,7 @@ async def _drain(consumer, count: int, bar) -> tuple[float, float]:
 
 
 async def consume_ours(bootstrap: str, topic: str, count: int, bar) -> tuple[float, float]:
-    from client import Consumer, TopicPartition
+    from copyless.client import Consumer, TopicPartition
 
     consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
@@ -203,7 +203,7 @@ TOPIC_SETTLE_S = 1.0
 
 
 async def _create_topic(bootstrap: str, topic: str) -> None:
-    from client import Admin
+    from copyless.client import Admin
 
     async with Admin(bootstrap) as admin:
         await admin.create_topics([topic], num_partitions=1, configs={"segment.bytes": str(BENCH_SEGMENT_BYTES)})

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, cpu_seconds, percentile
-from client.protocol.records import crc32c, encode_varint
+from copyless.client.protocol.records import crc32c, encode_varint
 
 WORKLOADS = ("api_versions", "produce")
 LOOPS = ("uvloop", "asyncio")
@@ -107,7 +107,7 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+                [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
                  "--loop", loop, "--config", str(config)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )

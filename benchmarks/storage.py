@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 from benchmarks._harness import Benchmark, percentile
-from broker.storage import LogConfig, LogManager
-from client.protocol.records import RECORD_BATCH_OVERHEAD
+from copyless.broker.storage import LogConfig, LogManager
+from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD
 
 KIB, MIB = 1 << 10, 1 << 20
 BATCH_SIZES = (1 * KIB, 16 * KIB, 256 * KIB, 1 * MIB)

@@ -102,8 +102,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, cpu_seconds, median_interval, percentile
-from broker.server.app import M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD, apply_mallopt
-from broker.stats import histogram_quantile
+from copyless.broker.server.app import M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD, apply_mallopt
+from copyless.broker.stats import histogram_quantile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
@@ -322,7 +322,7 @@ def _produce_copyless(bootstrap: str, work: Workload, ready, start_event, result
                       records: int) -> None:
     import asyncio
 
-    from client.producer import Producer  # the project's own client
+    from copyless.client.producer import Producer  # the project's own client
 
     latency = work.rate_per_s is not None
 
@@ -550,7 +550,7 @@ def _consume_copyless(bootstrap: str, work: Workload, partitions: list[int], rea
     """The project's own asyncio consumer (manual assignment from offset 0, every record fully decoded)."""
     import asyncio
 
-    from client.consumer import Consumer
+    from copyless.client.consumer import Consumer
 
     async def run() -> None:
         consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100,
@@ -670,7 +670,7 @@ def _consume_raw(bootstrap: str, work: Workload, partitions: list[int], ready, s
     broker's serving cost is what limits it. A trailing partial batch (Kafka cuts at the byte limit) is
     dropped and fetched again, as clients do.
     """
-    from client.protocol.records import RECORD_BATCH_OVERHEAD, read_header
+    from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, read_header
 
     host, _, port = bootstrap.rpartition(":")
     max_bytes = 8 << 20
@@ -766,7 +766,7 @@ def _worker_main(role: str, bootstrap: str, work: Workload, records: int, partit
         if role == "producer":
             produce = _produce_copyless if work.client == "copyless" else _produce_confluent
             produce(bootstrap, work, ready, start_event, result, records)
-        elif work.client == "copyless" and importlib.util.find_spec("client.consumer") is not None:
+        elif work.client == "copyless" and importlib.util.find_spec("copyless.client.consumer") is not None:
             _consume_copyless(bootstrap, work, partitions, ready, start_event, ends_queue, result)
         elif work.client == "raw-fetch":
             _consume_raw(bootstrap, work, partitions, ready, start_event, ends_queue, result)
@@ -865,7 +865,7 @@ def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True, ext
                    env: dict[str, str] | None = None) -> BrokerHandle:
     """``copyless serve --data-dir D --listen 127.0.0.1:0``, with ``env`` added to this process's environment;
     returns once its startup line names the port."""
-    command = [sys.executable, "-m", "broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
+    command = [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
     if not sendfile:
         command.append("--no-sendfile")
     command += list(extra_args)
@@ -1325,7 +1325,7 @@ def _proactive_reclaim() -> str | None:
 
 
 def _copyless_client_available() -> bool:
-    return importlib.util.find_spec("client.producer") is not None
+    return importlib.util.find_spec("copyless.client.producer") is not None
 
 
 def _positive_int(text: str) -> int:

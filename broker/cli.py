@@ -16,9 +16,9 @@ import sys
 
 # (module, required): a module that is not there yet is skipped, so a partial checkout still runs.
 _COMMAND_MODULES = (
-    "broker.server.cli",
-    "broker.groups.cli",
-    "client.cli",
+    "copyless.broker.server.cli",
+    "copyless.broker.groups.cli",
+    "copyless.client.cli",
 )
 
 

@@ -102,6 +102,24 @@ class BrokerConfig:
         """The same settings once the listener is bound (port 0 resolves to a real port)."""
         return dataclasses.replace(self, listen_port=port)
 
+    def log_config(self):
+        """The broker-wide defaults of every partition log (``LogConfig``), from the ``log.*`` settings."""
+        from copyless.broker.storage.config import LogConfig
+
+        return LogConfig(
+            segment_bytes=self.segment_bytes,
+            index_interval_bytes=self.index_interval_bytes,
+            segment_ms=self.segment_ms,
+            segment_index_bytes=self.segment_index_bytes,
+            flush_messages=self.flush_messages,
+            flush_ms=self.flush_ms,
+            flush_mode=self.flush_mode,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.retention_bytes,
+            max_message_bytes=self.message_max_bytes,
+            message_timestamp_type=self.message_timestamp_type,
+        )
+
     def validate(self) -> None:
         """Raises ConfigError naming the first bad setting."""
         if self.loop not in ("uvloop", "asyncio"):

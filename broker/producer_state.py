@@ -33,8 +33,8 @@ from typing import Iterable, NamedTuple
 
 from kio.schema.errors import ErrorCode
 
-from broker._files import write_atomically
-from client.protocol.records import NO_PRODUCER_ID, BatchHeader
+from copyless.broker._files import write_atomically
+from copyless.client.protocol.records import NO_PRODUCER_ID, BatchHeader
 
 __all__ = ["ProducerStateManager", "SequenceCheck", "ProducerIdAllocator", "BATCHES_PER_PRODUCER"]
 

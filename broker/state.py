@@ -34,13 +34,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker._files import write_atomically
-from broker.config import BrokerConfig
-from broker.handlers import HandlerTable, load_handlers
-from broker.notify import AppendNotifier
-from broker.producer_state import ProducerIdAllocator, ProducerStateManager
-from broker.stats import BrokerStats
-from broker.topics import Topic, TopicError, TopicRegistry, parse_topic_configs
+from copyless.broker._files import write_atomically
+from copyless.broker.config import BrokerConfig
+from copyless.broker.handlers import HandlerTable, load_handlers
+from copyless.broker.notify import AppendNotifier
+from copyless.broker.producer_state import ProducerIdAllocator, ProducerStateManager
+from copyless.broker.stats import BrokerStats
+from copyless.broker.topics import Topic, TopicError, TopicRegistry, parse_topic_configs
 
 __all__ = ["Broker", "LEADER_EPOCH"]
 
@@ -52,7 +52,7 @@ META_FILE = "meta.properties"
 
 def _storage():
     # Imported lazily so the pure layers (wire, handlers' decision code) import without the storage part.
-    import broker.storage as storage
+    import copyless.broker.storage as storage
 
     return storage
 
@@ -109,21 +109,8 @@ class Broker:
     # --- startup / shutdown ----------------------------------------------------------------------------
 
     def default_log_config(self):
-        storage = _storage()
-        config = self.config
-        return storage.LogConfig(
-            segment_bytes=config.segment_bytes,
-            index_interval_bytes=config.index_interval_bytes,
-            segment_ms=config.segment_ms,
-            segment_index_bytes=config.segment_index_bytes,
-            flush_messages=config.flush_messages,
-            flush_ms=config.flush_ms,
-            flush_mode=config.flush_mode,
-            retention_ms=config.retention_ms,
-            retention_bytes=config.retention_bytes,
-            max_message_bytes=config.message_max_bytes,
-            message_timestamp_type=config.message_timestamp_type,
-        )
+        """The broker-wide LogConfig (topic configs override it: ``log_config_for``)."""
+        return self.config.log_config()
 
     def log_config_for(self, topic: Topic):
         """The topic's LogConfig: broker defaults with the topic's overrides."""

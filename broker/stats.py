@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from broker.storage.segment import PREFAULT_STATS
+from copyless.broker.storage.segment import PREFAULT_STATS
 
 __all__ = ["BrokerStats", "LatencyHistogram", "histogram_quantile"]
 

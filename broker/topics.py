@@ -29,7 +29,7 @@ from typing import Iterator, Mapping
 
 from kio.schema.errors import ErrorCode
 
-from broker._files import write_atomically
+from copyless.broker._files import write_atomically
 
 __all__ = [
     "Topic",

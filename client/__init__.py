@@ -1,6 +1,6 @@
 """copyless client: an asyncio Kafka producer, consumer and admin client, and the kcat-like CLI.
 
-    from client import Producer, Consumer, Admin
+    from copyless.client import Producer, Consumer, Admin
 
     async with Producer("127.0.0.1:9092") as producer:
         delivery = await producer.send("events", b"value", key=b"key")
@@ -16,10 +16,10 @@ write planning, request codecs, partitioner); ``conn``/``cluster`` are the async
 ``consumer``, ``admin`` the public API; ``cli`` the ``copyless produce|consume|topics`` commands.
 """
 
-from client.admin import Admin, PartitionDescription, TopicDescription
-from client.assignors import TopicPartition
-from client.consumer import Consumer, OffsetOutOfRangeError, RecordTooLargeError
-from client.errors import (
+from copyless.client.admin import Admin, PartitionDescription, TopicDescription
+from copyless.client.assignors import TopicPartition
+from copyless.client.consumer import Consumer, OffsetOutOfRangeError, RecordTooLargeError
+from copyless.client.errors import (
     BufferFullError,
     ClientError,
     KafkaConnectionError,
@@ -28,8 +28,8 @@ from client.errors import (
     ProducerClosedError,
     UnsupportedVersionError,
 )
-from client.producer import DeliveryFuture, Producer, RecordMetadata
-from client.protocol.fetch_records import ConsumerRecord
+from copyless.client.producer import DeliveryFuture, Producer, RecordMetadata
+from copyless.client.protocol.fetch_records import ConsumerRecord
 
 __all__ = [
     "Admin",

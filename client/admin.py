@@ -17,10 +17,10 @@ from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
 from kio.schema.list_offsets.v2.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.list_offsets.v2.response import ListOffsetsResponse
 
-from client.assignors import TopicPartition
-from client.cluster import Cluster
-from client.conn import DEFAULT_REQUEST_TIMEOUT_MS
-from client.errors import KafkaError
+from copyless.client.assignors import TopicPartition
+from copyless.client.cluster import Cluster
+from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
+from copyless.client.errors import KafkaError
 
 __all__ = ["Admin", "TopicDescription", "PartitionDescription", "EARLIEST", "LATEST"]
 

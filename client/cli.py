@@ -104,7 +104,7 @@ def _run(coroutine) -> int:
             pass
         return 0
     except Exception as exc:  # a clear one-line error instead of a traceback for expected failures
-        from client.errors import ClientError
+        from copyless.client.errors import ClientError
 
         if isinstance(exc, (ClientError, OSError, ValueError)):
             print(f"copyless: error: {exc}", file=sys.stderr)
@@ -168,8 +168,8 @@ def run_produce(args) -> int:
 
 
 async def _produce(args) -> int:
-    from client.errors import BufferFullError
-    from client.producer import Producer
+    from copyless.client.errors import BufferFullError
+    from copyless.client.producer import Producer
 
     options = {"batch_size": args.batch_size} if args.batch_size else {}
     producer = Producer(
@@ -248,7 +248,7 @@ def run_consume(args) -> int:
 
 
 async def _consume(args) -> int:
-    from client.consumer import Consumer, TopicPartition
+    from copyless.client.consumer import Consumer, TopicPartition
 
     consumer = Consumer(
         bootstrap_servers=args.bootstrap,
@@ -344,7 +344,7 @@ def run_topics(args) -> int:
 
 
 async def _topics(args) -> int:
-    from client.admin import EARLIEST, LATEST, Admin
+    from copyless.client.admin import EARLIEST, LATEST, Admin
 
     async with Admin(args.bootstrap, client_id="copyless-cli") as admin:
         if args.action == "list":
@@ -418,7 +418,7 @@ def _report(args, verb: str, results: dict) -> None:
 
 
 def main(argv=None) -> int:
-    """Standalone entry point (``python -m client.cli``) with only the client's subcommands."""
+    """Standalone entry point (``python -m copyless.client.cli``) with only the client's subcommands."""
     parser = argparse.ArgumentParser(prog="copyless")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

@@ -18,9 +18,9 @@ from kio.schema.find_coordinator.v1.response import FindCoordinatorResponse
 from kio.schema.metadata.v5.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.metadata.v5.response import MetadataResponse
 
-from client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
-from client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
-from client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
+from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 
 __all__ = ["Cluster", "Metadata", "TopicInfo", "parse_bootstrap"]
 

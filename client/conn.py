@@ -23,12 +23,12 @@ import socket
 import struct
 import time
 
-from client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, UnsupportedVersionError
-from client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
-from client.protocol.framing import FrameTooLargeError
-from client.protocol.gather import SendQueue
-from client.protocol.messages import API_VERSIONS, encode_request_header, kio_decoder
-from client.protocol.receive import LeasedFrame, ReceiveBuffer
+from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, UnsupportedVersionError
+from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from copyless.client.protocol.framing import FrameTooLargeError
+from copyless.client.protocol.gather import SendQueue
+from copyless.client.protocol.messages import API_VERSIONS, encode_request_header, kio_decoder
+from copyless.client.protocol.receive import LeasedFrame, ReceiveBuffer
 
 __all__ = ["Connection", "DEFAULT_REQUEST_TIMEOUT_MS"]
 
@@ -254,7 +254,7 @@ class Connection:
 
     async def request_kio(self, request, response_cls, *, check_version: bool = True):
         """Send a kio request entity and await the decoded kio response entity."""
-        from client.protocol.messages import encode_kio
+        from copyless.client.protocol.messages import encode_kio
 
         api_key = int(request.__api_key__)
         return await self.send(api_key, [encode_kio(request)], kio_decoder(response_cls), check_version=check_version)

@@ -48,7 +48,7 @@ from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
 from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestAssignment
 from kio.schema.sync_group.v3.response import SyncGroupResponse
 
-from client.assignors import (
+from copyless.client.assignors import (
     ASSIGNORS,
     Subscription,
     TopicPartition,
@@ -57,12 +57,12 @@ from client.assignors import (
     encode_assignment,
     encode_subscription,
 )
-from client.cluster import Cluster
-from client.conn import DEFAULT_REQUEST_TIMEOUT_MS
-from client.errors import ClientError, KafkaConnectionError, KafkaError, KafkaTimeoutError
-from client.protocol.fetch_records import ConsumerRecord, PartitionRecords
-from client.protocol.messages import ApiKey, FetchPartition, decode_fetch_response, encode_fetch_request
-from client.protocol.receive import LeasedFrame
+from copyless.client.cluster import Cluster
+from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
+from copyless.client.errors import ClientError, KafkaConnectionError, KafkaError, KafkaTimeoutError
+from copyless.client.protocol.fetch_records import ConsumerRecord, PartitionRecords
+from copyless.client.protocol.messages import ApiKey, FetchPartition, decode_fetch_response, encode_fetch_request
+from copyless.client.protocol.receive import LeasedFrame
 
 __all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "OffsetOutOfRangeError", "RecordTooLargeError"]
 

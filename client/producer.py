@@ -46,9 +46,9 @@ from typing import NamedTuple
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
 from kio.schema.init_producer_id.v1.response import InitProducerIdResponse
 
-from client.cluster import Cluster
-from client.conn import DEFAULT_REQUEST_TIMEOUT_MS
-from client.errors import (
+from copyless.client.cluster import Cluster
+from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
+from copyless.client.errors import (
     BufferFullError,
     ClientError,
     KafkaConnectionError,
@@ -56,10 +56,10 @@ from client.errors import (
     KafkaTimeoutError,
     ProducerClosedError,
 )
-from client.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTES, BatchBuilder, BuiltBatch
-from client.protocol.messages import ApiKey, decode_produce_response, encode_produce_request
-from client.protocol.partitioner import partition_for_key
-from client.protocol.records import CODEC_ZSTD, NO_PRODUCER_ID, NO_SEQUENCE
+from copyless.client.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTES, BatchBuilder, BuiltBatch
+from copyless.client.protocol.messages import ApiKey, decode_produce_response, encode_produce_request
+from copyless.client.protocol.partitioner import partition_for_key
+from copyless.client.protocol.records import CODEC_ZSTD, NO_PRODUCER_ID, NO_SEQUENCE
 
 __all__ = ["Producer", "RecordMetadata", "DeliveryFuture", "NoMetadataError"]
 

@@ -1,6 +1,6 @@
 """Shared fixtures: a real ``copyless serve`` subprocess on a free port, restartable gracefully or with kill -9.
 
-Every broker the suite starts is a separate process (``python -m broker serve``) with its own data dir and a
+Every broker the suite starts is a separate process (``python -m copyless serve``) with its own data dir and a
 log file that collects its stdout and stderr; the bound address is read from the broker's startup line, so
 tests always use port 0 and never collide. Fixtures:
 
@@ -96,7 +96,7 @@ class BrokerProcess:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def command(self, listen: str) -> list[str]:
-        cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.data_dir), "--listen", listen]
+        cmd = [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(self.data_dir), "--listen", listen]
         if self.loop:
             cmd += ["--loop", self.loop]
         if not self.sendfile:

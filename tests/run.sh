@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine with only Python 3.11, then runs it.
 #   - a virtualenv in .venv with copyless and its [test] extra (real Kafka clients, hypothesis, pytest);
-#   - kcat from Debian's packages (the librdkafka 2.0.2 CLI the broker must serve), when running as root.
+#   - as root, from Debian's packages: kcat (the librdkafka CLI the broker must serve) and etcd (the
+#     cluster's metadata store; the cluster tests start their own etcd processes on loopback).
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +13,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
-if ! command -v kcat >/dev/null 2>&1; then
+
+# Debian packages: command -> package.
+declare -A PACKAGES=([kcat]=kcat [etcd]=etcd-server [etcdctl]=etcd-client)
+missing=()
+for command in "${!PACKAGES[@]}"; do
+    command -v "$command" >/dev/null 2>&1 || missing+=("${PACKAGES[$command]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat) >/dev/null \
-            || echo "warning: could not install kcat; its tests will be skipped" >&2
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null \
+            || echo "warning: could not install ${missing[*]}; the tests that need them will be skipped" >&2
     else
-        echo "warning: kcat not installed and not root; its tests will be skipped" >&2
+        echo "warning: ${missing[*]} not installed and not root; the tests that need them will be skipped" >&2
     fi
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -32,8 +32,8 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
-from client.protocol.records import (
+from copyless.broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
+from copyless.client.protocol.records import (
     InvalidBatchError,
     NO_PRODUCER_ID,
     NO_SEQUENCE,

@@ -23,8 +23,8 @@ import logging
 import time
 from typing import Any
 
-from broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupSnapshot, GroupState, JoinResult, SyncResult
-from broker.groups.offsets import (
+from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupSnapshot, GroupState, JoinResult, SyncResult
+from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
     CommittedOffset,
     OffsetStore,

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
+from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 
 __all__ = ["HandlerTable", "load_handlers", "RequestContext", "EncodedResponse", "CloseConnection"]
 
@@ -26,16 +26,16 @@ Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 
 # (module, required). Optional modules are skipped when absent, so the broker runs before they land.
 _MODULES = (
-    ("broker.handlers.api_versions", True),
-    ("broker.handlers.metadata", True),
-    ("broker.handlers.produce", True),
-    ("broker.handlers.fetch", True),
-    ("broker.handlers.list_offsets", True),
-    ("broker.handlers.topics", True),
-    ("broker.handlers.producer_ids", True),
-    ("broker.handlers.leader_epoch", True),
-    ("broker.handlers.configs", True),
-    ("broker.handlers.groups", False),
+    ("copyless.broker.handlers.api_versions", True),
+    ("copyless.broker.handlers.metadata", True),
+    ("copyless.broker.handlers.produce", True),
+    ("copyless.broker.handlers.fetch", True),
+    ("copyless.broker.handlers.list_offsets", True),
+    ("copyless.broker.handlers.topics", True),
+    ("copyless.broker.handlers.producer_ids", True),
+    ("copyless.broker.handlers.leader_epoch", True),
+    ("copyless.broker.handlers.configs", True),
+    ("copyless.broker.handlers.groups", False),
 )
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import RequestContext
-from broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 API_KEY = 32
 TOPIC, BROKER = 2, 4

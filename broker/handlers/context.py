@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from broker.state import Broker
+    from copyless.broker.state import Broker
 
 __all__ = ["RequestContext", "EncodedResponse", "CloseConnection"]
 

@@ -29,15 +29,15 @@ import time
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import EncodedResponse, RequestContext
-from broker.state import LEADER_EPOCH
-from broker.wire.fetch_response import MAX_VERSION, MIN_VERSION, FetchPartitionResult, encode_fetch_response
+from copyless.broker.handlers.context import EncodedResponse, RequestContext
+from copyless.broker.state import LEADER_EPOCH
+from copyless.broker.wire.fetch_response import MAX_VERSION, MIN_VERSION, FetchPartitionResult, encode_fetch_response
 
 API_KEY = 1
 
 
 def _storage():
-    import broker.storage as storage
+    import copyless.broker.storage as storage
 
     return storage
 

@@ -18,11 +18,11 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from broker.groups.coordinator import GroupState
-from broker.groups.offsets import MAX_METADATA_BYTES, CommittedOffset
-from broker.groups.service import GroupService, now_ms
-from broker.handlers.context import RequestContext
-from broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.broker.groups.coordinator import GroupState
+from copyless.broker.groups.offsets import MAX_METADATA_BYTES, CommittedOffset
+from copyless.broker.groups.service import GroupService, now_ms
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 __all__ = ["HANDLERS", "startup", "shutdown"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import RequestContext
-from broker.state import LEADER_EPOCH
-from broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.state import LEADER_EPOCH
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 API_KEY = 23
 

@@ -22,10 +22,10 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import RequestContext
-from broker.state import LEADER_EPOCH
-from broker.wire.codecs import NO_THROTTLE, build, response_module
-from client.protocol.records import InvalidBatchError
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.state import LEADER_EPOCH
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.client.protocol.records import InvalidBatchError
 
 log = logging.getLogger("copyless.list_offsets")
 
@@ -84,7 +84,7 @@ async def handle(ctx: RequestContext, request):
 
 
 def _storage_error():
-    import broker.storage as storage
+    import copyless.broker.storage as storage
 
     return storage.StorageError
 

@@ -20,10 +20,10 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import RequestContext
-from broker.state import LEADER_EPOCH
-from broker.topics import TopicError, validate_topic_name
-from broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.state import LEADER_EPOCH
+from copyless.broker.topics import TopicError, validate_topic_name
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.metadata")
 

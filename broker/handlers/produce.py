@@ -33,10 +33,10 @@ import time
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
-from broker.state import LEADER_EPOCH
-from broker.wire.produce_response import encode_produce_response
-from client.protocol.records import (
+from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
+from copyless.broker.state import LEADER_EPOCH
+from copyless.broker.wire.produce_response import encode_produce_response
+from copyless.client.protocol.records import (
     CODEC_ZSTD,
     NO_PRODUCER_ID,
     BatchHeader,
@@ -224,7 +224,7 @@ async def handle(ctx: RequestContext, request):
 
 
 def _storage_error():
-    import broker.storage as storage
+    import copyless.broker.storage as storage
 
     return storage.StorageError
 

@@ -16,8 +16,8 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import RequestContext
-from broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.producer_ids")
 

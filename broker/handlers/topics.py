@@ -17,9 +17,9 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.context import RequestContext
-from broker.topics import TopicError
-from broker.wire.codecs import NO_THROTTLE, build, response_module
+from copyless.broker.handlers.context import RequestContext
+from copyless.broker.topics import TopicError
+from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.topics")
 

@@ -3,7 +3,7 @@
 ``run(config)`` is the whole process: load state, pick the event loop, serve until SIGTERM/SIGINT.
 """
 
-from broker.server.app import run, serve
-from broker.server.server import Server
+from copyless.broker.server.app import run, serve
+from copyless.broker.server.server import Server
 
 __all__ = ["Server", "run", "serve"]

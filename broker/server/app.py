@@ -11,9 +11,9 @@ import json
 import logging
 import signal
 
-from broker.config import BrokerConfig
-from broker.server.server import Server
-from broker.state import Broker
+from copyless.broker.config import BrokerConfig
+from copyless.broker.server.server import Server
+from copyless.broker.state import Broker
 
 __all__ = ["run", "serve", "loop_factory"]
 
@@ -121,7 +121,7 @@ def tune_malloc() -> bool:
 
 def run(config: BrokerConfig) -> int:
     """Load, serve, shut down. Blocking; returns the process exit code (1 when startup fails)."""
-    from broker.storage import StorageError
+    from copyless.broker.storage import StorageError
 
     factory, loop_name = loop_factory(config.loop)
     open_files, _hard = raise_open_files_limit()

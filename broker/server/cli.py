@@ -16,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port
+from copyless.broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port
 
 __all__ = ["add_parsers", "config_from_args", "main_serve"]
 
@@ -82,6 +82,6 @@ def main_serve(args) -> int:
     except ConfigError as exc:
         print(f"copyless serve: {exc}", file=sys.stderr)
         return 2
-    from broker.server.app import run
+    from copyless.broker.server.app import run
 
     return run(config)

@@ -20,12 +20,12 @@ import socket
 import threading
 import time
 
-from broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
-from broker.server.transfer import send_bytes, send_segments, wait_readable
-from broker.wire.codecs import encode_response
-from broker.wire.headers import RemoteProtocolError
-from broker.wire.requests import ApiVersionsFallback, decode_request, encode_api_versions_fallback
-from client.protocol.framing import FrameBuffer, FrameTooLargeError
+from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
+from copyless.broker.server.transfer import send_bytes, send_segments, wait_readable
+from copyless.broker.wire.codecs import encode_response
+from copyless.broker.wire.headers import RemoteProtocolError
+from copyless.broker.wire.requests import ApiVersionsFallback, decode_request, encode_api_versions_fallback
+from copyless.client.protocol.framing import FrameBuffer, FrameTooLargeError
 
 __all__ = ["Connection"]
 

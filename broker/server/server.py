@@ -25,8 +25,8 @@ import logging
 import socket
 import time
 
-from broker.server.connection import Connection
-from broker.state import Broker
+from copyless.broker.server.connection import Connection
+from copyless.broker.state import Broker
 
 __all__ = ["Server"]
 

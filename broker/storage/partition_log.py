@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_batches, iter_record_timestamps
+from copyless.client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_batches, iter_record_timestamps
 
 from . import filenames
 from . import segment as segment_module

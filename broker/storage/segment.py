@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from client.protocol.records import (
+from copyless.client.protocol.records import (
     LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     BatchHeader,

@@ -4,10 +4,10 @@ Nothing here touches a socket or a file. The shell (``broker.server``) feeds fra
 returned segments out.
 """
 
-from broker.wire.codecs import build, encode_response, request_codec, response_module
-from broker.wire.fetch_response import FetchPartitionResult, encode_fetch_response
-from broker.wire.headers import RemoteProtocolError, RequestHeader, parse_request_header
-from broker.wire.requests import ApiVersionsFallback, DecodedRequest, decode_request
+from copyless.broker.wire.codecs import build, encode_response, request_codec, response_module
+from copyless.broker.wire.fetch_response import FetchPartitionResult, encode_fetch_response
+from copyless.broker.wire.headers import RemoteProtocolError, RequestHeader, parse_request_header
+from copyless.broker.wire.requests import ApiVersionsFallback, DecodedRequest, decode_request
 
 __all__ = [
     "ApiVersionsFallback",

@@ -26,7 +26,7 @@ from kio.index import load_payload_module, load_request_schema, load_response_sc
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from broker.wire.headers import response_header
+from copyless.broker.wire.headers import response_header
 
 __all__ = [
     "RequestCodec",

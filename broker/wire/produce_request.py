@@ -25,7 +25,7 @@ import datetime
 import struct
 from dataclasses import dataclass
 
-from broker.wire.headers import RemoteProtocolError
+from copyless.broker.wire.headers import RemoteProtocolError
 
 __all__ = ["ProduceRequestView", "TopicProduceView", "PartitionProduceView", "decode_produce_request"]
 

@@ -22,9 +22,9 @@ from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 
-from broker.wire import produce_request
-from broker.wire.codecs import API_VERSIONS_KEY, frame_response_body, request_codec
-from broker.wire.headers import RemoteProtocolError, RequestHeader, parse_request_header, skip_tagged_fields
+from copyless.broker.wire import produce_request
+from copyless.broker.wire.codecs import API_VERSIONS_KEY, frame_response_body, request_codec
+from copyless.broker.wire.headers import RemoteProtocolError, RequestHeader, parse_request_header, skip_tagged_fields
 
 PRODUCE_KEY = 0
 

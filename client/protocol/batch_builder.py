@@ -41,7 +41,7 @@ import struct
 
 import crc32c as _crc32c
 
-from client.protocol.records import (
+from copyless.client.protocol.records import (
     CODEC_GZIP,
     CODEC_LZ4,
     CODEC_NONE,
@@ -53,7 +53,7 @@ from client.protocol.records import (
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_BIT,
 )
-from client.protocol.records import encode_varint as _encode_varint_uncached
+from copyless.client.protocol.records import encode_varint as _encode_varint_uncached
 
 __all__ = [
     "GATHER_MIN_VALUE_BYTES",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 
 __all__ = ["IOV_MAX", "SendQueue"]
 

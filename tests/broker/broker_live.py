@@ -17,9 +17,9 @@ from pathlib import Path
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from broker.config import BrokerConfig
-from broker.server.app import loop_factory, serve
-from broker.state import Broker
+from copyless.broker.config import BrokerConfig
+from copyless.broker.server.app import loop_factory, serve
+from copyless.broker.state import Broker
 
 
 class LiveBroker:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import time
 
-from client.protocol.records import decode_records, iter_batches
+from copyless.client.protocol.records import decode_records, iter_batches
 from kio.schema.create_topics.v4 import request as create_v4
 from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.produce.v8 import request as produce_v8

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 
-from broker.handlers import load_handlers
+from copyless.broker.handlers import load_handlers
 from broker_batches import build_batch
 from broker_live import LiveBroker
 from broker_requests import create_topic, fetch, produce, values_of

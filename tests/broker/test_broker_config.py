@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port
-from broker.server.cli import add_parsers, config_from_args
+from copyless.broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port
+from copyless.broker.server.cli import add_parsers, config_from_args
 
 
 def parse(argv):

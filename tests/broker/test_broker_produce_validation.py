@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kio.schema.errors import ErrorCode
 
-from broker.handlers.produce import ProduceError, validate_produce_records
+from copyless.broker.handlers.produce import ProduceError, validate_produce_records
 from broker_batches import build_batch
 
 MAX = 1048588

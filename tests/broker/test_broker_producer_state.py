@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from broker.producer_state import ProducerIdAllocator, ProducerStateManager
-from client.protocol.records import read_header
+from copyless.broker.producer_state import ProducerIdAllocator, ProducerStateManager
+from copyless.client.protocol.records import read_header
 from broker_batches import build_batch
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from kio.schema.errors import ErrorCode
 
-from client.protocol.records import decode_records, iter_batches
+from copyless.client.protocol.records import decode_records, iter_batches
 from broker_batches import build_batch
 
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
@@ -512,7 +512,7 @@ def test_undecodable_batch_does_not_break_timestamp_lookup(live_broker):
 
 
 def test_producer_state_rebuilt_from_recent_segments_only(inproc_factory):
-    from broker.state import producer_state_scan_start
+    from copyless.broker.state import producer_state_scan_start
 
     live = inproc_factory("uvloop")
     client = live.client()

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.stats import BrokerStats, LatencyHistogram, histogram_quantile
+from copyless.broker.stats import BrokerStats, LatencyHistogram, histogram_quantile
 
 durations = st.lists(st.floats(min_value=2e-6, max_value=600.0, allow_nan=False), min_size=1, max_size=300)
 quantiles = st.sampled_from([0.0, 0.01, 0.5, 0.9, 0.99, 1.0])

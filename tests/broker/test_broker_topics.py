@@ -7,7 +7,7 @@ import json
 import pytest
 from kio.schema.errors import ErrorCode
 
-from broker.topics import Topic, TopicError, TopicRegistry, parse_topic_configs, validate_topic_name
+from copyless.broker.topics import Topic, TopicError, TopicRegistry, parse_topic_configs, validate_topic_name
 
 
 @pytest.mark.parametrize("name", ["orders", "a.b_c-D9", "x" * 249, "__consumer_offsets"])

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from broker.server.app import loop_factory
-from broker.server.transfer import is_cached, send_segments, warm
-from broker.stats import BrokerStats
+from copyless.broker.server.app import loop_factory
+from copyless.broker.server.transfer import is_cached, send_segments, warm
+from copyless.broker.stats import BrokerStats
 
 
 class Region:

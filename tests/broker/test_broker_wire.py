@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from broker.handlers import load_handlers
-from broker.wire.codecs import encode_response, response_module
-from broker.wire.fetch_response import FetchPartitionResult, encode_fetch_response, segments_length
-from broker.wire.headers import RemoteProtocolError, parse_request_header, skip_tagged_fields
-from broker.wire.requests import ApiVersionsFallback, DecodedRequest, decode_request, encode_api_versions_fallback
+from copyless.broker.handlers import load_handlers
+from copyless.broker.wire.codecs import encode_response, response_module
+from copyless.broker.wire.fetch_response import FetchPartitionResult, encode_fetch_response, segments_length
+from copyless.broker.wire.headers import RemoteProtocolError, parse_request_header, skip_tagged_fields
+from copyless.broker.wire.requests import ApiVersionsFallback, DecodedRequest, decode_request, encode_api_versions_fallback
 from kio.index import load_request_schema, load_response_schema
 
 SERVED = load_handlers().served()
@@ -131,7 +131,7 @@ def test_random_bodies_for_served_keys(api_key, data, correlation_id):
 
 def test_encode_response_frames_kio_entity():
     module = response_module(22, 1)
-    from broker.wire.codecs import NO_THROTTLE
+    from copyless.broker.wire.codecs import NO_THROTTLE
 
     entity = module.InitProducerIdResponse(throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=7, producer_epoch=0)
     frame = encode_response(99, 22, 1, entity)
@@ -230,7 +230,7 @@ def test_every_served_version_has_codecs():
     ),
 )
 def test_produce_encoder_matches_kio_decoder(version, correlation_id, topics):
-    from broker.wire.produce_response import encode_produce_response
+    from copyless.broker.wire.produce_response import encode_produce_response
 
     frame = encode_produce_response(version, correlation_id, topics)
     size, decoded_correlation_id = struct.unpack_from(">ii", frame)

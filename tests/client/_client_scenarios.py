@@ -9,8 +9,8 @@ import asyncio
 import time
 import uuid
 
-from client import Admin, BufferFullError, Consumer, Producer, TopicPartition
-from client.protocol.partitioner import partition_for_key
+from copyless.client import Admin, BufferFullError, Consumer, Producer, TopicPartition
+from copyless.client.protocol.partitioner import partition_for_key
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 

@@ -7,7 +7,7 @@ from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssi
 from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSubscription
 from kio.serial import entity_reader
 
-from client.assignors import (
+from copyless.client.assignors import (
     Subscription,
     TopicPartition,
     decode_assignment,

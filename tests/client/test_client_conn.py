@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from client.conn import Connection
-from client.errors import KafkaConnectionError
-from client.protocol.messages import ApiKey
+from copyless.client.conn import Connection
+from copyless.client.errors import KafkaConnectionError
+from copyless.client.protocol.messages import ApiKey
 
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:

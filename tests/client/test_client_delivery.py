@@ -13,7 +13,7 @@ import time
 
 import uvloop
 
-from client import Admin, DeliveryFuture, KafkaError, Producer
+from copyless.client import Admin, DeliveryFuture, KafkaError, Producer
 
 import _client_scenarios as scenarios
 
@@ -97,7 +97,7 @@ def test_record_timestamps_are_the_clock_millisecond_on_every_path(broker, monke
     every record must still get exactly ``time_ns() // 1_000_000`` at its send - across millisecond
     boundaries (readings exactly on one, and whole seconds), after explicit past and future timestamps,
     and when the clock steps back - through ``send`` and ``send_nowait`` alike."""
-    import client.producer as producer_module
+    import copyless.client.producer as producer_module
 
     clock = [0]
     monkeypatch.setattr(producer_module, "_time_ns", lambda: clock[0])

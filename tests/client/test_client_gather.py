@@ -7,7 +7,7 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.protocol.gather import IOV_MAX, SendQueue
+from copyless.client.protocol.gather import IOV_MAX, SendQueue
 
 buffer_lists = st.lists(st.binary(max_size=600), max_size=60)
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from client import Consumer, Producer, TopicPartition
-from client.conn import Connection
-from client.protocol.messages import ApiKey
+from copyless.client import Consumer, Producer, TopicPartition
+from copyless.client.conn import Connection
+from copyless.client.protocol.messages import ApiKey
 
 import _client_scenarios as scenarios
 
@@ -107,7 +107,7 @@ def test_interoperates_with_aiokafka(broker):
 
 def _copyless(*args, input_bytes=None, timeout=60):
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args],
+        [sys.executable, "-m", "copyless.broker.cli", *args],
         input=input_bytes,
         capture_output=True,
         timeout=timeout,
@@ -160,7 +160,7 @@ def test_cli_consume_prints_its_summary_on_ctrl_c(broker):
     produced = _copyless("produce", topic, "--bootstrap", broker.bootstrap, "--count", "300", "--size", "10")
     assert produced.returncode == 0, produced.stderr
     consumer = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "consume", topic, "--bootstrap", broker.bootstrap,
+        [sys.executable, "-m", "copyless.broker.cli", "consume", topic, "--bootstrap", broker.bootstrap,
          "--from-beginning", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -220,7 +220,7 @@ def test_group_shared_with_aiokafka_members(broker):
     group = scenarios.unique("mixed-group")
 
     async def scenario():
-        from client import Admin
+        from copyless.client import Admin
 
         async with Admin(broker.bootstrap) as admin:
             await admin.create_topics([topic], num_partitions=4)
@@ -264,7 +264,7 @@ def test_auto_commit_and_reset_policies(broker):
 
 
 def test_delivery_timeout_when_the_broker_is_gone(broker_factory):
-    from client import KafkaTimeoutError
+    from copyless.client import KafkaTimeoutError
 
     broker = broker_factory()
 

@@ -14,8 +14,8 @@ from kio.schema.produce.v7.request import ProduceRequest
 from kio.schema.produce.v7 import response as produce_response
 from kio.serial import entity_reader, entity_writer
 
-from client.protocol.batch_builder import BatchBuilder
-from client.protocol.messages import (
+from copyless.client.protocol.batch_builder import BatchBuilder
+from copyless.client.protocol.messages import (
     FetchPartition,
     decode_fetch_response,
     decode_produce_response,

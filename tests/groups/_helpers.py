@@ -15,7 +15,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
 
-from broker.groups.cli import GroupsClient
+from copyless.broker.groups.cli import GroupsClient
 
 MEMBER_SCRIPT = Path(__file__).with_name("_member.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -33,7 +33,7 @@ def start_broker(workdir: Path) -> tuple[subprocess.Popen, str]:
     config = workdir / "broker.toml"
     config.write_text(GROUP_CONFIG)
     log = open(workdir / "broker.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "broker", "serve", "--data-dir", str(workdir / "data"),
+    process = subprocess.Popen([sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(workdir / "data"),
                                 "--listen", "127.0.0.1:0", "--config", str(config)], stdout=log,
                                stderr=subprocess.STDOUT)
     address = wait_for(lambda: re.search(r"listening on (127\.0\.0\.1:\d+)",

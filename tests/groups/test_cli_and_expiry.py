@@ -15,12 +15,12 @@ from kio.schema.offset_commit.v2 import request as oc_rq, response as oc_rs
 from kio.schema.offset_fetch.v3 import request as of_rq, response as of_rs
 from kio.static.primitive import i32Timedelta
 
-from broker.groups.cli import GroupsClient
+from copyless.broker.groups.cli import GroupsClient
 from tests.groups._helpers import GROUP_CONFIG, create_topic, produce, wait_for
 
 
 def copyless(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "copyless.broker", *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from kio.schema.errors import ErrorCode
 
-from broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupState
+from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupState
 
 PROTOCOLS = (("range", b"r"), ("roundrobin", b"rr"))
 SESSION_MS, REBALANCE_MS, DELAY_MS = 10_000, 20_000, 3_000

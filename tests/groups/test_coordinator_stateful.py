@@ -16,7 +16,7 @@ import itertools
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupState, JoinResult
+from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupState, JoinResult
 from kio.schema.errors import ErrorCode
 
 GROUP = "g"

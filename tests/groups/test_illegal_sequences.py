@@ -21,7 +21,7 @@ from kio.schema.offset_commit.v7 import request as oc_rq, response as oc_rs
 from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
 from kio.static.primitive import i32Timedelta
 
-from broker.groups.cli import GroupsClient
+from copyless.broker.groups.cli import GroupsClient
 from tests.groups._helpers import create_topic, produce, start_broker, wait_until_coordinator_active
 
 GROUP = "abused"

@@ -6,8 +6,8 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
-from broker.groups.offsets import (
+from copyless.broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
+from copyless.broker.groups.offsets import (
     CommittedOffset,
     OffsetStore,
     build_batch,
@@ -21,7 +21,7 @@ from broker.groups.offsets import (
     offset_commit_value,
     partition_for,
 )
-from client.protocol.records import decode_records, iter_batches, validate_batch
+from copyless.client.protocol.records import decode_records, iter_batches, validate_batch
 
 names = st.text(min_size=1, max_size=20)
 committed_offsets = st.builds(

@@ -8,8 +8,8 @@ os.environ.setdefault("COPYLESS_WARM_AHEAD_BYTES", str(16 << 10))
 
 import pytest  # noqa: E402
 
-from broker.storage import LogConfig, LogManager  # noqa: E402
-from broker.storage import segment as _segment  # noqa: E402
+from copyless.broker.storage import LogConfig, LogManager  # noqa: E402
+from copyless.broker.storage import segment as _segment  # noqa: E402
 
 # Also when another conftest imported broker.storage before the variable was set.
 _segment.ALLOCATION_STEP_BYTES = int(os.environ["COPYLESS_ALLOCATION_STEP_BYTES"])

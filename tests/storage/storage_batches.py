@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from client.protocol.records import decode_records, iter_batches
+from copyless.client.protocol.records import decode_records, iter_batches
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 

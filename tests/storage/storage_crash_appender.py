@@ -15,8 +15,8 @@ import sys
 
 from storage_batches import build_batch
 
-from broker.storage import LogConfig, LogManager
-from broker.storage import segment as segment_module
+from copyless.broker.storage import LogConfig, LogManager
+from copyless.broker.storage import segment as segment_module
 
 CONFIG = LogConfig(segment_bytes=24 << 10, segment_index_bytes=1024, index_interval_bytes=1024, retention_ms=None,
                    retention_bytes=96 << 10, file_delete_delay_ms=0)

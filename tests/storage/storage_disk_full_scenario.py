@@ -14,7 +14,7 @@ import time
 
 from storage_batches import build_batch, records_of
 
-from broker.storage import LogConfig, LogManager, StorageError
+from copyless.broker.storage import LogConfig, LogManager, StorageError
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=8 << 10, index_interval_bytes=4096, retention_ms=None,
                    file_delete_delay_ms=0)

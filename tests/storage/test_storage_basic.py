@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_batches import build_batch, records_of
 
-from broker.storage import segment as segment_module
-from broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError, StorageError
-from client.protocol.records import iter_batches, read_header, validate_batch
+from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError, StorageError
+from copyless.client.protocol.records import iter_batches, read_header, validate_batch
 
 
 def append_values(partition_log, count, *, size=100, start_timestamp=1_000, per_batch=1):
@@ -303,7 +303,7 @@ def test_delete_log_and_recreate(manager_factory, small_config):
 
 def test_second_manager_on_same_directory_is_refused(manager_factory, tmp_path):
     manager_factory()
-    from broker.storage import LogManager
+    from copyless.broker.storage import LogManager
 
     with pytest.raises(StorageError):
         LogManager(tmp_path / "data").startup()

@@ -22,10 +22,10 @@ import pytest
 from storage_batches import records_of
 from storage_crash_appender import CONFIG, expected_value
 
-from broker.storage import LogManager
-from broker.storage._failpoints import POINTS
-from broker.storage.checkpoint import read_checkpoint
-from client.protocol.records import iter_batches, validate_batch
+from copyless.broker.storage import LogManager
+from copyless.broker.storage._failpoints import POINTS
+from copyless.broker.storage.checkpoint import read_checkpoint
+from copyless.client.protocol.records import iter_batches, validate_batch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

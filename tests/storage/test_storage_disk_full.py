@@ -125,7 +125,7 @@ def test_index_rebuild_on_a_full_filesystem_needs_no_new_space(small_filesystem)
     """Recovery rebuilds indexes; on a full disk their preallocation fails, so the entries are kept in memory
     and written out at seal: into the space the old index gave back, or, when not even that is left, the
     index stays empty (valid: lookups scan the segment from position 0, the next recovery rebuilds it)."""
-    from broker.storage.index import OffsetIndex
+    from copyless.broker.storage.index import OffsetIndex
 
     mount_point, reason = small_filesystem
     if mount_point is None:

@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from storage_batches import build_batch
 
-from broker.storage import LogConfig
-from broker.storage import partition_log as partition_log_module
-from broker.storage import segment as segment_module
-from broker.storage._fileops import map_address, preallocate
-from client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
+from copyless.broker.storage import LogConfig
+from copyless.broker.storage import partition_log as partition_log_module
+from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage._fileops import map_address, preallocate
+from copyless.client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KIB, MIB = 1 << 10, 1 << 20

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from storage_batches import build_batch, records_of
 
-from broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
-from broker.storage import segment as segment_module
-from client.protocol.records import iter_batches, read_header
+from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
+from copyless.broker.storage import segment as segment_module
+from copyless.client.protocol.records import iter_batches, read_header
 
 record_value = st.binary(min_size=0, max_size=300)
 batch_spec = st.tuples(st.lists(record_value, min_size=1, max_size=5), st.integers(-50, 200),

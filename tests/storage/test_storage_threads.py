@@ -10,7 +10,7 @@ import time
 
 from storage_batches import build_batch, records_of
 
-from broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
+from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
 
 
 def test_reads_race_retention_and_housekeeping(tmp_path):

@@ -1,0 +1,7 @@
+"""``python -m copyless ...`` is the ``copyless`` console script."""
+
+import sys
+
+from copyless.broker.cli import main
+
+sys.exit(main())
