@@ -115,8 +115,8 @@ class BrokerConfig:
     offsets_retention_check_interval_ms: int = 600000     # offsets.retention.check.interval.ms
     # offsets.topic.num.partitions: Kafka's default is 50; a single node serves every group itself, so the
     # embedded default is 1 (one log instead of 50). In a cluster the groups spread over the partitions'
-    # leaders, and the default is Kafka's (see cluster_defaults).
-    offsets_topic_num_partitions: int = 1
+    # leaders, and the default is Kafka's (None: the mode's default, see ``offsets_partitions``).
+    offsets_topic_num_partitions: int | None = None
     offsets_topic_replication_factor: int = 3             # offsets.topic.replication.factor
 
     @property
@@ -149,6 +149,13 @@ class BrokerConfig:
     @property
     def clustered(self) -> bool:
         return self.metadata is not None
+
+    @property
+    def offsets_partitions(self) -> int:
+        """``offsets.topic.num.partitions``, or its default for this mode (see the field's comment)."""
+        if self.offsets_topic_num_partitions is not None:
+            return self.offsets_topic_num_partitions
+        return 50 if self.clustered else 1
 
     def with_bound_port(self, port: int) -> "BrokerConfig":
         """The same settings once the listener is bound (port 0 resolves to a real port)."""
@@ -213,7 +220,7 @@ class BrokerConfig:
             raise ConfigError("min.insync.replicas must be >= 1")
         if self.broker_session_timeout_ms < 1000:
             raise ConfigError("broker.session.timeout.ms must be >= 1000")
-        if self.offsets_topic_num_partitions < 1 or self.offsets_topic_replication_factor < 1:
+        if self.offsets_partitions < 1 or self.offsets_topic_replication_factor < 1:
             raise ConfigError("offsets.topic.num.partitions and offsets.topic.replication.factor must be >= 1")
 
 

@@ -84,7 +84,9 @@ class ReplicaManager:
         # Called with (partition, changed) whenever a hosted partition becomes or stays a follower, and with
         # (partition, None) when it stops being one: the fetcher manager's hook.
         self.on_follower: Callable[[Partition, bool | None], None] = lambda partition, changed: None
-        self.on_leader: Callable[[Partition, bool], None] = lambda partition, changed: None
+        # Called with (partition, True) when this broker starts leading a partition (or a new epoch of it),
+        # and (partition, False) when it stops: the group coordinator follows its offsets partitions so.
+        self.leadership_listeners: list[Callable[[Partition, bool], None]] = []
         self.closing = False
 
     # --- lookups (loop thread) -------------------------------------------------------------------------------
@@ -211,7 +213,10 @@ class ReplicaManager:
             for key in doomed:
                 partition = self.partitions.pop(key, None)
                 if partition is not None:
+                    was_leader = partition.role is Role.LEADER
                     partition.make_offline()
+                    if was_leader:
+                        self._notify_leadership(partition, False)
                     self.on_follower(partition, None)
                 self.broker.producers.remove_partition(*key)
                 self._topic_ids.pop(key, None)
@@ -262,25 +267,116 @@ class ReplicaManager:
     def _apply_state(self, partition: Partition, state: PartitionState) -> None:
         if state.leader_epoch < partition.leader_epoch:
             return  # an older state than the one applied: images never go back, but be safe
-        if state.leader == self.node_id:
-            if state.version < self.broker_epoch:
-                # Recorded before this process registered: not ours to take (module docstring).
-                partition.make_follower(PartitionState(-1, state.leader_epoch, state.isr, state.replicas,
-                                                       state.version))
-                self.on_follower(partition, None)
-                return
+        if state.leader == self.node_id and state.version >= self.broker_epoch:
             if partition.role is Role.LEADER and state.leader_epoch == partition.leader_epoch:
                 if state.version > partition.state_version:
                     partition.make_leader(state)
                 return
-            was_follower = partition.role is Role.FOLLOWER
-            changed = partition.make_leader(state)
-            if was_follower:
+            if partition.role is Role.FOLLOWER:
                 self.on_follower(partition, None)
-            self.on_leader(partition, changed)
+            if partition.make_leader(state):
+                self._notify_leadership(partition, True)
             return
+        if state.leader == self.node_id:
+            # Recorded before this process registered: not ours to take (module docstring); the controller
+            # elects anew and the next image says who leads.
+            state = PartitionState(-1, state.leader_epoch, state.isr, state.replicas, state.version)
+        was_leader = partition.role is Role.LEADER
         changed = partition.make_follower(state)
+        if was_leader:
+            self._notify_leadership(partition, False)
         self.on_follower(partition, changed if state.leader >= 0 else None)
+
+    def _notify_leadership(self, partition: Partition, leading: bool) -> None:
+        for listener in self.leadership_listeners:
+            try:
+                listener(partition, leading)
+            except Exception:
+                log.exception("leadership listener failed for %s-%d", partition.topic, partition.partition)
+
+    def new_broker_epoch(self, epoch: int) -> None:
+        """This process (re-)registered at ``epoch``: leadership recorded before it is not its own (module
+        docstring). Every partition it leads steps down now, before the new lease lets it act; the next
+        image says which it leads again."""
+        self.broker_epoch = epoch
+        for partition in self.partitions.values():
+            if partition.role is Role.LEADER and partition.state_version < epoch:
+                partition.make_follower(PartitionState(-1, partition.leader_epoch, partition.isr, partition.replicas,
+                                                       partition.state_version))
+                self._notify_leadership(partition, False)
+                self.on_follower(partition, None)
+
+    # --- the ISR (leader side) ------------------------------------------------------------------------------------
+
+    def after_follower_fetch(self, partition: Partition) -> None:
+        """A follower fetched: if it caught up, propose adding it to the ISR."""
+        proposed = partition.isr_expansion()
+        if proposed is not None:
+            self._change_isr(partition, proposed, "caught up")
+
+    def check_isr(self) -> None:
+        """Shrink the ISR of every partition led here by the followers that fell behind (periodic)."""
+        for partition in self.leading():
+            proposed = partition.isr_shrink()
+            if proposed is not None:
+                self._change_isr(partition, proposed, "fell behind")
+
+    def _change_isr(self, partition: Partition, proposed: tuple[int, ...], reason: str) -> None:
+        if not self._lease_valid():
+            return
+        state = PartitionState(partition.leader_id, partition.leader_epoch, partition.isr, partition.replicas,
+                               partition.state_version)
+        partition.begin_isr_change(proposed)
+        log.info("%s-%d: proposing ISR %s -> %s (%s)", partition.topic, partition.partition, list(partition.isr),
+                 list(proposed), reason)
+        asyncio.get_running_loop().create_task(self._write_isr(partition, state, proposed))
+
+    async def _write_isr(self, partition: Partition, state: PartitionState, proposed: tuple[int, ...]) -> None:
+        new_state = None
+        try:
+            new_state = await self.broker.metadata.alter_isr(partition.topic, partition.partition, state, proposed)
+        except Exception as exc:
+            log.warning("%s-%d: ISR change not written: %s", partition.topic, partition.partition, exc)
+        if new_state is None:
+            log.info("%s-%d: ISR change %s refused (the partition's state moved on); waiting for the new state",
+                     partition.topic, partition.partition, list(proposed))
+        partition.end_isr_change(new_state)
+
+    async def maintain_isr(self) -> None:
+        """The leader's periodic ISR check, every half ``replica.lag.time.max.ms`` (Kafka's schedule)."""
+        interval_s = max(self.broker.config.replica_lag_time_max_ms / 2000, 0.05)
+        while not self.closing:
+            await asyncio.sleep(interval_s)
+            try:
+                self.check_isr()
+            except Exception:
+                log.exception("ISR check failed")
+
+    # --- truncation (follower side) --------------------------------------------------------------------------------
+
+    async def truncate(self, partition: Partition, offset: int) -> None:
+        """Cut ``partition``'s log to end at ``offset`` (worker thread; the fetcher has paused it), then drop
+        the producer state past it and clamp the high watermark."""
+        headers = await asyncio.to_thread(self._truncate_blocking, partition, lambda: partition.log.truncate_to(offset))
+        self._after_truncation(partition, headers)
+
+    async def truncate_fully(self, partition: Partition, offset: int) -> None:
+        """Empty ``partition``'s log and restart it at ``offset`` (below the leader's log start)."""
+        headers = await asyncio.to_thread(self._truncate_blocking, partition,
+                                          lambda: partition.log.truncate_fully_and_start_at(offset))
+        self._after_truncation(partition, headers)
+
+    @staticmethod
+    def _truncate_blocking(partition: Partition, cut) -> list:
+        """Cut, then read the headers producer state is rebuilt from. Blocking (worker thread)."""
+        from copyless.broker.state import producer_state_scan_start
+
+        cut()
+        return list(partition.log.batch_headers(producer_state_scan_start(partition.log)))
+
+    def _after_truncation(self, partition: Partition, headers: list) -> None:
+        self.broker.producers.rebuild(partition.topic, partition.partition, headers)
+        partition.high_watermark = min(partition.high_watermark, partition.log.log_end_offset)
 
     # --- shutdown -------------------------------------------------------------------------------------------------
 
@@ -288,7 +384,10 @@ class ReplicaManager:
         """Shutdown: every partition goes offline (waiting acks=all writes answer NOT_LEADER_OR_FOLLOWER)."""
         self.closing = True
         for partition in self.partitions.values():
+            was_leader = partition.role is Role.LEADER
             partition.make_offline()
+            if was_leader:
+                self._notify_leadership(partition, False)
         for _revision, future in self._revision_waiters:
             if not future.done():
                 future.cancel()

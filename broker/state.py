@@ -111,6 +111,11 @@ class Broker:
         self.bound_listeners: dict[str, tuple[str, int]] = {}
         self.metadata: Any = self._make_backend()
         self.replicas = ReplicaManager(self, lease_valid=self.metadata.lease_valid)
+        from copyless.broker.cluster.replica_fetcher import FetcherManager
+
+        self.fetchers = FetcherManager(self)
+        self.replicas.on_follower = self.fetchers.follow
+        self._cluster_tasks: list = []
 
     def _make_backend(self):
         if self.config.metadata is None:
@@ -219,10 +224,15 @@ class Broker:
 
     async def start_cluster(self) -> None:
         """Join (or load) the cluster and apply its first image. Loop thread, once the listeners are bound."""
+        import asyncio
+
         refresh = getattr(self.metadata, "refresh_endpoints", None)
         if refresh is not None:
             refresh()
         await self.metadata.start()
+        if self.config.clustered:
+            self._cluster_tasks.append(asyncio.get_running_loop().create_task(self.replicas.maintain_isr(),
+                                                                              name="copyless-isr"))
 
     async def run_startup_hooks(self) -> None:
         for hook in self.handlers.startup_hooks:
@@ -236,12 +246,19 @@ class Broker:
                 log.exception("shutdown hook %r failed", hook)
 
     async def stop_cluster(self) -> None:
-        """Leave the cluster (the backend gives up its lease) and take every partition offline."""
+        """Leave the cluster (the backend gives up its lease, so the partitions led here move at once), stop
+        fetching, and take every partition offline (waiting acks=all writes answer NOT_LEADER_OR_FOLLOWER).
+        Idempotent."""
+        if self.replicas.closing:
+            return
+        for task in self._cluster_tasks:
+            task.cancel()
+        self.replicas.close()
         try:
             await self.metadata.stop()
         except Exception:
             log.exception("leaving the cluster failed")
-        self.replicas.close()
+        await self.fetchers.close()
 
     def shutdown_logs(self) -> None:
         """Flush, checkpoint, write the clean-shutdown marker. Blocking: worker thread."""

@@ -1,8 +1,9 @@
 """Broker counters: requests, connections, produced and fetched bytes, and the zero-copy proof.
 
-``fetch_sendfile_bytes`` counts record bytes the kernel moved from a segment file to a socket with
-``os.sendfile``; ``fetch_copied_bytes`` counts record bytes that passed through Python memory (only the
-``--no-sendfile`` comparison path). With sendfile on, the copied counter stays at 0: that is the check that
+``fetch_sendfile_bytes`` counts record bytes the kernel moved from a segment file to a consumer's socket
+with ``os.sendfile``; ``fetch_copied_bytes`` counts record bytes that passed through Python memory (only
+the ``--no-sendfile`` comparison path). ``replica_sendfile_bytes`` / ``replica_copied_bytes`` count the
+same for followers' fetches: what replication costs the leader. With sendfile on, the copied counter stays at 0: that is the check that
 fetched records never enter the interpreter. ``response_bytes`` counts every other byte the broker wrote
 (headers, kio-encoded responses).
 
@@ -114,6 +115,9 @@ class BrokerStats:
     fetch_responses: int = 0
     fetch_sendfile_bytes: int = 0
     fetch_copied_bytes: int = 0
+    # Followers' fetches, apart from consumers': the leader's cost of replication.
+    replica_sendfile_bytes: int = 0
+    replica_copied_bytes: int = 0
     fetch_sendfile_calls: int = 0
     fetch_cold_warmups: int = 0  # slices read into the page cache by a worker before their sendfile
     write_eagain_waits: int = 0
@@ -143,6 +147,8 @@ class BrokerStats:
             "fetch_responses": self.fetch_responses,
             "fetch_sendfile_bytes": self.fetch_sendfile_bytes,
             "fetch_copied_bytes": self.fetch_copied_bytes,
+            "replica_sendfile_bytes": self.replica_sendfile_bytes,
+            "replica_copied_bytes": self.replica_copied_bytes,
             "fetch_sendfile_calls": self.fetch_sendfile_calls,
             "fetch_cold_warmups": self.fetch_cold_warmups,
             "write_eagain_waits": self.write_eagain_waits,

@@ -205,8 +205,11 @@ class Connection:
         wants_lease: bool = False,
         check_version: bool = True,
         on_response=None,
+        version: int | None = None,
     ) -> asyncio.Future | None:
         """Queue one request (``body`` = list of buffers) and try to write it now.
+
+        ``version``: the header's API version (default: the one the client speaks, ``API_VERSIONS``).
 
         Returns a future resolved with ``decoder(frame, 4)`` (``frame`` is bytes, or a ``LeasedFrame``
         when ``wants_lease``; the decoder then owns the lease), or None when no response is expected
@@ -223,7 +226,13 @@ class Connection:
         """
         if self.closed_error is not None:
             raise KafkaConnectionError(f"connection to {self.host}:{self.port} is closed: {self.closed_error}")
-        version = self.check_version(api_key) if check_version else API_VERSIONS[api_key]
+        if version is None:
+            version = self.check_version(api_key) if check_version else API_VERSIONS[api_key]
+        elif check_version and self.api_versions and not self.supports(api_key, version):
+            raise UnsupportedVersionError(
+                f"broker {self.host}:{self.port} does not support api {api_key} v{version} "
+                f"(it supports {self.api_versions.get(api_key)})"
+            )
         self._correlation_id = correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         header = encode_request_header(api_key, version, correlation_id, self.client_id)
         size = len(header)
@@ -257,7 +266,9 @@ class Connection:
         from copyless.client.protocol.messages import encode_kio
 
         api_key = int(request.__api_key__)
-        return await self.send(api_key, [encode_kio(request)], kio_decoder(response_cls), check_version=check_version)
+        # The entity's own version goes in the header: it is the version its fields were encoded for.
+        return await self.send(api_key, [encode_kio(request)], kio_decoder(response_cls), check_version=check_version,
+                               version=int(request.__version__))
 
     async def drain(self) -> None:
         """Wait until queued bytes fall below the high-water mark (back-pressure for big producers)."""

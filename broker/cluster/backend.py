@@ -32,9 +32,21 @@ from copyless.broker.cluster.placement import assign_replicas
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError, check_new_topic_name, parse_topic_configs
 
-__all__ = ["MetadataBackend", "NewTopic", "plan_topic", "MAX_PARTITIONS"]
+__all__ = ["MetadataBackend", "NewTopic", "plan_topic", "MAX_PARTITIONS", "inter_broker_client_id",
+           "is_inter_broker"]
 
 MAX_PARTITIONS = 100_000
+# Brokers name their connections to each other so; the controller accepts an internal topic's creation
+# only on such a connection (there is no authentication: this tells brokers from clients, it does not guard).
+_INTER_BROKER_PREFIX = "copyless-broker-"
+
+
+def inter_broker_client_id(node_id: int) -> str:
+    return f"{_INTER_BROKER_PREFIX}{node_id}"
+
+
+def is_inter_broker(client_id: str | None) -> bool:
+    return bool(client_id) and client_id.startswith(_INTER_BROKER_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -754,17 +754,17 @@ class GroupCoordinator:
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         return ErrorCode.none
 
-    def deactivate(self) -> None:
-        """Stop coordinating (broker shutdown): every parked request fails with COORDINATOR_NOT_AVAILABLE."""
+    def deactivate(self, error: ErrorCode = ErrorCode.coordinator_not_available) -> None:
+        """Stop coordinating: every parked request fails with ``error`` (COORDINATOR_NOT_AVAILABLE on broker
+        shutdown, NOT_COORDINATOR when the groups' partition moved to another broker)."""
         self.status = "inactive"
         for group in self._groups.values():
             for member in group.members.values():
                 if member.join_waiter is not None:
-                    self._completions.append((member.join_waiter, JoinResult(
-                        ErrorCode.coordinator_not_available, member.member_id)))
+                    self._completions.append((member.join_waiter, JoinResult(error, member.member_id)))
                     member.join_waiter = None
                 if member.sync_waiter is not None:
-                    self._completions.append((member.sync_waiter, SyncResult(ErrorCode.coordinator_not_available)))
+                    self._completions.append((member.sync_waiter, SyncResult(error)))
                     member.sync_waiter = None
 
     # --- introspection and persistence --------------------------------------------------------------------

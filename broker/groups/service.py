@@ -1,16 +1,29 @@
-"""The asyncio shell around the group coordinator and the offsets store: timers, parked requests, the log.
+"""The asyncio shell around the group coordinator and the offsets store: timers, parked requests, the log,
+and which groups this broker coordinates.
 
-This module owns everything about groups that involves the event loop or the disk:
+Groups map to ``__consumer_offsets`` partitions (Kafka's hash, ``offsets.partition_for``), and the leader of
+a group's partition is its coordinator (FindCoordinator names it). This broker keeps one *shard* per offsets
+partition it leads: a pure ``GroupCoordinator`` and an ``OffsetStore`` for that partition's groups.
 
+- becoming leader of an offsets partition loads its shard: the partition's log is replayed on a worker
+  thread while its groups answer COORDINATOR_LOAD_IN_PROGRESS (14); a shard is only loaded once its
+  leader epoch is current, so it sees every commit the previous coordinator acknowledged (those were
+  replicated to the ISR this leader came from);
+- losing leadership unloads it: parked JoinGroup/SyncGroup requests answer NOT_COORDINATOR (16), and so
+  does every later request for its groups, which makes clients look the coordinator up again;
 - parked JoinGroup/SyncGroup requests are asyncio futures handed to the pure coordinator as waiter tokens;
   after every call the coordinator's completions resolve them;
-- one timer task sleeps until the coordinator's next deadline (join window, rebalance timeout, sync timeout,
-  session expiry) and ticks it, so a member that stopped heartbeating is removed at its session timeout
-  even when no request arrives;
-- committed offsets and group metadata are appended to ``__consumer_offsets`` through the broker (loop
-  thread, non-blocking mmap copy), and read back on startup on a worker thread while the coordinator answers
-  COORDINATOR_LOAD_IN_PROGRESS;
+- one timer task sleeps until the earliest deadline of any shard (join window, rebalance timeout, sync
+  timeout, session expiry) and ticks them, so a member that stopped heartbeating is removed at its session
+  timeout even when no request arrives;
+- committed offsets are appended to the group's partition through ``Partition.append_as_leader`` and
+  acknowledged once replicated (the high watermark passed them: acks=all), so a commit the client saw
+  succeed survives a coordinator failover; group metadata is appended the same way, best effort;
 - a periodic task expires offsets of groups that stayed empty past ``offsets.retention.minutes``.
+
+On a single node the topic has one partition by default and is created at start; in a cluster it is
+created on the first FindCoordinator (Kafka's lazy creation), with ``offsets.topic.num.partitions``
+partitions and ``offsets.topic.replication.factor`` replicas, refused until that many brokers are live.
 
 Clock: wall-clock milliseconds, as Kafka's coordinator (commit timestamps and the Empty-since time are
 persisted and compared across restarts).
@@ -21,10 +34,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupSnapshot, GroupState, JoinResult, SyncResult
-from copyless.client.protocol.records import read_header as batch_header
 from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
     CommittedOffset,
@@ -33,22 +48,20 @@ from copyless.broker.groups.offsets import (
     offset_commit_key,
     partition_for,
 )
+from copyless.client.protocol.records import read_header as batch_header
 
 __all__ = ["GroupService", "now_ms"]
 
 log = logging.getLogger("copyless.groups")
 
 # __consumer_offsets segments: Kafka's offsets.topic.segment.bytes is 100 MiB; a commit record is ~80 bytes,
-# so 16 MiB holds ~200,000 commits while keeping the preallocated active + pre-warmed next segment small.
+# so 16 MiB holds ~200,000 commits while keeping each partition's active segment small.
 OFFSETS_SEGMENT_BYTES = 16 * 1024 * 1024
 # Startup replay reads the log in slices of this size (whole batches; the first one whole even if larger).
 LOAD_READ_BYTES = 1024 * 1024
 # How long an offset commit waits for its records to reach the ISR (Kafka: offsets.commit.timeout.ms).
 COMMIT_TIMEOUT_S = 5.0
-
-
-# A key of ``broker.appends`` that no partition uses: see GroupService._watch_shutdown.
-_SHUTDOWN_KEY = ("__consumer_groups_shutdown__", -1)
+OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(OFFSETS_SEGMENT_BYTES)}
 
 
 def now_ms() -> int:
@@ -64,38 +77,52 @@ def group_config_from(config: Any) -> GroupConfig:
     )
 
 
+@dataclass
+class _Shard:
+    """The groups of one offsets partition this broker leads."""
+
+    partition: int
+    leader_epoch: int
+    coordinator: GroupCoordinator
+    store: OffsetStore = field(default_factory=OffsetStore)
+    load_task: asyncio.Task | None = None
+
+
 class GroupService:
-    """One per broker (``broker.groups``). Loop thread only, except the startup replay (worker thread)."""
+    """One per broker (``broker.groups``). Loop thread only, except log replay (worker thread)."""
 
     def __init__(self, broker: Any) -> None:
         self.broker = broker
         config = broker.config
-        self.coordinator = GroupCoordinator(group_config_from(config))
-        self.coordinator.status = "inactive"
-        self.store = OffsetStore()
-        self.num_partitions: int = getattr(config, "offsets_topic_num_partitions", 1)
+        self.group_config = group_config_from(config)
+        self.num_partitions: int = config.offsets_partitions
         self.retention_ms: int = getattr(config, "offsets_retention_ms", 7 * 24 * 3600_000)
         self.retention_check_interval_ms: int = getattr(config, "offsets_retention_check_interval_ms", 600_000)
+        self.shards: dict[int, _Shard] = {}
         self._wakeup = asyncio.Event()
         self._stopping = False
+        self._started = False
         self._tasks: list[asyncio.Task] = []
+        self._creating: asyncio.Task | None = None
         self.load_ms: float = 0.0
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create ``__consumer_offsets`` if needed, then load it in the background and start the timers."""
-        topic = self.broker.topic(OFFSETS_TOPIC)
-        if topic is None:
+        """On a single node create ``__consumer_offsets`` now; everywhere, follow the leadership of its
+        partitions (each one this broker leads is loaded)."""
+        self._started = True
+        self.broker.replicas.leadership_listeners.append(self.on_leadership)
+        if not self.broker.config.clustered and self.broker.topic(OFFSETS_TOPIC) is None:
             # cleanup.policy stays "delete" with retention off: the log is never truncated under live offsets
             # (copyless has no compaction; see the README).
-            topic = await self.broker.create_topic(
-                OFFSETS_TOPIC, self.num_partitions,
-                {"retention.ms": "-1", "segment.bytes": str(OFFSETS_SEGMENT_BYTES)}, internal=True,
-            )
-        self.num_partitions = topic.partitions
-        self.coordinator.status = "loading"
-        self._tasks.append(asyncio.create_task(self._load(), name="groups-load"))
+            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions, dict(OFFSETS_TOPIC_CONFIGS),
+                                           internal=True)
+        for partition in list(self.broker.replicas.leading()):
+            if partition.topic == OFFSETS_TOPIC:
+                self.on_leadership(partition, True)
+        self._tasks.append(asyncio.create_task(self._timer(), name="groups-timer"))
+        self._tasks.append(asyncio.create_task(self._expiry(), name="groups-offset-expiry"))
         self._tasks.append(asyncio.create_task(self._watch_shutdown(), name="groups-shutdown-watch"))
 
     async def _watch_shutdown(self) -> None:
@@ -106,18 +133,20 @@ class GroupService:
         server wakes every long-poll waiter of ``broker.appends`` when it starts closing; this task parks on
         a key nothing appends to, so only that wake-up (or the hourly timeout) resolves it.
         """
-        appends = getattr(self.broker, "appends", None)
-        if appends is None:
-            return
-        while not getattr(self.broker, "closing", False):
-            await appends.wait([_SHUTDOWN_KEY], 3600.0)
-        self.coordinator.deactivate()
+        appends = self.broker.appends
+        while not self.broker.closing:
+            await appends.wait([("__consumer_groups_shutdown__", -1)], 3600.0)
+        for shard in self.shards.values():
+            shard.coordinator.deactivate()
         self._after()
 
     async def stop(self) -> None:
         self._stopping = True
         for task in self._tasks:
             task.cancel()
+        for shard in self.shards.values():
+            if shard.load_task is not None:
+                shard.load_task.cancel()
         for task in self._tasks:
             try:
                 await task
@@ -126,137 +155,275 @@ class GroupService:
         self._tasks.clear()
         # Parked JoinGroup/SyncGroup requests get COORDINATOR_NOT_AVAILABLE: clients look for the
         # coordinator again and rejoin once the broker is back.
-        self.coordinator.deactivate()
+        for shard in self.shards.values():
+            shard.coordinator.deactivate()
         self._after()
 
-    async def _load(self) -> None:
-        started = time.monotonic()
-        logs = [self.broker.replicas.get(OFFSETS_TOPIC, p) for p in range(self.num_partitions)]
-        logs = [partition.log if partition is not None else None for partition in logs]
-        try:
-            store = await asyncio.to_thread(_replay_logs, logs)
-        except Exception:
-            # Unreadable log (I/O error): serve no group rather than groups without their offsets. Clients
-            # get COORDINATOR_NOT_AVAILABLE and keep retrying; the log line says why.
-            log.exception("cannot load %s; the group coordinator stays unavailable", OFFSETS_TOPIC)
-            self.coordinator.status = "inactive"
+    # --- which groups are ours ----------------------------------------------------------------------------
+
+    def on_leadership(self, partition, is_leader: bool) -> None:
+        """The replica manager's hook: ``partition`` became (or stopped being) led here."""
+        if partition.topic != OFFSETS_TOPIC or self._stopping:
             return
-        self.store = store
+        index = partition.partition
+        shard = self.shards.get(index)
+        if is_leader:
+            if shard is not None and shard.leader_epoch == partition.leader_epoch:
+                return
+            if shard is not None:
+                self._unload(shard, "a new leader epoch")
+            coordinator = GroupCoordinator(self.group_config)
+            coordinator.status = "loading"
+            shard = self.shards[index] = _Shard(index, partition.leader_epoch, coordinator)
+            shard.load_task = asyncio.get_running_loop().create_task(self._load(shard, partition),
+                                                                     name=f"groups-load-{index}")
+        elif shard is not None:
+            self._unload(shard, "leadership moved")
+
+    def _unload(self, shard: _Shard, reason: str) -> None:
+        self.shards.pop(shard.partition, None)
+        if shard.load_task is not None:
+            shard.load_task.cancel()
+        shard.coordinator.deactivate(ErrorCode.not_coordinator)
+        self._resolve(shard)
+        log.info("%s-%d: unloaded %d group(s) (%s)", OFFSETS_TOPIC, shard.partition,
+                 len(shard.coordinator.group_ids()), reason)
+
+    def partition_of(self, group_id: str) -> int:
+        topic = self.broker.topic(OFFSETS_TOPIC)
+        return partition_for(group_id, topic.partitions if topic is not None else self.num_partitions)
+
+    def shard_for(self, group_id: str) -> tuple[_Shard | None, ErrorCode]:
+        """The group's shard when this broker coordinates it and has loaded it, else the error to answer."""
+        if not self._started or self.broker.closing:
+            return None, ErrorCode.coordinator_not_available
+        shard = self.shards.get(self.partition_of(group_id))
+        if shard is None:
+            return None, ErrorCode.not_coordinator
+        status = shard.coordinator.status
+        if status == "loading":
+            return None, ErrorCode.coordinator_load_in_progress
+        if status != "active":
+            return None, ErrorCode.coordinator_not_available
+        return shard, ErrorCode.none
+
+    def find_coordinator(self, group_id: str, listener: str) -> tuple[ErrorCode, str | None, int, str, int]:
+        """FindCoordinator: (error, message, node id, host, port) of the leader of the group's partition."""
+        image = self.broker.metadata.image
+        topic = image.topic(OFFSETS_TOPIC)
+        if topic is None:
+            self._maybe_create_topic()
+            return ErrorCode.coordinator_not_available, "the offsets topic is being created", -1, "", -1
+        state = image.partition_state(OFFSETS_TOPIC, partition_for(group_id, topic.partitions))
+        leader = image.brokers.get(state.leader) if state is not None else None
+        if leader is None or (leader.node_id == self.broker.node_id and not self.broker.metadata.lease_valid()):
+            return ErrorCode.coordinator_not_available, "the group's offsets partition has no leader", -1, "", -1
+        endpoint = leader.endpoints.get(listener)
+        if endpoint is None:
+            return ErrorCode.coordinator_not_available, f"the coordinator has no {listener} listener", -1, "", -1
+        return ErrorCode.none, None, leader.node_id, endpoint[0], endpoint[1]
+
+    def _maybe_create_topic(self) -> None:
+        if self._creating is not None and not self._creating.done():
+            return
+        self._creating = asyncio.get_running_loop().create_task(self._create_topic(), name="groups-create-topic")
+
+    async def _create_topic(self) -> None:
+        config = self.broker.config
+        try:
+            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions, dict(OFFSETS_TOPIC_CONFIGS),
+                                           replication_factor=config.offsets_topic_replication_factor,
+                                           internal=True)
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            if code != ErrorCode.topic_already_exists:
+                log.warning("cannot create %s yet: %s", OFFSETS_TOPIC, getattr(exc, "message", exc))
+
+    async def _load(self, shard: _Shard, partition) -> None:
+        started = time.monotonic()
+        try:
+            store = await asyncio.to_thread(_replay_log, partition.log)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Unreadable log (I/O error): serve none of its groups rather than groups without their
+            # offsets. Clients get COORDINATOR_NOT_AVAILABLE and keep retrying; the log line says why.
+            log.exception("cannot load %s-%d; its groups stay unavailable", OFFSETS_TOPIC, shard.partition)
+            shard.coordinator.status = "inactive"
+            return
+        if self.shards.get(shard.partition) is not shard:
+            return  # unloaded while loading
+        shard.store = store
         now = now_ms()
         for group_id in sorted(store.group_ids()):
             snapshot = store.groups.get(group_id) or GroupSnapshot(group_id, GroupState.EMPTY, 0, None, None,
                                                                     None, now)
-            self.coordinator.load_group(snapshot, now)
-        self.coordinator.status = "active"
-        self.load_ms = (time.monotonic() - started) * 1000
-        log.info("group coordinator loaded %d group(s), %d committed offset(s) from %d record(s) in %.0f ms%s",
-                 len(store.group_ids()), sum(len(v) for v in store.offsets.values()), store.records_replayed,
-                 self.load_ms, f" ({store.corrupt_records} unreadable record(s) skipped)"
-                 if store.corrupt_records else "")
-        self._tasks.append(asyncio.create_task(self._timer(), name="groups-timer"))
-        self._tasks.append(asyncio.create_task(self._expiry(), name="groups-offset-expiry"))
+            shard.coordinator.load_group(snapshot, now)
+        shard.coordinator.status = "active"
+        elapsed_ms = (time.monotonic() - started) * 1000
+        self.load_ms = max(self.load_ms, elapsed_ms)
+        log.info("%s-%d: loaded %d group(s), %d committed offset(s) from %d record(s) in %.0f ms%s", OFFSETS_TOPIC,
+                 shard.partition, len(store.group_ids()), sum(len(v) for v in store.offsets.values()),
+                 store.records_replayed, elapsed_ms,
+                 f" ({store.corrupt_records} unreadable record(s) skipped)" if store.corrupt_records else "")
+        self._wakeup.set()
 
-    # --- the coordinator's deadlines --------------------------------------------------------------------------
+    # --- the coordinators' deadlines -------------------------------------------------------------------------
 
     async def _timer(self) -> None:
         # One Event and one loop timer rather than asyncio.wait_for: on Python 3.11 wait_for can swallow a
         # cancellation that races with its inner future (gh-86296), and this task must stop on shutdown.
         loop = asyncio.get_running_loop()
         while not self._stopping:
-            deadline_ms = self.coordinator.next_deadline_ms()
+            deadlines = [d for d in (s.coordinator.next_deadline_ms() for s in self.shards.values()) if d is not None]
             self._wakeup.clear()
             alarm = None
-            if deadline_ms is not None:
-                alarm = loop.call_later(max(deadline_ms - now_ms(), 0) / 1000, self._wakeup.set)
+            if deadlines:
+                alarm = loop.call_later(max(min(deadlines) - now_ms(), 0) / 1000, self._wakeup.set)
             try:
                 await self._wakeup.wait()
             finally:
                 if alarm is not None:
                     alarm.cancel()
-            try:
-                self.coordinator.tick(now_ms())
-                self._after()
-            except Exception:  # a bug here must not stop every group's timers
-                log.exception("group coordinator tick failed")
+            now = now_ms()
+            for shard in list(self.shards.values()):
+                try:
+                    shard.coordinator.tick(now)
+                except Exception:  # a bug here must not stop every group's timers
+                    log.exception("group coordinator tick failed")
+            self._after()
 
-    def _after(self) -> None:
-        """Resolve parked requests, persist groups that changed, and re-arm the timer."""
-        for waiter, result in self.coordinator.take_completions():
+    def _resolve(self, shard: _Shard) -> None:
+        for waiter, result in shard.coordinator.take_completions():
             if not waiter.done():
                 waiter.set_result(result)
-        changed = self.coordinator.take_changed_groups()
-        if changed:
-            try:
-                self._append_records(
-                    [(s.group_id, self.store.group_record(s)) for s in changed])
-            except Exception:
-                # Group metadata is advisory (offsets are what must survive): a failed write is logged.
-                log.exception("could not persist group metadata of %s", [s.group_id for s in changed])
+
+    def _after(self, shard: _Shard | None = None) -> None:
+        """Resolve parked requests, persist groups that changed, and re-arm the timer."""
+        for current in ([shard] if shard is not None else list(self.shards.values())):
+            self._resolve(current)
+            changed = current.coordinator.take_changed_groups()
+            if changed and self.shards.get(current.partition) is current:
+                try:
+                    self._append(current, [current.store.group_record(s) for s in changed])
+                except Exception as exc:
+                    # Group metadata is advisory (offsets are what must survive): a failed write is logged.
+                    log.warning("could not persist group metadata of %s: %s", [s.group_id for s in changed], exc)
         self._wakeup.set()
 
     # --- group membership -------------------------------------------------------------------------------------
 
     async def join_group(self, **kwargs) -> JoinResult:
+        shard, error = self.shard_for(kwargs["group_id"])
+        if shard is None:
+            return JoinResult(error, kwargs.get("member_id", ""))
         waiter = asyncio.get_running_loop().create_future()
-        result = self.coordinator.join_group(now_ms(), waiter=waiter, **kwargs)
-        self._after()
+        result = shard.coordinator.join_group(now_ms(), waiter=waiter, **kwargs)
+        self._after(shard)
         if result is not None:
             return result
         return await waiter
 
     async def sync_group(self, **kwargs) -> SyncResult:
+        shard, error = self.shard_for(kwargs["group_id"])
+        if shard is None:
+            return SyncResult(error)
         waiter = asyncio.get_running_loop().create_future()
-        result = self.coordinator.sync_group(now_ms(), waiter=waiter, **kwargs)
-        self._after()
+        result = shard.coordinator.sync_group(now_ms(), waiter=waiter, **kwargs)
+        self._after(shard)
         if result is not None:
             return result
         return await waiter
 
-    def heartbeat(self, **kwargs):
-        error = self.coordinator.heartbeat(now_ms(), **kwargs)
-        self._after()
+    def heartbeat(self, **kwargs) -> ErrorCode:
+        shard, error = self.shard_for(kwargs["group_id"])
+        if shard is None:
+            return error
+        error = shard.coordinator.heartbeat(now_ms(), **kwargs)
+        self._after(shard)
         return error
 
     def leave_group(self, **kwargs):
-        result = self.coordinator.leave_group(now_ms(), **kwargs)
-        self._after()
+        from copyless.broker.groups.coordinator import LeaveResult
+
+        shard, error = self.shard_for(kwargs["group_id"])
+        if shard is None:
+            return LeaveResult(error, tuple((m, i, error) for m, i in kwargs.get("members", ())))
+        result = shard.coordinator.leave_group(now_ms(), **kwargs)
+        self._after(shard)
         return result
+
+    def describe(self, group_id: str) -> tuple[ErrorCode, GroupSnapshot | None]:
+        shard, error = self.shard_for(group_id)
+        if shard is None:
+            return error, None
+        return ErrorCode.none, shard.coordinator.describe(group_id)
+
+    def list_groups(self) -> tuple[ErrorCode, list[tuple[str, str]]]:
+        """(error, [(group id, protocol type)]) of every group this broker coordinates; an error while one
+        of its shards is still loading (as Kafka's ListGroups)."""
+        groups = []
+        error = ErrorCode.none
+        for shard in self.shards.values():
+            if shard.coordinator.status == "loading":
+                error = ErrorCode.coordinator_load_in_progress
+                continue
+            if shard.coordinator.status != "active":
+                continue
+            for group_id in shard.coordinator.group_ids():
+                groups.append((group_id, shard.coordinator.describe(group_id).protocol_type or ""))
+        if not self._started:
+            error = ErrorCode.coordinator_not_available
+        return error, sorted(groups)
 
     # --- offsets -----------------------------------------------------------------------------------------------
 
-    def validate_commit(self, **kwargs):
-        error = self.coordinator.validate_offset_commit(now_ms(), **kwargs)
-        self._after()
+    def validate_commit(self, **kwargs) -> ErrorCode:
+        shard, error = self.shard_for(kwargs["group_id"])
+        if shard is None:
+            return error
+        error = shard.coordinator.validate_offset_commit(now_ms(), **kwargs)
+        self._after(shard)
         return error
 
+    def committed(self, group_id: str) -> tuple[ErrorCode, dict[tuple[str, int], CommittedOffset]]:
+        shard, error = self.shard_for(group_id)
+        if shard is None:
+            return error, {}
+        return ErrorCode.none, shard.store.committed(group_id)
+
     async def commit_offsets(self, group_id: str, commits: dict[tuple[str, int], CommittedOffset]) -> None:
-        """Append the commits to ``__consumer_offsets``, then show them. Raises StorageError on a failed append."""
+        """Append the commits to the group's partition and show them once replicated.
+
+        Raises:
+            BrokerError / StorageError: the commit did not happen (or is not known to be replicated).
+        """
         if not commits:
             return
-        records = self.store.commit_records(group_id, commits)
-        info, partition = self._append_records([(group_id, record) for record in records])
-        if partition is not None:
-            # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition).
-            await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
-            if partition.config.flush_mode == "sync":
-                await asyncio.wrap_future(partition.log.wait_flushed(info.last_offset + 1))
+        shard, error = self.shard_for(group_id)
+        if shard is None:
+            from copyless.broker.errors import BrokerError
 
-    def _append_records(self, records: list[tuple[str, tuple[bytes, bytes | None]]]):
-        """Append ``(group_id, (key, value))`` records, each to its group's partition; fold them into the view.
+            raise BrokerError(error, error.name)
+        records = shard.store.commit_records(group_id, commits)
+        info, partition = self._append(shard, records, fold=False)
+        # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition), and
+        # only then shown to OffsetFetch: the view never holds an offset a failover could take back.
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+        if partition.config.flush_mode == "sync":
+            await asyncio.wrap_future(partition.log.wait_flushed(info.last_offset + 1))
+        if self.shards.get(shard.partition) is shard:
+            shard.store.apply(records)
 
-        Loop thread; the append is a memcpy into the mapped segment. Returns the last (AppendInfo, Partition).
-        """
-        by_partition: dict[int, list] = {}
-        for group_id, record in records:
-            by_partition.setdefault(partition_for(group_id, self.num_partitions), []).append(record)
-        last = (None, None)
-        for index, batch_records in by_partition.items():
-            data = build_batches(batch_records, now_ms())
-            partition = self.broker.replicas.leader(OFFSETS_TOPIC, index)
-            info = partition.append_as_leader(data, batch_header(data), acks=-1)
-            self.store.apply(batch_records)
-            last = (info, partition)
-        return last
+    def _append(self, shard: _Shard, records: list, *, fold: bool = True):
+        """Append ``(key, value)`` records to the shard's partition (loop thread; a memcpy into the mapped
+        segment). Returns (AppendInfo, Partition). Raises BrokerError / StorageError."""
+        data = build_batches(records, now_ms())
+        partition = self.broker.replicas.leader(OFFSETS_TOPIC, shard.partition)
+        info = partition.append_as_leader(data, batch_header(data), acks=-1)
+        if fold:
+            shard.store.apply(records)
+        return info, partition
 
     async def _expiry(self) -> None:
         while True:
@@ -268,45 +435,48 @@ class GroupService:
 
     def expire_offsets(self, now: int) -> int:
         """Tombstone the offsets ``offsets.retention.minutes`` expired; drop groups left empty. Returns count."""
-        tombstones: list[tuple[str, tuple[bytes, bytes | None]]] = []
-        removed_groups = []
-        expired_count = 0
-        for group_id in sorted(self.store.group_ids()):
-            snapshot = self.coordinator.describe(group_id)
-            expired = self.store.expired(group_id, snapshot, now, self.retention_ms)
-            for topic, partition in expired:
-                tombstones.append((group_id, (offset_commit_key(group_id, topic, partition), None)))
-            expired_count += len(expired)
-            remaining = len(self.store.committed(group_id)) - len(expired)
-            if remaining == 0 and snapshot.state in (GroupState.EMPTY, GroupState.DEAD) and \
-                    self.coordinator.remove_group(group_id):
-                removed_groups.append(group_id)
-                if group_id in self.store.groups:
-                    dead = GroupSnapshot(group_id, GroupState.DEAD, -1, None, None, None, now)
-                    tombstones.append((group_id, self.store.group_record(dead)))
-        if tombstones:
-            self._append_records(tombstones)
-        if expired_count or removed_groups:
-            log.info("expired %d committed offset(s); removed %d empty group(s)", expired_count, len(removed_groups))
+        expired_count = removed_count = 0
+        for shard in list(self.shards.values()):
+            if shard.coordinator.status != "active":
+                continue
+            store, coordinator = shard.store, shard.coordinator
+            tombstones: list[tuple[bytes, bytes | None]] = []
+            for group_id in sorted(store.group_ids()):
+                snapshot = coordinator.describe(group_id)
+                expired = store.expired(group_id, snapshot, now, self.retention_ms)
+                for topic, partition in expired:
+                    tombstones.append((offset_commit_key(group_id, topic, partition), None))
+                expired_count += len(expired)
+                remaining = len(store.committed(group_id)) - len(expired)
+                if remaining == 0 and snapshot.state in (GroupState.EMPTY, GroupState.DEAD) and \
+                        coordinator.remove_group(group_id):
+                    removed_count += 1
+                    if group_id in store.groups:
+                        dead = GroupSnapshot(group_id, GroupState.DEAD, -1, None, None, None, now)
+                        tombstones.append(store.group_record(dead))
+            if tombstones:
+                try:
+                    self._append(shard, tombstones)
+                except Exception as exc:
+                    log.warning("%s-%d: expiring offsets failed: %s", OFFSETS_TOPIC, shard.partition, exc)
+        if expired_count or removed_count:
+            log.info("expired %d committed offset(s); removed %d empty group(s)", expired_count, removed_count)
         return expired_count
 
 
-def _replay_logs(logs) -> OffsetStore:
-    """Read every partition of ``__consumer_offsets`` from its start (worker thread: pread, decode)."""
+def _replay_log(partition_log) -> OffsetStore:
+    """Read one ``__consumer_offsets`` partition from its start (worker thread: pread, decode)."""
     store = OffsetStore()
-    for partition_log in logs:
-        if partition_log is None:
-            continue
-        offset = partition_log.log_start_offset
-        end = partition_log.log_end_offset
-        while offset < end:
-            result = partition_log.read(offset, LOAD_READ_BYTES, min_one_message=True)
-            if result.slice is None:
-                break
-            with result.slice as region:
-                data = region.read_bytes()
-            next_offset = store.replay(data)
-            if next_offset <= offset:
-                break  # no complete batch: a torn tail recovery left behind; nothing more to read
-            offset = next_offset
+    offset = partition_log.log_start_offset
+    end = partition_log.log_end_offset
+    while offset < end:
+        result = partition_log.read(offset, LOAD_READ_BYTES, min_one_message=True)
+        if result.slice is None:
+            break
+        with result.slice as region:
+            data = region.read_bytes()
+        next_offset = store.replay(data)
+        if next_offset <= offset:
+            break  # no complete batch: a torn tail recovery left behind; nothing more to read
+        offset = next_offset
     return store

@@ -57,7 +57,7 @@ _BROKER_FIELDS = {
     "unclean.leader.election.enable": "unclean_leader_election",
     "replica.lag.time.max.ms": "replica_lag_time_max_ms",
     "broker.session.timeout.ms": "broker_session_timeout_ms",
-    "offsets.topic.num.partitions": "offsets_topic_num_partitions",
+    "offsets.topic.num.partitions": "offsets_partitions",
     "offsets.topic.replication.factor": "offsets_topic_replication_factor",
 }
 

@@ -42,7 +42,7 @@ class EncodedResponse:
     The shell releases every FileSlice after writing (or on error)."""
 
     segments: list[Any]
-
+    replica: bool = False  # a follower's fetch: its record bytes are counted as replication
     def release(self) -> None:
         for segment in self.segments:
             release = getattr(segment, "release", None)

@@ -18,7 +18,8 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.groups.coordinator import GroupState
+from copyless.broker.errors import error_for
+from copyless.broker.groups.coordinator import GroupSnapshot, GroupState
 from copyless.broker.groups.offsets import MAX_METADATA_BYTES, CommittedOffset
 from copyless.broker.groups.service import GroupService, now_ms
 from copyless.broker.handlers.context import RequestContext
@@ -63,14 +64,13 @@ async def find_coordinator(ctx: RequestContext, request):
         return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.coordinator_not_available,
                      error_message="this broker has no transaction coordinator", node_id=-1, host="", port=-1)
-    if broker.groups is None or broker.groups.coordinator.status == "inactive":
+    if broker.groups is None:
         return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.coordinator_not_available,
                      error_message="the group coordinator is not running", node_id=-1, host="", port=-1)
-    config = broker.config
-    return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
-                 error_message=None, node_id=broker.node_id, host=config.advertised_host,
-                 port=config.advertised_port)
+    code, message, node_id, host, port = broker.groups.find_coordinator(request.key, ctx.listener)
+    return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE, error_code=code,
+                 error_message=message, node_id=node_id, host=host, port=port)
 
 
 # --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ---------------------------------------------------------
@@ -149,6 +149,17 @@ async def leave_group(ctx: RequestContext, request):
 # --- OffsetCommit / OffsetFetch ------------------------------------------------------------------------------
 
 
+# Kafka's mapping of append errors to OffsetCommit errors (GroupMetadataManager.storeOffsets).
+_COMMIT_ERRORS = {
+    ErrorCode.not_leader_or_follower: ErrorCode.not_coordinator,
+    ErrorCode.not_enough_replicas: ErrorCode.coordinator_not_available,
+    ErrorCode.not_enough_replicas_after_append: ErrorCode.coordinator_not_available,
+    ErrorCode.request_timed_out: ErrorCode.coordinator_not_available,
+    ErrorCode.not_coordinator: ErrorCode.not_coordinator,
+    ErrorCode.coordinator_load_in_progress: ErrorCode.coordinator_load_in_progress,
+}
+
+
 async def offset_commit(ctx: RequestContext, request):
     module = response_module(OFFSET_COMMIT, ctx.api_version)
     broker = ctx.broker
@@ -180,10 +191,14 @@ async def offset_commit(ctx: RequestContext, request):
     if commits:
         try:
             await groups.commit_offsets(request.group_id, commits)
-        except Exception as exc:  # StorageError (disk full, I/O): the commit did not happen
-            log.error("offset commit of group %s failed: %s", request.group_id, exc)
+        except Exception as exc:
+            # Not replicated in time, leadership lost, disk full: the client retries (Kafka maps these to
+            # retriable coordinator errors the same way).
+            code, message = error_for(exc)
+            log.warning("offset commit of group %s failed: %s: %s", request.group_id, code.name, message)
+            answer = _COMMIT_ERRORS.get(code, ErrorCode.coordinator_not_available)
             for key in commits:
-                errors[key] = ErrorCode.coordinator_not_available
+                errors[key] = answer
     topics = tuple(
         build(module.OffsetCommitResponseTopic, name=topic.name, partitions=tuple(
             build(module.OffsetCommitResponsePartition, partition_index=p.partition_index,
@@ -202,13 +217,7 @@ def _partition_exists(broker, topic: str, partition: int) -> bool:
 async def offset_fetch(ctx: RequestContext, request):
     module = response_module(OFFSET_FETCH, ctx.api_version)
     groups: GroupService = ctx.broker.groups
-    status = groups.coordinator.status
-    group_error = ErrorCode.none
-    if status == "loading":
-        group_error = ErrorCode.coordinator_load_in_progress
-    elif status != "active":
-        group_error = ErrorCode.coordinator_not_available
-    committed = groups.store.committed(request.group_id) if group_error == ErrorCode.none else {}
+    group_error, committed = groups.committed(request.group_id)
     if request.topics is None:
         wanted: dict[str, list[int]] = {}
         for topic, partition in sorted(committed):
@@ -237,12 +246,12 @@ async def offset_fetch(ctx: RequestContext, request):
 
 async def describe_groups(ctx: RequestContext, request):
     module = response_module(DESCRIBE_GROUPS, ctx.api_version)
-    coordinator = ctx.broker.groups.coordinator
-    status_error = {"loading": ErrorCode.coordinator_load_in_progress,
-                    "inactive": ErrorCode.coordinator_not_available}.get(coordinator.status, ErrorCode.none)
+    groups: GroupService = ctx.broker.groups
     described = []
     for group_id in request.groups:
-        snapshot = coordinator.describe(group_id)
+        status_error, snapshot = groups.describe(group_id)
+        if snapshot is None:
+            snapshot = GroupSnapshot(group_id, GroupState.DEAD, -1, None, None, None, 0)
         stable = snapshot.state is GroupState.STABLE
         members = tuple(
             build(module.DescribedGroupMember, member_id=m.member_id, group_instance_id=m.group_instance_id,
@@ -264,17 +273,10 @@ async def describe_groups(ctx: RequestContext, request):
 
 async def list_groups(ctx: RequestContext, request):
     module = response_module(LIST_GROUPS, ctx.api_version)
-    coordinator = ctx.broker.groups.coordinator
-    if coordinator.status != "active":
-        code = ErrorCode.coordinator_load_in_progress if coordinator.status == "loading" \
-            else ErrorCode.coordinator_not_available
-        return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=code, groups=())
-    groups = tuple(
-        build(module.ListedGroup, group_id=group_id,
-              protocol_type=coordinator.describe(group_id).protocol_type or "")
-        for group_id in sorted(coordinator.group_ids())
-    )
-    return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=groups)
+    code, listed = ctx.broker.groups.list_groups()
+    groups = tuple(build(module.ListedGroup, group_id=group_id, protocol_type=protocol_type)
+                   for group_id, protocol_type in listed)
+    return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=code, groups=groups)
 
 
 HANDLERS = {

@@ -20,7 +20,8 @@ from collections import Counter
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.context import RequestContext
-from copyless.broker.topics import TopicError
+from copyless.broker.cluster.backend import is_inter_broker
+from copyless.broker.topics import INTERNAL_TOPICS, TopicError
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.topics")
@@ -47,6 +48,9 @@ async def handle_create_topics(ctx: RequestContext, request):
                     {config.name: config.value for config in topic.configs},
                     replication_factor=topic.replication_factor,
                     assignments={a.partition_index: list(a.broker_ids) for a in topic.assignments} or None,
+                    # A broker forwarding its own internal topic's creation to the controller (the groups'
+                    # __consumer_offsets); a client may not create internal topics.
+                    internal=topic.name in INTERNAL_TOPICS and is_inter_broker(ctx.client_id),
                     validate_only=request.validate_only,
                 )
             except TopicError as exc:

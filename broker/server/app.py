@@ -121,6 +121,8 @@ def tune_malloc() -> bool:
 
 def run(config: BrokerConfig) -> int:
     """Load, serve, shut down. Blocking; returns the process exit code (1 when startup fails)."""
+    from copyless.broker.cluster.etcd_metadata import DuplicateBrokerError
+    from copyless.broker.state import ClusterMismatchError
     from copyless.broker.storage import StorageError
 
     factory, loop_name = loop_factory(config.loop)
@@ -138,6 +140,11 @@ def run(config: BrokerConfig) -> int:
     except OSError as exc:
         # Typically the listen address is taken or not local; the logs were loaded, so close them cleanly.
         log.error("cannot serve on %s:%d: %s", config.listen_host, config.listen_port, exc.strerror or exc)
+        broker.shutdown_logs()
+        return 1
+    except (ClusterMismatchError, DuplicateBrokerError) as exc:
+        # The cluster refused this broker: say why, without a traceback; nothing was served.
+        log.error("cannot join the cluster: %s", exc)
         broker.shutdown_logs()
         return 1
     except Exception:

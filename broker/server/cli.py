@@ -3,6 +3,10 @@
     copyless serve [--data-dir DIR] [--listen HOST:PORT] [--advertise HOST:PORT] [--config FILE.toml]
                    [--loop uvloop|asyncio] [--no-sendfile] [--flush-mode async|sync]
                    [--num-partitions N] [--no-auto-create-topics] [--node-id N] [--log-level LEVEL]
+    a cluster member:
+    copyless serve --node-id N --metadata etcd://HOST:PORT[,HOST:PORT...][/ROOT]
+                   [--listener NAME=HOST:PORT ...] [--advertise NAME=HOST:PORT ...]
+                   [--inter-broker-listener NAME] [--cluster-id ID]
 
 Flags override the TOML file, which overrides Kafka's defaults (see ``broker.config``). The first line on
 stdout is ``copyless listening on HOST:PORT ...`` once the listener is bound (``--listen 127.0.0.1:0``
@@ -16,7 +20,7 @@ import logging
 import sys
 from pathlib import Path
 
-from copyless.broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port
+from copyless.broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port, parse_listener
 
 __all__ = ["add_parsers", "config_from_args", "main_serve"]
 
@@ -29,7 +33,20 @@ def add_parsers(subparsers) -> None:
     )
     parser.add_argument("--data-dir", type=Path, help="log directory (default ./copyless-data)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="address to bind (default 127.0.0.1:9092; port 0 = any free)")
-    parser.add_argument("--advertise", metavar="HOST:PORT", help="address clients are told to connect to")
+    parser.add_argument("--advertise", metavar="[NAME=]HOST:PORT", action="append",
+                        help="address clients are told to connect to; NAME=HOST:PORT for a named listener "
+                             "(repeatable)")
+    parser.add_argument("--listener", metavar="NAME=HOST:PORT", action="append",
+                        help="a named listener to bind (repeatable; Kafka's listeners=NAME://HOST:PORT): clients on "
+                             "it are told the addresses advertised for NAME")
+    parser.add_argument("--inter-broker-listener", metavar="NAME",
+                        help="the listener brokers use to reach each other (default: the first)")
+    parser.add_argument("--metadata", metavar="etcd://HOST:PORT[,...][/ROOT]",
+                        help="join the cluster kept in etcd (default: a single node with its metadata in the data dir)")
+    parser.add_argument("--cluster-id", metavar="ID",
+                        help="with --metadata: the cluster id to create, or to require of the existing cluster")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics")
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with broker settings (Kafka names)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop when installed)")
     parser.add_argument(
@@ -52,8 +69,26 @@ def config_from_args(args) -> BrokerConfig:
         changes["data_dir"] = args.data_dir
     if args.listen:
         changes["listen_host"], changes["listen_port"] = parse_host_port(args.listen)
-    if args.advertise:
-        changes["advertise_host"], changes["advertise_port"] = parse_host_port(args.advertise)
+    named_advertised = []
+    for item in args.advertise or ():
+        if "=" in item or "://" in item:
+            named_advertised.append(parse_listener(item))
+        else:
+            changes["advertise_host"], changes["advertise_port"] = parse_host_port(item)
+    if args.listener:
+        listeners = tuple(parse_listener(item) for item in args.listener)
+        changes["listeners"] = listeners
+        changes["listen_host"], changes["listen_port"] = listeners[0][1], listeners[0][2]
+    if named_advertised:
+        changes["advertised_listeners"] = tuple(named_advertised)
+    if args.inter_broker_listener:
+        changes["inter_broker_listener"] = args.inter_broker_listener
+    if args.metadata:
+        changes["metadata"] = args.metadata
+    if args.cluster_id:
+        changes["cluster_id"] = args.cluster_id
+    if args.metrics_listen:
+        changes["metrics_listen"] = parse_host_port(args.metrics_listen)
     if args.loop:
         changes["loop"] = args.loop
     if args.no_sendfile:
@@ -67,6 +102,10 @@ def config_from_args(args) -> BrokerConfig:
     if args.node_id is not None:
         changes["node_id"] = args.node_id
     config = dataclasses.replace(config, **changes)
+    first = config.listener_specs()[0][0]
+    for name, host, port in config.advertised_listeners:
+        if name == first:
+            config = dataclasses.replace(config, advertise_host=host, advertise_port=port)
     config.validate()
     return config
 

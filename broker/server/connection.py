@@ -184,7 +184,8 @@ class Connection:
             started = time.perf_counter() if len(response.segments) > 1 else None
             try:
                 await send_segments(
-                    loop, self.sock, response.segments, broker.stats, use_sendfile=self.server.use_sendfile
+                    loop, self.sock, response.segments, broker.stats, use_sendfile=self.server.use_sendfile,
+                    replica=response.replica,
                 )
             finally:
                 response.release()

@@ -233,6 +233,10 @@ class Server:
         self._close_listeners()
         for task in self._periodic:
             task.cancel()
+        if self.config.clustered:
+            # Hand leadership over first: the lease goes, the controller moves this broker's partitions at
+            # once, and requests waiting on them answer NOT_LEADER_OR_FOLLOWER, so clients move on.
+            await self.broker.stop_cluster()
         # Parked long-poll fetches answer now with what they have.
         self.broker.appends.wake_all()
         for connection, task in list(self.connections.values()):

@@ -168,7 +168,7 @@ def warm(file_slice) -> None:
         remaining -= sent
 
 
-async def _sendfile(loop, sock: socket.socket, file_slice, stats) -> None:
+async def _sendfile(loop, sock: socket.socket, file_slice, stats, replica: bool = False) -> None:
     if not is_cached(file_slice):
         stats.fetch_cold_warmups += 1
         await asyncio.to_thread(warm, file_slice)
@@ -186,13 +186,18 @@ async def _sendfile(loop, sock: socket.socket, file_slice, stats) -> None:
             # The file ended before the slice did: storage guarantees this never happens to a pinned slice.
             raise OSError(f"sendfile hit end of file at {position} with {remaining} bytes of the slice left")
         stats.fetch_sendfile_calls += 1
-        stats.fetch_sendfile_bytes += sent
+        if replica:
+            stats.replica_sendfile_bytes += sent
+        else:
+            stats.fetch_sendfile_bytes += sent
         position += sent
         remaining -= sent
 
 
-async def send_segments(loop, sock: socket.socket, segments: list, stats, *, use_sendfile: bool = True) -> None:
-    """Write ``bytes`` and FileSlice segments in order. Does not release the slices (the caller does)."""
+async def send_segments(loop, sock: socket.socket, segments: list, stats, *, use_sendfile: bool = True,
+                        replica: bool = False) -> None:
+    """Write ``bytes`` and FileSlice segments in order. Does not release the slices (the caller does).
+    ``replica``: a follower's fetch (its record bytes are counted apart from consumers')."""
     pending: list = []
     for segment in segments:
         if isinstance(segment, (bytes, bytearray, memoryview)):
@@ -203,13 +208,16 @@ async def send_segments(loop, sock: socket.socket, segments: list, stats, *, use
             continue
         if not use_sendfile:
             data = segment.read_bytes()
-            stats.fetch_copied_bytes += len(data)
+            if replica:
+                stats.replica_copied_bytes += len(data)
+            else:
+                stats.fetch_copied_bytes += len(data)
             stats.response_bytes -= len(data)  # counted as records, not as response framing
             pending.append(data)
             continue
         if pending:
             await _send_buffers(loop, sock, pending, stats, more=True)
             pending = []
-        await _sendfile(loop, sock, segment, stats)
+        await _sendfile(loop, sock, segment, stats, replica)
     if pending:
         await _send_buffers(loop, sock, pending, stats, more=False)

@@ -1,0 +1,541 @@
+"""EtcdMetadata: the clustered backend. Brokers register in etcd, elect a controller through it, and learn
+every topic, assignment and partition state from it (the layout: ``broker.cluster.keys``).
+
+Start-up (``start``): reach etcd (retrying with backoff, saying why); read or create the cluster id and
+check it against the data dir's ``meta.properties`` (a data dir of another cluster refuses to start);
+register under a new lease; read everything under the cluster's prefix at one revision; publish that image;
+then watch from the next revision, keep the lease alive, and stand for controller whenever there is none.
+
+Registration. The broker key lives on this broker's lease; its create revision is the broker epoch. A key
+already there means another process holds this node id: if it carries this data dir's ``directory.id`` it
+is this broker's own previous process (the data dir's lock proves that process is gone), and its lease is
+revoked so its partitions move at once; otherwise the key is waited for for one lease time (a crashed
+process's lease expires), and if it is still there the broker refuses to start: two live brokers with one
+id would be two leaders for the same partitions.
+
+The lease. ``lease_valid()`` is true only until ``granted TTL`` after the last keepalive that etcd
+answered, counted from when that keepalive was sent: etcd cannot expire the lease earlier than that, so a
+broker that stops acting as leader at that instant never overlaps with a successor the controller elects
+after the expiry. Cut off from etcd, a broker thus keeps serving what it leads until its lease would have
+expired, then refuses (NOT_LEADER_OR_FOLLOWER, and Metadata no longer names it leader). If the lease turns
+out gone when etcd answers again, the broker first demotes every partition it leads, then registers anew
+(a new broker epoch), and follows the controller's new decisions.
+
+Watching. The image is rebuilt from the watched keys after each watch response and published to the replica
+manager; its revision only grows, so this broker never reports an older leader epoch than it did. When etcd
+restarts the watch resumes from the last revision seen + 1; if etcd compacted that revision away, the
+broker reloads everything at a new revision. Neither ever deletes data: only an image that lacks a topic
+(or has it under another topic id) makes the replica manager delete its logs.
+
+Requests that change the cluster (create / delete topics) are carried out by the controller; on another
+broker they are forwarded to it over its inter-broker listener (Kafka's KIP-590 forwarding), and answered
+once this broker's own image shows the change.
+
+The produce and fetch paths make no etcd call: ``lease_valid`` reads a clock; ISR changes are the only
+writes a leader makes, when a follower falls behind or catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import math
+import time
+import uuid
+from typing import Any, Callable
+
+from kio.schema.errors import ErrorCode
+
+from copyless.broker._files import write_atomically
+from copyless.broker.cluster import etcd_client as etcd
+from copyless.broker.cluster.backend import MetadataBackend, NewTopic, inter_broker_client_id
+from copyless.broker.cluster.controller import Controller
+from copyless.broker.cluster.image import ClusterImage, TopicInfo
+from copyless.broker.cluster.keys import Layout, decode_broker, decode_image, encode_broker, encode_state
+from copyless.broker.partition import PartitionState
+from copyless.broker.topics import TopicError
+
+__all__ = ["EtcdMetadata", "DuplicateBrokerError", "parse_metadata_url"]
+
+log = logging.getLogger("copyless.metadata")
+
+DEFAULT_ROOT = "copyless"
+# Producer ids are reserved cluster-wide in blocks of this many (Kafka's controller hands out 1000).
+PRODUCER_ID_BLOCK = 1000
+# How long a CreateTopics / DeleteTopics answer waits for this broker's image to show the change.
+PROPAGATION_TIMEOUT_S = 10.0
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+
+class DuplicateBrokerError(RuntimeError):
+    """Another live broker is registered with this node id."""
+
+
+def parse_metadata_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """``etcd://h:p[,h:p...][/root]`` -> (endpoints, root). Raises ValueError."""
+    if not url.startswith("etcd://"):
+        raise ValueError(f"metadata URL must start with etcd://, got {url!r}")
+    rest = url[len("etcd://"):]
+    hosts, _, root = rest.partition("/")
+    root = root.strip("/") or DEFAULT_ROOT
+    if "/" in root or not root:
+        raise ValueError(f"bad root {root!r} in {url!r} (one path segment)")
+    return etcd.parse_endpoints(hosts), root
+
+
+class EtcdMetadata(MetadataBackend):
+    """The clustered backend (module docstring). ``broker`` provides config, node_id, data_dir, replicas,
+    appends, advertised_listeners() and check_or_write_meta()."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.node_id = broker.node_id
+        config = broker.config
+        endpoints, root = parse_metadata_url(config.metadata)
+        self.ttl_s = max(2, math.ceil(config.broker_session_timeout_ms / 1000))
+        # A call waits at most a third of the lease: a slow member must not hold the keepalive past it.
+        self.client = etcd.EtcdClient(endpoints, timeout_s=max(0.5, self.ttl_s / 3))
+        self.layout = Layout(root)
+        self.image = ClusterImage()
+        self.lease_id = 0
+        self.broker_epoch = 0
+        self.directory_id = ""
+        self._lease_deadline = 0.0
+        self._registered = False
+        self._kvs: dict[bytes, etcd.KeyValue] = {}
+        self._revision = 0
+        self._tasks: list[asyncio.Task] = []
+        self._waiters: list[tuple[Callable[[ClusterImage], bool], asyncio.Future]] = []
+        self._campaigning = False
+        self._stopping = False
+        self._producer_ids = (0, 0)  # [next, end) of this broker's current block
+        self._producer_id_lock: asyncio.Lock | None = None
+        self._forward: Any = None  # a client connection to the controller, for forwarded requests
+        self._forward_target: tuple[int, tuple[str, int]] | None = None
+        self.controller = Controller(self)
+        self.stats = {"etcd_reads": 0, "etcd_writes": 0, "watch_resumes": 0, "reloads": 0, "registrations": 0,
+                      "isr_writes": 0, "isr_writes_refused": 0, "forwarded": 0}
+
+    # --- state -----------------------------------------------------------------------------------------------
+
+    @property
+    def is_controller(self) -> bool:
+        return self.controller.active
+
+    def lease_valid(self) -> bool:
+        return self._registered and time.monotonic() < self._lease_deadline
+
+    # --- start-up ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the cluster (module docstring). Raises ClusterMismatchError, DuplicateBrokerError."""
+        delay = RETRY_MIN_S
+        while True:
+            try:
+                cluster_id = await self._cluster_id()
+                break
+            except etcd.EtcdUnavailable as exc:
+                log.error("cannot reach etcd at %s (%s); retrying in %.1f s",
+                          ", ".join(f"{h}:{p}" for h, p in self.client.endpoints), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+        await asyncio.to_thread(self._check_data_dir, cluster_id)
+        self.layout = Layout(self.layout.root, cluster_id)
+        await self._retrying(self._register)
+        await self._retrying(self._reload)
+        await self.broker.replicas.wait_applied(self.image.revision)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keepalive(), name="copyless-etcd-keepalive"),
+                       loop.create_task(self._watch(), name="copyless-etcd-watch")]
+        self._maybe_campaign()
+        log.info("node %d joined cluster %s (broker epoch %d, %d broker(s) live, controller %d)", self.node_id,
+                 cluster_id, self.broker_epoch, len(self.image.brokers), self.image.controller_id)
+
+    async def _retrying(self, step) -> None:
+        delay = RETRY_MIN_S
+        while True:
+            try:
+                return await step()
+            except etcd.EtcdUnavailable as exc:
+                log.error("etcd unavailable (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _cluster_id(self) -> str:
+        """The cluster id stored in etcd, created by the first broker (or the configured one)."""
+        key = self.layout.cluster_id_key
+        configured = self.broker.config.cluster_id
+        current, _ = await self.client.get(key)
+        self.stats["etcd_reads"] += 1
+        if current is None:
+            proposed = configured or base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            result = await self.client.txn([etcd.created(key, 0)], [etcd.put(key, proposed.encode())],
+                                           [etcd.get(key)])
+            self.stats["etcd_writes"] += 1
+            cluster_id = proposed if result.succeeded else result.ranges[0][0].value.decode()
+            if result.succeeded:
+                log.info("created cluster %s in etcd under /%s", cluster_id, self.layout.root)
+        else:
+            cluster_id = current.value.decode()
+        if configured and configured != cluster_id:
+            from copyless.broker.state import ClusterMismatchError
+
+            raise ClusterMismatchError(f"cluster.id is {configured} but the cluster in etcd under /{self.layout.root} "
+                                       f"is {cluster_id}; refusing to start")
+        return cluster_id
+
+    def _check_data_dir(self, cluster_id: str) -> None:
+        """Blocking: meta.properties must name this cluster (or be new); it also keeps the directory id."""
+        from copyless.broker.state import META_FILE, read_meta
+
+        self.broker.check_or_write_meta(cluster_id)
+        path = self.broker.data_dir / META_FILE
+        properties = read_meta(path)
+        directory_id = properties.get("directory.id")
+        if not directory_id:
+            directory_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            properties["directory.id"] = directory_id
+            write_atomically(path, "".join(f"{k}={v}\n" for k, v in properties.items()).encode())
+        self.directory_id = directory_id
+
+    async def _register(self) -> None:
+        """Register this broker under a new lease (module docstring, "Registration")."""
+        key = self.layout.broker(self.node_id)
+        value = encode_broker(self.broker.advertised_listeners(), self.directory_id)
+        waited_from = None
+        while True:
+            existing, _ = await self.client.get(key)
+            self.stats["etcd_reads"] += 1
+            if existing is not None:
+                _info, directory_id = decode_broker(self.node_id, existing)
+                if directory_id == self.directory_id:
+                    log.info("revoking the registration of this broker's previous process (lease %x)", existing.lease)
+                    await self.client.revoke(existing.lease)
+                    continue
+                waited_from = waited_from or time.monotonic()
+                if time.monotonic() - waited_from > self.ttl_s + 2:
+                    raise DuplicateBrokerError(
+                        f"another broker is registered with node id {self.node_id} (endpoints "
+                        f"{_info.endpoints}, data dir id {directory_id}); refusing to start: two brokers with one "
+                        f"id would both act for the same partitions")
+                await asyncio.sleep(0.25)
+                continue
+            sent = time.monotonic()
+            lease_id, ttl = await self.client.grant(self.ttl_s)
+            result = await self.client.txn([etcd.created(key, 0)], [etcd.put(key, value, lease_id)])
+            self.stats["etcd_writes"] += 2
+            if not result.succeeded:
+                await self.client.revoke(lease_id)
+                continue
+            # Leadership from before this registration is not this process's (ReplicaManager docstring):
+            # demote first, then let the lease count as valid.
+            self.broker.replicas.new_broker_epoch(result.revision)
+            self.lease_id, self.broker_epoch = lease_id, result.revision
+            self._lease_deadline = sent + ttl
+            self._registered = True
+            self.stats["registrations"] += 1
+            log.info("node %d registered: broker epoch %d, lease %x (%d s)", self.node_id, self.broker_epoch,
+                     lease_id, ttl)
+            return
+
+    async def _keepalive(self) -> None:
+        interval_s = self.ttl_s / 3
+        while not self._stopping:
+            await asyncio.sleep(interval_s if self.lease_valid() else 0.1)
+            sent = time.monotonic()
+            try:
+                ttl = await self.client.keepalive(self.lease_id, timeout_s=interval_s)
+            except etcd.EtcdUnavailable as exc:
+                if self.lease_valid():
+                    log.warning("lease keepalive failed (%s); the lease holds for %.1f s more", exc,
+                                self._lease_deadline - time.monotonic())
+                continue
+            except Exception:
+                log.exception("lease keepalive failed")
+                continue
+            if ttl > 0:
+                self._lease_deadline = sent + ttl
+                continue
+            # The lease is gone: etcd expired it while this broker could not reach it.
+            log.warning("node %d lost its lease (broker epoch %d); every partition it led has moved; "
+                        "registering again", self.node_id, self.broker_epoch)
+            self._registered = False
+            self.controller.resign("lease lost")
+            try:
+                await self._register()
+            except etcd.EtcdUnavailable as exc:
+                log.warning("re-registration failed (%s); retrying", exc)
+            except DuplicateBrokerError as exc:
+                log.error("%s", exc)
+
+    # --- the image -------------------------------------------------------------------------------------------------
+
+    async def _reload(self) -> None:
+        kvs, revision = await self.client.get_prefix(self.layout.prefix)
+        self.stats["etcd_reads"] += 1
+        self._kvs = {kv.key: kv for kv in kvs}
+        self._revision = max(self._revision, revision)
+        self._publish()
+
+    def _publish(self) -> None:
+        image = decode_image(self.layout, self._kvs.values(), self._revision)
+        self.image = image
+        self.broker.replicas.publish(image)
+        self.controller.on_image(image)
+        still = []
+        for predicate, future in self._waiters:
+            if future.done():
+                continue
+            if predicate(image):
+                future.set_result(image)
+            else:
+                still.append((predicate, future))
+        self._waiters = still
+        self._maybe_campaign()
+
+    async def _watch(self) -> None:
+        delay = RETRY_MIN_S
+        while not self._stopping:
+            try:
+                async for revision, events in self.client.watch_prefix(self.layout.prefix, self._revision + 1):
+                    delay = RETRY_MIN_S
+                    if events:
+                        for is_put, kv in events:
+                            if is_put:
+                                self._kvs[kv.key] = kv
+                            else:
+                                self._kvs.pop(kv.key, None)
+                        # Resume after the last event delivered, not the header's revision: later events of
+                        # this prefix may still be on their way.
+                        self._revision = max(self._revision, max(kv.mod_revision for _p, kv in events))
+                        self._publish()
+                    else:
+                        self._revision = max(self._revision, revision)
+            except etcd.WatchCompacted as exc:
+                log.warning("etcd compacted revision %d away (%s): reloading the cluster metadata",
+                            self._revision + 1, exc)
+                self.stats["reloads"] += 1
+                try:
+                    await self._reload()
+                except etcd.EtcdUnavailable:
+                    await asyncio.sleep(delay)
+            except etcd.EtcdUnavailable as exc:
+                if self._stopping:
+                    return
+                self.stats["watch_resumes"] += 1
+                log.warning("etcd watch interrupted (%s); resuming from revision %d in %.1f s", exc,
+                            self._revision + 1, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("etcd watch failed; resuming")
+                await asyncio.sleep(delay)
+
+    async def wait_for(self, predicate: Callable[[ClusterImage], bool], timeout_s: float) -> ClusterImage:
+        """Until this broker's image satisfies ``predicate``. Raises TimeoutError."""
+        if predicate(self.image):
+            return self.image
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((predicate, future))
+        async with asyncio.timeout(timeout_s):
+            return await future
+
+    # --- the controller ---------------------------------------------------------------------------------------
+
+    def _maybe_campaign(self) -> None:
+        if self.image.controller_id >= 0 or self._campaigning or self._stopping or not self.lease_valid():
+            return
+        self._campaigning = True
+        asyncio.get_running_loop().create_task(self._campaign(), name="copyless-campaign")
+
+    async def _campaign(self) -> None:
+        try:
+            await self.controller.campaign()
+            self.stats["etcd_writes"] += 1
+        except etcd.EtcdUnavailable as exc:
+            log.info("controller election attempt failed: %s", exc)
+        finally:
+            self._campaigning = False
+
+    async def _controller_request(self, request, response_cls):
+        """Send a kio request to the controller over its inter-broker listener (forwarding)."""
+        from copyless.client.conn import Connection
+
+        image = self.image
+        controller = image.brokers.get(image.controller_id)
+        listener = self.broker.config.inter_broker_listener_name
+        if controller is None or listener not in controller.endpoints:
+            raise TopicError(ErrorCode.not_controller, "no controller is known right now; retry")
+        target = (controller.node_id, controller.endpoints[listener])
+        if self._forward is None or self._forward.closed or self._forward_target != target:
+            if self._forward is not None:
+                self._forward.close()
+            host, port = target[1]
+            self._forward = await Connection.open(host, port, client_id=inter_broker_client_id(self.node_id),
+                                                  request_timeout_ms=30_000)
+            self._forward_target = target
+        self.stats["forwarded"] += 1
+        return await self._forward.request_kio(request, response_cls)
+
+    # --- topics -------------------------------------------------------------------------------------------------
+
+    async def create_topic(self, new: NewTopic, *, validate_only: bool = False) -> TopicInfo:
+        if self.controller.active:
+            info, revision = await self.controller.create_topic(new, validate_only=validate_only)
+        else:
+            info = await self._forward_create(new, validate_only)
+        if validate_only:
+            return info
+        try:
+            await self.wait_for(lambda image: info.name in image.topics, PROPAGATION_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("topic %s was created but this broker has not seen it yet", info.name)
+        return self.image.topics.get(info.name, info)
+
+    async def _forward_create(self, new: NewTopic, validate_only: bool) -> TopicInfo:
+        from kio.schema.create_topics.v4.request import (
+            CreatableReplicaAssignment,
+            CreatableTopic,
+            CreatableTopicConfig,
+            CreateTopicsRequest,
+        )
+        from kio.schema.create_topics.v4.response import CreateTopicsResponse
+        from kio.schema.types import BrokerId, TopicName
+        import datetime
+
+        assignments = tuple(CreatableReplicaAssignment(partition_index=index, broker_ids=tuple(BrokerId(b) for b in replicas))
+                            for index, replicas in sorted((new.assignments or {}).items()))
+        topic = CreatableTopic(
+            name=TopicName(new.name), num_partitions=new.partitions if not assignments else -1,
+            replication_factor=new.replication_factor if not assignments else -1, assignments=assignments,
+            configs=tuple(CreatableTopicConfig(name=k, value=v) for k, v in new.configs.items()))
+        request = CreateTopicsRequest(topics=(topic,), timeout=datetime.timedelta(seconds=30),
+                                      validate_only=validate_only)
+        try:
+            response = await self._controller_request(request, CreateTopicsResponse)
+        except TopicError:
+            raise
+        except Exception as exc:
+            raise TopicError(ErrorCode.not_controller, f"forwarding to the controller failed: {exc}") from None
+        result = response.topics[0]
+        if result.error_code != ErrorCode.none:
+            raise TopicError(ErrorCode(result.error_code), result.error_message or ErrorCode(result.error_code).name)
+        if validate_only:
+            from copyless.broker.cluster.image import TopicInfo as _TopicInfo
+
+            return _TopicInfo(new.name, uuid.uuid4(), ())
+        image = await self.wait_for(lambda image: new.name in image.topics, PROPAGATION_TIMEOUT_S)
+        return image.topics[new.name]
+
+    async def delete_topic(self, name: str) -> None:
+        info = self.image.topic(name)
+        if self.controller.active:
+            await self.controller.delete_topic(name)
+        else:
+            from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
+            from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
+            from kio.schema.types import TopicName
+            import datetime
+
+            try:
+                response = await self._controller_request(
+                    DeleteTopicsRequest(topic_names=(TopicName(name),), timeout=datetime.timedelta(seconds=30)),
+                    DeleteTopicsResponse)
+            except TopicError:
+                raise
+            except Exception as exc:
+                raise TopicError(ErrorCode.not_controller, f"forwarding to the controller failed: {exc}") from None
+            code = ErrorCode(response.responses[0].error_code)
+            if code != ErrorCode.none:
+                raise TopicError(code, code.name)
+        self.broker.appends.notify_topic(name)
+        topic_id = info.topic_id if info is not None else None
+        try:
+            await self.wait_for(lambda image: image.topics.get(name) is None or image.topics[name].topic_id != topic_id,
+                                PROPAGATION_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("topic %s was deleted but this broker has not seen it yet", name)
+
+    # --- partitions -----------------------------------------------------------------------------------------------
+
+    async def alter_isr(self, topic: str, partition: int, state: PartitionState,
+                        isr: tuple[int, ...]) -> PartitionState | None:
+        """A leader's ISR change (Kafka before KIP-497's AlterPartition: the leader writes the state itself),
+        conditional on the state's version and on this broker's registration being the one it had."""
+        layout = self.layout
+        new = PartitionState(state.leader, state.leader_epoch, tuple(isr), state.replicas)
+        current = self._kvs.get(layout.partition(topic, partition))
+        controller_epoch = -1
+        if current is not None:
+            import json
+
+            controller_epoch = int(json.loads(current.value).get("controller_epoch", -1))
+        result = await self.client.txn(
+            [etcd.modified(layout.partition(topic, partition), state.version),
+             etcd.created(layout.broker(self.node_id), self.broker_epoch)],
+            [etcd.put(layout.partition(topic, partition), encode_state(new, controller_epoch))])
+        self.stats["etcd_writes"] += 1
+        self.stats["isr_writes"] += 1
+        if not result.succeeded:
+            self.stats["isr_writes_refused"] += 1
+            return None
+        return PartitionState(new.leader, new.leader_epoch, new.isr, new.replicas, result.revision)
+
+    async def elect_preferred_leaders(self, partitions=None) -> dict:
+        if not self.controller.active:
+            raise TopicError(ErrorCode.not_controller, f"node {self.node_id} is not the controller")
+        return await self.controller.elect_preferred(partitions)
+
+    # --- producer ids ------------------------------------------------------------------------------------------
+
+    async def allocate_producer_id(self) -> int:
+        """An id from this broker's block; a new block is reserved in etcd (compare-and-set) when it runs out,
+        so no two brokers, and no restart, ever hand out the same id."""
+        if self._producer_id_lock is None:
+            self._producer_id_lock = asyncio.Lock()
+        async with self._producer_id_lock:
+            next_id, end = self._producer_ids
+            if next_id >= end:
+                key = self.layout.producer_id_block
+                while True:
+                    current, _ = await self.client.get(key)
+                    start = int(current.value) if current is not None else 0
+                    start = max(start, self.broker.producers.max_producer_id() + 1)
+                    result = await self.client.txn(
+                        [etcd.modified(key, current.mod_revision if current is not None else 0)],
+                        [etcd.put(key, str(start + PRODUCER_ID_BLOCK).encode())])
+                    self.stats["etcd_writes"] += 1
+                    if result.succeeded:
+                        next_id, end = start, start + PRODUCER_ID_BLOCK
+                        break
+            self._producer_ids = (next_id + 1, end)
+            return next_id
+
+    # --- shutdown -----------------------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Give the lease up (the partitions this broker led move at once) and stop watching."""
+        self._stopping = True
+        self.controller.resign("shutting down")
+        registered, self._registered = self._registered, False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if registered and self.lease_id:
+            try:
+                await self.client.revoke(self.lease_id)
+            except Exception as exc:
+                log.info("revoking the lease failed (%s); it expires by itself", exc)
+        if self._forward is not None:
+            self._forward.close()
+        for _predicate, future in self._waiters:
+            if not future.done():
+                future.cancel()
+        await self.client.close()

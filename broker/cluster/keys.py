@@ -1,0 +1,157 @@
+"""The cluster's layout in etcd, and the JSON of each key. Pure: bytes in, values out.
+
+ZooKeeper-era Kafka kept its metadata in znodes; copyless keeps the same facts in etcd keys, under one
+prefix per cluster::
+
+    /<root>/cluster_id                          the cluster id (created once, by the first broker)
+    /<root>/<cluster_id>/brokers/<id>           on the broker's lease:
+                                                {"endpoints": {"NAME": "host:port"}, "directory_id": ...}
+                                                its create_revision is the broker epoch
+    /<root>/<cluster_id>/controller             on the controller's lease: {"broker_id": N}
+    /<root>/<cluster_id>/controller_epoch       the election count; its mod_revision fences every
+                                                controller write
+    /<root>/<cluster_id>/topics/<name>          {"topic_id": ..., "assignment": [[1,2,3], ...], "configs": {..}}
+    /<root>/<cluster_id>/partitions/<name>/<p>  {"leader": 1, "leader_epoch": 4, "isr": [1,2],
+                                                 "controller_epoch": 7}; mod_revision = partition version
+    /<root>/<cluster_id>/producer_id_block      the first producer id not yet reserved by any broker
+
+``root`` is ``copyless`` unless the metadata URL names another (``etcd://host:port/ROOT``), so several
+clusters can share one etcd. Topic names cannot contain ``/``, so no name's keys can shadow another's.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from copyless.broker.cluster.etcd_client import KeyValue
+from copyless.broker.cluster.image import BrokerInfo, ClusterImage, TopicInfo
+from copyless.broker.partition import PartitionState
+
+__all__ = ["Layout", "decode_image", "encode_broker", "encode_topic", "encode_state", "decode_state"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Key names for one cluster. ``root`` is the chroot; ``cluster_id`` names the cluster's prefix."""
+
+    root: str
+    cluster_id: str = ""
+
+    @property
+    def cluster_id_key(self) -> bytes:
+        return f"/{self.root}/cluster_id".encode()
+
+    @property
+    def prefix(self) -> bytes:
+        return f"/{self.root}/{self.cluster_id}/".encode()
+
+    def broker(self, node_id: int) -> bytes:
+        return self.prefix + f"brokers/{node_id}".encode()
+
+    @property
+    def controller(self) -> bytes:
+        return self.prefix + b"controller"
+
+    @property
+    def controller_epoch(self) -> bytes:
+        return self.prefix + b"controller_epoch"
+
+    def topic(self, name: str) -> bytes:
+        return self.prefix + f"topics/{name}".encode()
+
+    def partitions_of(self, name: str) -> bytes:
+        return self.prefix + f"partitions/{name}/".encode()
+
+    def partition(self, name: str, partition: int) -> bytes:
+        return self.partitions_of(name) + str(partition).encode()
+
+    @property
+    def producer_id_block(self) -> bytes:
+        return self.prefix + b"producer_id_block"
+
+
+def _json(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode_broker(endpoints: dict[str, tuple[str, int]], directory_id: str, rack: str | None = None) -> bytes:
+    return _json({"endpoints": {name: f"{host}:{port}" for name, (host, port) in endpoints.items()},
+                  "directory_id": directory_id, "rack": rack})
+
+
+def decode_broker(node_id: int, kv: KeyValue) -> tuple[BrokerInfo, str]:
+    """(BrokerInfo, directory id) of a registration."""
+    data = json.loads(kv.value)
+    endpoints = {}
+    for name, address in data.get("endpoints", {}).items():
+        host, _, port = str(address).rpartition(":")
+        endpoints[name] = (host, int(port))
+    return BrokerInfo(node_id, endpoints, epoch=kv.create_revision, rack=data.get("rack")), str(data.get("directory_id", ""))
+
+
+def encode_topic(topic: TopicInfo) -> bytes:
+    return _json({"topic_id": str(topic.topic_id), "assignment": [list(r) for r in topic.assignment],
+                  "configs": dict(topic.configs), "internal": topic.internal})
+
+
+def decode_topic(name: str, value: bytes) -> TopicInfo:
+    data = json.loads(value)
+    return TopicInfo(name=name, topic_id=uuid.UUID(data["topic_id"]),
+                     assignment=tuple(tuple(int(b) for b in replicas) for replicas in data["assignment"]),
+                     configs={str(k): str(v) for k, v in data.get("configs", {}).items()},
+                     internal=bool(data.get("internal", False)))
+
+
+def encode_state(state: PartitionState, controller_epoch: int) -> bytes:
+    """The partition's state key. The replicas live in the topic's assignment, not here."""
+    return _json({"leader": state.leader, "leader_epoch": state.leader_epoch, "isr": list(state.isr),
+                  "controller_epoch": controller_epoch})
+
+
+def decode_state(value: bytes, replicas: tuple[int, ...], version: int) -> tuple[PartitionState, int]:
+    """(PartitionState, the controller epoch that wrote it)."""
+    data = json.loads(value)
+    state = PartitionState(leader=int(data["leader"]), leader_epoch=int(data["leader_epoch"]),
+                           isr=tuple(int(b) for b in data["isr"]), replicas=replicas, version=version)
+    return state, int(data.get("controller_epoch", -1))
+
+
+def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
+    """Build the image from every key under ``layout.prefix`` (as of ``revision``). Keys that do not parse
+    are skipped (a corrupt key must not stop a broker; the controller rewrites states it needs)."""
+    prefix = layout.prefix
+    brokers: dict[int, BrokerInfo] = {}
+    topics: dict[str, TopicInfo] = {}
+    states: list[tuple[str, int, KeyValue]] = []
+    controller_id = -1
+    for kv in kvs:
+        if not kv.key.startswith(prefix):
+            continue
+        rest = kv.key[len(prefix):].decode("utf-8", "replace")
+        try:
+            if rest.startswith("brokers/"):
+                node_id = int(rest[len("brokers/"):])
+                brokers[node_id] = decode_broker(node_id, kv)[0]
+            elif rest.startswith("topics/"):
+                name = rest[len("topics/"):]
+                topics[name] = decode_topic(name, kv.value)
+            elif rest.startswith("partitions/"):
+                name, _, index = rest[len("partitions/"):].rpartition("/")
+                states.append((name, int(index), kv))
+            elif rest == "controller":
+                controller_id = int(json.loads(kv.value)["broker_id"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    partitions: dict[tuple[str, int], PartitionState] = {}
+    for name, index, kv in states:
+        topic = topics.get(name)
+        if topic is None or not 0 <= index < topic.partitions:
+            continue
+        try:
+            partitions[(name, index)] = decode_state(kv.value, topic.assignment[index], kv.mod_revision)[0]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return ClusterImage(revision=revision, cluster_id=layout.cluster_id, controller_id=controller_id,
+                        brokers=brokers, topics=topics, partitions=partitions)
