@@ -15,7 +15,6 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.fetch.v4 import request as fetch_v4
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
-from kio.schema.list_offsets.v5 import request as list_v5
 from kio.schema.metadata.v0 import request as metadata_v0
 from kio.schema.metadata.v1 import request as metadata_v1
 from kio.schema.metadata.v8 import request as metadata_v8
@@ -25,7 +24,7 @@ from kio.schema.produce.v8 import request as produce_v8
 
 from copyless.client.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch, frame_batch, values_of
-from tests.support.kio_requests import MS, create_topic, fetch, produce
+from tests.support.kio_requests import MS, create_topic, fetch, list_offsets, produce
 from tests.support.polling import wait_until
 
 
@@ -255,10 +254,7 @@ def test_list_offsets(live_broker):
     produce(client, "times", {0: build_batch([b"d"], base_timestamp_ms=5000)})
 
     def lookup(timestamp):
-        response = client.request(list_v5.ListOffsetsRequest(
-            replica_id=-1, isolation_level=0, topics=(list_v5.ListOffsetsTopic(name="times", partitions=(
-                list_v5.ListOffsetsPartition(partition_index=0, timestamp=timestamp),)),)))
-        item = response.topics[0].partitions[0]
+        item = list_offsets(client, "times", timestamp)
         return item.error_code, item.offset, item.timestamp
 
     assert lookup(-1) == (ErrorCode.none, 4, -1)
@@ -500,10 +496,7 @@ def test_undecodable_batch_does_not_break_timestamp_lookup(live_broker):
     produce(client, "garbage", {0: build_batch([b"good"], base_timestamp_ms=5000)})
 
     def lookup(timestamp):
-        response = client.request(list_v5.ListOffsetsRequest(
-            replica_id=-1, isolation_level=0, topics=(list_v5.ListOffsetsTopic(name="garbage", partitions=(
-                list_v5.ListOffsetsPartition(partition_index=0, timestamp=timestamp),)),)))
-        item = response.topics[0].partitions[0]
+        item = list_offsets(client, "garbage", timestamp)
         return item.error_code, item.offset
 
     assert lookup(1001) == (ErrorCode.corrupt_message, -1)

@@ -10,7 +10,8 @@ code could hide in the test too: the batch codec and the hand-written protocol i
     wire             hand-encoded requests and responses (Metadata v1, Produce v3, Fetch v4, ...),
                      RawConnection, and the raw-protocol steps: ensure_topic, wait_fetchable, produce_one,
                      high_watermark, fetch_all, init_producer_id, health_check.
-    kio_requests     KafkaWire (kio entities over a blocking socket) and create_topic / produce / fetch.
+    kio_requests     KafkaWire (kio entities over a blocking socket) and create_topic / produce / fetch /
+                     list_offsets.
     polling          wait_until(condition, what=, timeout_s=): the one polling loop.
     topics           unique_topic(prefix).
     broker_process   BrokerProcess (a ``copyless serve`` subprocess), TEST_BROKER_CONFIG, external brokers.

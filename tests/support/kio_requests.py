@@ -1,4 +1,5 @@
-"""Kafka requests encoded with kio over a blocking socket: ``KafkaWire``, and CreateTopics / Produce / Fetch.
+"""Kafka requests encoded with kio over a blocking socket: ``KafkaWire``, and CreateTopics / Produce / Fetch /
+ListOffsets.
 
 kio's generated entities in, kio's decoded entities out (request header v1, response header v0), for tests
 that want a request's every field by name rather than bytes laid out by hand (``tests.support.wire``).
@@ -15,6 +16,7 @@ import struct
 from kio.index import load_response_schema
 from kio.schema.create_topics.v4 import request as create_v4
 from kio.schema.fetch.v11 import request as fetch_v11
+from kio.schema.list_offsets.v5 import request as list_offsets_v5
 from kio.schema.produce.v8 import request as produce_v8
 from kio.serial import entity_reader, entity_writer
 
@@ -73,6 +75,15 @@ def fetch(client, topic: str, offsets: dict, *, max_wait_ms=0, min_bytes=1, max_
     if module is fetch_v11:
         fields.update(session_id=0, session_epoch=-1, forgotten_topics_data=(), rack_id="")
     return client.request(module.FetchRequest(**fields))
+
+
+def list_offsets(client, topic: str, timestamp: int, partition: int = 0):
+    """ListOffsets v5 for one partition (-1 latest, -2 earliest, else the first offset at or after
+    ``timestamp``): the response's partition entry (error_code, offset, timestamp)."""
+    response = client.request(list_offsets_v5.ListOffsetsRequest(
+        replica_id=-1, isolation_level=0, topics=(list_offsets_v5.ListOffsetsTopic(name=topic, partitions=(
+            list_offsets_v5.ListOffsetsPartition(partition_index=partition, timestamp=timestamp),)),)))
+    return response.topics[0].partitions[0]
 
 
 class KafkaWire:
