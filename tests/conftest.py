@@ -3,7 +3,7 @@
 Every broker the suite starts is a separate process (``python -m copyless serve``, a
 ``tests.support.broker_process.BrokerProcess``) with its own data dir and a log file that collects its stdout
 and stderr; the bound address is read from the broker's startup line, so tests always use port 0 and never
-collide. Helpers shared by the test folders live in ``tests/support``; this file holds the fixtures:
+collide. Code shared by the test folders lives in ``tests/support``; this file holds the fixtures:
 
     broker_loop      "uvloop" or "asyncio" (module scope). Tests marked ``both_loops`` run under both loops,
                      the rest under uvloop only; ``COPYLESS_TEST_LOOPS=uvloop,asyncio`` runs everything under

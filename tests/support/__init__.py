@@ -17,7 +17,7 @@ code could hide in the test too: the batch codec and the hand-written protocol i
     broker_process   BrokerProcess (a ``copyless serve`` subprocess), TEST_BROKER_CONFIG, external brokers.
     live_broker      LiveBroker: an in-process broker on its own loop thread, for its counters.
     clients          one driver per real Kafka client (DRIVERS), Rec, make_records, assert_same_records.
-    groups           consumer-group helpers: a broker with fast group timings, Member processes
+    groups           consumer groups: a broker with fast group timings, Member processes
                      (group_member.py), their events, the coordinator's load.
     subprocesses     REPO_ROOT and python_env() for child processes that run this checkout.
     tmpfs            mounted_tmpfs(): a small real filesystem for full-disk tests.
