@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from benchmarks._harness import (TINY_ENV, Benchmark, MedianInterval, Progress, cpu_seconds, format_table,
                                  format_value, machine_description, median_interval, percentile)
+from tests.support.polling import wait_until
 
 
 @pytest.fixture
@@ -133,7 +134,6 @@ def test_progress_bar_on_a_terminal():
 
 
 def test_cpu_seconds_of_self_and_another_process():
-    import os
     import subprocess
     import sys
 
@@ -143,11 +143,7 @@ def test_cpu_seconds_of_self_and_another_process():
     child = subprocess.Popen([sys.executable, "-c", "import sys; sum(i*i for i in range(3_000_000)); "
                               "sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        import time
-        deadline = time.monotonic() + 30
-        while cpu_seconds(child.pid) < 0.05 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert cpu_seconds(child.pid) >= 0.05
+        wait_until(lambda: cpu_seconds(child.pid) >= 0.05, what="the child to use 50 ms of CPU", timeout_s=30.0)
     finally:
         child.stdin.close()
         child.wait(10)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.subprocesses import REPO_ROOT, python_env
+
 BENCH_DIR = REPO_ROOT / "benchmarks"
 # Not benchmarks themselves: the harness and the runner that regenerates RESULTS.md (tested separately).
 NOT_BENCHMARKS = {"report"}
@@ -239,12 +238,10 @@ def test_benchmark_quick_mode_writes_json_and_chart(name, tmp_path):
     except Exception as exc:  # another part's module still being written: report, don't fail this suite
         pytest.skip(f"benchmarks.{name} does not import: {exc!r}")
     out = tmp_path / "out"
-    env = dict(os.environ, COPYLESS_BENCH_TINY="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     completed = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out)],
-        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
+        cwd=str(tmp_path), env=python_env(COPYLESS_BENCH_TINY="1", PYTHONUNBUFFERED="1"), capture_output=True,
+        text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL,
     )
     assert completed.returncode == 0, f"exit {completed.returncode}\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
 

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.subprocesses import python_env
 
 
 def _run_report(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COPYLESS_BENCH_TINY="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    env = python_env(COPYLESS_BENCH_TINY="1")
     return subprocess.run([sys.executable, "-m", "benchmarks.report", *args], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
 

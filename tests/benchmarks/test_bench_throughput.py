@@ -9,13 +9,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from benchmarks.throughput import _find_listen_address
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from benchmarks._throughput.brokers import _find_listen_address
+from tests.support.subprocesses import python_env
 
 
 def test_listen_line_parsing():
@@ -30,8 +28,7 @@ def test_listen_line_parsing():
 def test_bootstrap_mode_against_a_running_broker(broker_factory, tmp_path):
     broker = broker_factory()
     out = tmp_path / "out"
-    env = dict(os.environ, COPYLESS_BENCH_TINY="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    env = python_env(COPYLESS_BENCH_TINY="1")
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.throughput", "--quick", "--out", str(out), "--bootstrap",
          broker.bootstrap, "--label", "under-test", "--sections", "targets,latency,sendfile",
@@ -71,7 +68,9 @@ def test_a_matched_run_reads_the_first_brokers_pass_count(broker_factory):
     in its time (``_same_passes``): the pass count, not the broker, used to decide a 100 B round's rate."""
     import multiprocessing
 
-    from benchmarks.throughput import Workload, _same_passes, run_workload
+    from benchmarks._throughput.workers import Workload
+    from benchmarks._throughput.workloads import run_workload
+    from benchmarks.throughput import _same_passes
 
     broker = broker_factory()
     planned = Workload("targets", 100, 2_000, read_passes=10, read_seconds=120.0, label="100 B matched",
@@ -90,7 +89,8 @@ def test_the_broker_and_the_producer_are_charged_their_cpu_per_window(broker_fac
     own. A tailing (concurrent) workload has one window for both, so no per-window broker figure."""
     import multiprocessing
 
-    from benchmarks.throughput import Workload, run_workload
+    from benchmarks._throughput.workers import Workload
+    from benchmarks._throughput.workloads import run_workload
 
     broker = broker_factory()
     ctx = multiprocessing.get_context("forkserver")
@@ -114,7 +114,7 @@ def test_the_broker_and_the_producer_are_charged_their_cpu_per_window(broker_fac
 def test_disk_reads_are_counted(tmp_path):
     """``_disk_read_kib`` (the consume rows' disk column) counts a real read from disk: a file dropped from
     the page cache and read back adds at least its size."""
-    from benchmarks.throughput import _disk_read_kib
+    from benchmarks._throughput.workloads import _disk_read_kib
 
     path = tmp_path / "cold.bin"
     path.write_bytes(os.urandom(8 << 20))
@@ -142,10 +142,9 @@ def test_consumer_malloc_settings_take():
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("not glibc")
-    code = "from benchmarks.throughput import _tune_consumer_malloc as t; print(t())"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    code = "from benchmarks._throughput.workers import _tune_consumer_malloc as t; print(t())"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=python_env(),
+                               timeout=60)
     assert completed.stdout.strip() == "True", completed.stderr
 
 
@@ -202,7 +201,8 @@ def test_a_consumer_starved_by_its_link_shows_it_waited(broker_factory):
     consumer spends most of its window waiting; read straight from a broker, less."""
     import multiprocessing
 
-    from benchmarks.throughput import Workload, run_workload
+    from benchmarks._throughput.workers import Workload
+    from benchmarks._throughput.workloads import run_workload
 
     link = _TricklingLink()
     try:
@@ -228,7 +228,7 @@ def test_a_consumer_waits_only_when_a_call_comes_back_short_mid_pass():
     the pass's last records counts as waiting for the broker."""
     import queue
 
-    from benchmarks.throughput import WorkerResult, Workload, _Reading
+    from benchmarks._throughput.workers import WorkerResult, Workload, _Reading
 
     result = WorkerResult(role="consumer", partitions=[0])
     ends = queue.Queue()
@@ -263,7 +263,7 @@ def _targets_rows(broker: str, produce: list[float], consume: list[float]) -> li
 def test_the_targets_line_says_whether_a_run_could_tell_the_brokers_apart():
     """Per-round ratios decide the verdict, not the ratio of the medians: copyless 20% ahead in every round is
     ``above``; rounds that fall either side of 1.0 are ``level`` even where the medians' ratio is above 1."""
-    from benchmarks.throughput import _target_entry
+    from benchmarks._throughput.report import _target_entry
 
     kafka = [100.0 + 10 * (n % 3) for n in range(15)]
     ahead = _targets_rows("copyless", [1.2 * k for k in kafka], [0.8 * k for k in kafka])
@@ -294,7 +294,7 @@ def _fetch_rows(broker: str, mb_s: list[float], cpu: float, client: str = "raw-f
 def test_the_fetch_path_line_judges_sendfile_against_its_target_round_by_round():
     """Sendfile 1.6-2.0x the copy path in every round is ``above`` the 1.5x target; rounds either side of 1.5
     are ``level`` although the medians' ratio passes; confluent-kafka's single runs give no interval."""
-    from benchmarks.throughput import _fetch_entry
+    from benchmarks._throughput.report import _fetch_entry
 
     copy = [3000.0, 3400.0, 2800.0, 3200.0, 3100.0]
     faster = [c * f for c, f in zip(copy, (1.6, 2.0, 1.7, 1.8, 1.9))]

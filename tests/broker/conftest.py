@@ -1,11 +1,13 @@
-"""Fixtures for the broker tests: in-process brokers (``broker_live.LiveBroker``) under uvloop and asyncio."""
+"""Fixtures for the broker tests: in-process brokers (``tests.support.live_broker.LiveBroker``) under uvloop
+and asyncio."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from broker_live import LiveBroker
+
+from tests.support.live_broker import LiveBroker
 
 
 @pytest.fixture(params=["uvloop", "asyncio"])

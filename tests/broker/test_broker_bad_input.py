@@ -7,21 +7,21 @@ mounting is not permitted): producers get KAFKA_STORAGE_ERROR while fetches of w
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
-import subprocess
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
+from kio.schema.produce.v8 import request as produce_v8
 
 from copyless.broker.handlers import load_handlers
-from broker_batches import build_batch
-from broker_live import LiveBroker
-from broker_requests import create_topic, fetch, produce, values_of
+from tests.support.batches import build_batch, values_of
+from tests.support.kio_requests import MS, create_topic, fetch, produce
+from tests.support.live_broker import LiveBroker
+from tests.support.tmpfs import mounted_tmpfs
 
 SERVED = sorted(load_handlers().served().items())
 
@@ -87,8 +87,6 @@ def test_fuzzed_frames_never_hurt_the_broker(fuzz_broker, frame, framing):
 @given(data=st.data())
 def test_mutated_produce_requests(fuzz_broker, data):
     client = fuzz_broker.client()
-    from broker_requests import MS, produce_v8
-
     request = produce_v8.ProduceRequest(
         transactional_id=None, acks=1, timeout=1000 * MS,
         topic_data=(produce_v8.TopicProduceData(name="fuzz", partition_data=(
@@ -111,15 +109,8 @@ def test_mutated_produce_requests(fuzz_broker, data):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount_point)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    with mounted_tmpfs(tmp_path / "small", size_mib=40) as mount_point:
+        yield mount_point
 
 
 def test_disk_full_fails_produce_but_not_fetch(small_disk):

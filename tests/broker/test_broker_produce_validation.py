@@ -6,7 +6,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.produce import ProduceError, validate_produce_records
-from broker_batches import build_batch
+from tests.support.batches import build_batch
 
 MAX = 1048588
 

@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker.producer_state import ProducerIdAllocator, ProducerStateManager
 from copyless.client.protocol.records import read_header
-from broker_batches import build_batch
+from tests.support.batches import build_batch
 
 
 def header(pid: int, epoch: int, sequence: int, count: int = 1, base_offset: int = 0):

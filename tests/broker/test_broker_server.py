@@ -8,18 +8,13 @@ import struct
 import time
 
 import pytest
-from kio.schema.errors import ErrorCode
-
-from copyless.client.protocol.records import decode_records, iter_batches
-from broker_batches import build_batch
-
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
 from kio.schema.create_topics.v4 import request as create_v4
 from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.fetch.v4 import request as fetch_v4
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
-from kio.schema.list_offsets.v5 import request as list_v5
 from kio.schema.metadata.v0 import request as metadata_v0
 from kio.schema.metadata.v1 import request as metadata_v1
 from kio.schema.metadata.v8 import request as metadata_v8
@@ -27,7 +22,10 @@ from kio.schema.offset_for_leader_epoch.v2 import request as epoch_v2
 from kio.schema.produce.v3 import request as produce_v3
 from kio.schema.produce.v8 import request as produce_v8
 
-from broker_requests import MS, create_topic, eventually, fetch, produce, values_of
+from copyless.client.protocol.records import decode_records, iter_batches
+from tests.support.batches import build_batch, frame_batch, values_of
+from tests.support.kio_requests import MS, create_topic, fetch, list_offsets, produce
+from tests.support.polling import wait_until
 
 
 def test_api_versions_table_and_fallback(live_broker):
@@ -88,7 +86,8 @@ def test_produce_fetch_zero_copy(live_broker):
     assert [p.high_watermark for p in partitions] == [8, 5]
     # Every record byte went out through sendfile; none were copied through Python.
     sent = len(partitions[0].records) + len(partitions[1].records)
-    assert eventually(lambda: live_broker.stats.fetch_sendfile_bytes - before == sent)
+    wait_until(lambda: live_broker.stats.fetch_sendfile_bytes - before == sent,
+               what=f"{sent} fetched bytes counted as sent by sendfile", timeout_s=10.0, interval_s=0.005)
     assert live_broker.stats.fetch_copied_bytes == 0
     # Offsets were rewritten in place: the second batch starts at 5.
     second = list(iter_batches(partitions[0].records))[1][1]
@@ -110,7 +109,8 @@ def test_serving_latency_stats(live_broker):
     produce(client, "lat", {0: build_batch([b"w"])})
     # A write is recorded just after the client has its bytes: wait for the count, then check it stays put
     # (the empty fetch and the produce response, one segment each, are not timed).
-    assert eventually(lambda: stats.fetch_send.count - before >= 3)
+    wait_until(lambda: stats.fetch_send.count - before >= 3, what="three timed fetch writes", timeout_s=10.0,
+               interval_s=0.005)
     time.sleep(0.1)
     assert stats.fetch_send.count - before == 3
     snapshot = stats.snapshot()["fetch_send"]
@@ -127,7 +127,8 @@ def test_serving_latency_stats(live_broker):
         time.sleep(0.3)
 
     live_broker.call(hold_loop)
-    assert eventually(lambda: stats.loop_lag.count >= lag_before + 2)
+    wait_until(lambda: stats.loop_lag.count >= lag_before + 2, what="two more loop-lag probes", timeout_s=10.0,
+               interval_s=0.005)
     assert stats.loop_lag.max_s >= 0.2
     assert stats.snapshot()["loop_lag"]["max_ms"] >= 200
 
@@ -139,7 +140,8 @@ def test_no_sendfile_path_copies(inproc_factory):
     produce(client, "copy", {0: build_batch([b"x" * 100] * 4)})
     records = fetch(client, "copy", {0: 0}).responses[0].partitions[0].records
     assert values_of(records) == [b"x" * 100] * 4
-    assert eventually(lambda: live.stats.fetch_copied_bytes == len(records))
+    wait_until(lambda: live.stats.fetch_copied_bytes == len(records),
+               what=f"{len(records)} fetched bytes counted as copied", timeout_s=10.0, interval_s=0.005)
     assert live.stats.fetch_sendfile_bytes == 0
 
 
@@ -202,10 +204,8 @@ def test_long_poll_woken_by_append(live_broker):
         topics=(fetch_v11.FetchTopic(topic="poll", partitions=(
             fetch_v11.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
         forgotten_topics_data=(), rack_id=""))
-    deadline = time.monotonic() + 10
-    while live_broker.broker.appends.waiting_on(("poll", 0)) == 0:
-        assert time.monotonic() < deadline, "fetch never parked"
-        time.sleep(0.01)
+    wait_until(lambda: live_broker.broker.appends.waiting_on(("poll", 0)) > 0, what="the fetch to park",
+               timeout_s=10.0, interval_s=0.01)
     produce(producer, "poll", {0: build_batch([b"wake"])})
     consumer.sock.settimeout(30)
     _, response = consumer.receive(1, 11)
@@ -250,14 +250,11 @@ def test_offset_out_of_range_and_unknown(live_broker):
 def test_list_offsets(live_broker):
     client = live_broker.client()
     create_topic(client, "times")
-    produce(client, "times", {0: build_batch([b"a", b"b", b"c"], base_timestamp=1000, timestamp_step=10)})
-    produce(client, "times", {0: build_batch([b"d"], base_timestamp=5000)})
+    produce(client, "times", {0: build_batch([b"a", b"b", b"c"], base_timestamp_ms=1000, timestamp_step_ms=10)})
+    produce(client, "times", {0: build_batch([b"d"], base_timestamp_ms=5000)})
 
     def lookup(timestamp):
-        response = client.request(list_v5.ListOffsetsRequest(
-            replica_id=-1, isolation_level=0, topics=(list_v5.ListOffsetsTopic(name="times", partitions=(
-                list_v5.ListOffsetsPartition(partition_index=0, timestamp=timestamp),)),)))
-        item = response.topics[0].partitions[0]
+        item = list_offsets(client, "times", timestamp)
         return item.error_code, item.offset, item.timestamp
 
     assert lookup(-1) == (ErrorCode.none, 4, -1)
@@ -363,7 +360,7 @@ def test_log_append_time_topic(live_broker):
     client = live_broker.client()
     create_topic(client, "lat", configs=[("message.timestamp.type", "LogAppendTime")])
     before_ms = int(time.time() * 1000)
-    item = produce(client, "lat", {0: build_batch([b"a", b"b"], base_timestamp=1000)}).responses[0].partition_responses[0]
+    item = produce(client, "lat", {0: build_batch([b"a", b"b"], base_timestamp_ms=1000)}).responses[0].partition_responses[0]
     assert item.error_code == ErrorCode.none
     append_ms = int(item.log_append_time.timestamp() * 1000)
     assert append_ms >= before_ms
@@ -403,7 +400,8 @@ def test_graceful_shutdown_answers_parked_fetch_and_marks_clean(inproc_factory, 
         topics=(fetch_v11.FetchTopic(topic="bye", partitions=(
             fetch_v11.FetchPartition(partition=0, fetch_offset=1, partition_max_bytes=1 << 20),)),),
         forgotten_topics_data=(), rack_id=""))
-    assert eventually(lambda: live.broker.appends.waiting_on(("bye", 0)) == 1)
+    wait_until(lambda: live.broker.appends.waiting_on(("bye", 0)) == 1, what="the fetch to park", timeout_s=10.0,
+               interval_s=0.005)
     stopper = threading.Thread(target=live.stop)
     stopper.start()
     # The in-flight long poll is answered (empty) before the connection closes.
@@ -490,21 +488,15 @@ def test_accepted_connections_get_the_configured_socket_buffers(inproc_factory):
 
 
 def test_undecodable_batch_does_not_break_timestamp_lookup(live_broker):
-    import crc32c
-
     client = live_broker.client()
     create_topic(client, "garbage")
     # Valid header and CRC, records that are not records: accepted (produce never decodes records).
-    tail = struct.pack(">hiqqqhii", 0, 2, 1000, 1002, -1, -1, -1, 3) + b"\xff" * 40
-    bad = struct.pack(">qiibI", 0, 9 + len(tail), -1, 2, crc32c.crc32c(tail)) + tail
+    bad = frame_batch(b"\xff" * 40, records_count=3, base_timestamp_ms=1000, max_timestamp_ms=1002)
     assert produce(client, "garbage", {0: bad}).responses[0].partition_responses[0].error_code == ErrorCode.none
-    produce(client, "garbage", {0: build_batch([b"good"], base_timestamp=5000)})
+    produce(client, "garbage", {0: build_batch([b"good"], base_timestamp_ms=5000)})
 
     def lookup(timestamp):
-        response = client.request(list_v5.ListOffsetsRequest(
-            replica_id=-1, isolation_level=0, topics=(list_v5.ListOffsetsTopic(name="garbage", partitions=(
-                list_v5.ListOffsetsPartition(partition_index=0, timestamp=timestamp),)),)))
-        item = response.topics[0].partitions[0]
+        item = list_offsets(client, "garbage", timestamp)
         return item.error_code, item.offset
 
     assert lookup(1001) == (ErrorCode.corrupt_message, -1)

@@ -4,17 +4,16 @@
 
 Not a test (no assertions; timings belong in reports, not in timed tests). Starts a broker subprocess, a
 producer writing to all 6 partitions every 20 ms, and three members (kafka-python, aiokafka, confluent-kafka,
-``_member.py``). Then, per round, it removes one member (SIGKILL for "death", SIGTERM for "leave") and
-reports the time from that moment to the first record of one of the removed member's partitions, produced
-after the removal, being consumed by another member; and the longest pause of the whole group.
+``tests/support/group_member.py``). Then, per round, it removes one member (SIGKILL for "death", SIGTERM for
+"leave") and reports the time from that moment to the first record of one of the removed member's
+partitions, produced after the removal, being consumed by another member; and the longest pause of the
+whole group.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,22 +22,20 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from tests.groups._helpers import GROUP_CONFIG, Member, create_topic, read_events, wait_for
+from tests.support.broker_process import BrokerProcess
+from tests.support.groups import GROUP_CONFIG, Member, create_topic, read_events
+from tests.support.polling import wait_until
 
 PARTITIONS = 6
 CLIENTS = ("kafka-python", "aiokafka", "confluent")
 
 
-def start_broker(workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_broker(workdir: Path) -> BrokerProcess:
     config = workdir / "broker.toml"
     config.write_text(GROUP_CONFIG)
-    log = open(workdir / "broker.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(workdir / "data"),
-                                "--listen", "127.0.0.1:0", "--config", str(config)], stdout=log,
-                               stderr=subprocess.STDOUT)
-    address = wait_for(lambda: re.search(r"listening on (127\.0\.0\.1:\d+)",
-                                         (workdir / "broker.log").read_text()), 60, "the broker")
-    return process, address.group(1)
+    # loop=None: the broker's own default event loop, as a user would run it.
+    return BrokerProcess(data_dir=workdir / "data", log_path=workdir / "broker.log", loop=None,
+                         extra_args=("--config", str(config))).start()
 
 
 def produce_forever(bootstrap: str, topic: str, stop: threading.Event) -> None:
@@ -68,8 +65,9 @@ def one_round(bootstrap: str, workdir: Path, round_id: str, mode: str, victim: s
                     latest[e["client"]] = e["partitions"]
             return latest
 
-        wait_for(lambda: len(assignments()) == 3 and all(assignments().values())
-                 and sorted(sum(assignments().values(), [])) == list(range(PARTITIONS)), 90, "a stable group")
+        wait_until(lambda: len(assignments()) == 3 and all(assignments().values())
+                   and sorted(sum(assignments().values(), [])) == list(range(PARTITIONS)), what="a stable group",
+                   timeout_s=90.0, interval_s=0.1)
         time.sleep(2.0)  # steady state
         owned = assignments()[victim]
         removed_at = time.monotonic()
@@ -85,7 +83,8 @@ def one_round(bootstrap: str, workdir: Path, round_id: str, mode: str, victim: s
                     return e["t"]
             return None
 
-        resumed_at = wait_for(resumed, 120, "the victim's partitions to be consumed again")
+        resumed_at = wait_until(resumed, what="the victim's partitions to be consumed again", timeout_s=120.0,
+                                interval_s=0.1)
         time.sleep(1.0)
         consumed_times = [e["t"] for e in read_events(paths.values()) if e["event"] == "consumed"
                           and removed_at - 1 <= e["t"]]
@@ -106,7 +105,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        broker, bootstrap = start_broker(workdir)
+        broker = start_broker(workdir)
+        bootstrap = broker.bootstrap
         results = []
         try:
             n = 0
@@ -121,8 +121,7 @@ def main(argv=None) -> int:
                               f"{result['resume_s'] * 1000:.0f} ms; longest group pause "
                               f"{result['longest_group_pause_s'] * 1000:.0f} ms", flush=True)
         finally:
-            broker.terminate()
-            broker.wait(30)
+            broker.stop()
         for session_ms in args.session_ms:
             for mode in ("death", "leave"):
                 values = [r["resume_s"] * 1000 for r in results if r["mode"] == mode and r["session_ms"] == session_ms]

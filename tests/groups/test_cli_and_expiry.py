@@ -16,7 +16,8 @@ from kio.schema.offset_fetch.v3 import request as of_rq, response as of_rs
 from kio.static.primitive import i32Timedelta
 
 from copyless.broker.groups.cli import GroupsClient
-from tests.groups._helpers import GROUP_CONFIG, create_topic, produce, wait_for
+from tests.support.groups import GROUP_CONFIG, create_topic, produce
+from tests.support.polling import wait_until
 
 
 def copyless(*args: str) -> subprocess.CompletedProcess:
@@ -95,13 +96,13 @@ def fetch_offset(client: GroupsClient, group: str, topic: str) -> int:
     """The group's committed offset. Right after a restart the coordinator may still be replaying
     __consumer_offsets and answers COORDINATOR_LOAD_IN_PROGRESS, which Kafka clients retry; so does this
     (for up to 10 s). Any other error fails the test."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def loaded():
         response = client.request(of_rq.OffsetFetchRequest(group_id=group, topics=(
             of_rq.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),)), of_rs.OffsetFetchResponse)
-        if response.error_code != ErrorCode.coordinator_load_in_progress or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return None if response.error_code == ErrorCode.coordinator_load_in_progress else response
+
+    response = wait_until(loaded, what=f"the coordinator to load group {group}", timeout_s=10.0, interval_s=0.1)
     assert response.error_code == ErrorCode.none
     return response.topics[0].partitions[0].committed_offset
 
@@ -125,7 +126,7 @@ def test_offsets_expire_after_retention_and_stay_expired_after_restart(broker_fa
             time.sleep(0.5)
         assert fetch_offset(client, "old", "exp-topic") == -1
         assert fetch_offset(client, "keep-fresh", "exp-topic") == 7
-    wait_for(lambda: "expired" in broker.log_text(), 10, "the expiry log line")
+    wait_until(lambda: "expired" in broker.log_text(), what="the expiry log line", timeout_s=10.0, interval_s=0.1)
     broker.restart("kill")
     with GroupsClient(host, int(port)) as client:
         assert fetch_offset(client, "old", "exp-topic") == -1, "the tombstone must survive a restart"

@@ -22,7 +22,8 @@ from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
 from kio.static.primitive import i32Timedelta
 
 from copyless.broker.groups.cli import GroupsClient
-from tests.groups._helpers import create_topic, produce, start_broker, wait_until_coordinator_active
+from tests.support.groups import create_topic, produce, start_broker, wait_until_coordinator_active
+from tests.support.polling import wait_until
 
 GROUP = "abused"
 TOPIC = "abused-topic"
@@ -121,10 +122,8 @@ def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_fac
     with ThreadPoolExecutor(2) as pool:
         b_join = pool.submit(b.join)
         # b's join is parked until a rejoins (or a's rebalance timeout passes).
-        deadline = time.monotonic() + 10
-        while a.heartbeat() != ErrorCode.rebalance_in_progress:
-            assert time.monotonic() < deadline, "a never heard of the rebalance"
-            time.sleep(0.05)
+        wait_until(lambda: a.heartbeat() == ErrorCode.rebalance_in_progress, what="a to hear of the rebalance",
+                   timeout_s=10.0)
         assert a.commit() == ErrorCode.none, "the current generation may commit while others rejoin"
         a_join = pool.submit(a.join)
         a_result, b_result = a_join.result(15), b_join.result(15)
@@ -145,10 +144,8 @@ def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_fac
     previous_leader = leader
     with ThreadPoolExecutor(3) as pool:
         s1_join = pool.submit(s1.join)
-        deadline = time.monotonic() + 10
-        while a.heartbeat() != ErrorCode.rebalance_in_progress:
-            assert time.monotonic() < deadline, "a never heard of the rebalance"
-            time.sleep(0.05)
+        wait_until(lambda: a.heartbeat() == ErrorCode.rebalance_in_progress, what="a to hear of the rebalance",
+                   timeout_s=10.0)
         jobs = [s1_join, pool.submit(a.join), pool.submit(b.join)]
         results = [job.result(15) for job in jobs]
     assert all(r.error_code == ErrorCode.none for r in results), [r.error_code for r in results]
@@ -210,10 +207,8 @@ def test_graceful_shutdown_answers_a_parked_join(broker_factory, tmp_path):
     assert b.join().error_code == ErrorCode.member_id_required
     with ThreadPoolExecutor(1) as pool:
         parked = pool.submit(b.join)  # waits for a to rejoin: up to a's 120 s rebalance timeout
-        deadline = time.monotonic() + 10
-        while a.heartbeat() != ErrorCode.rebalance_in_progress:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: a.heartbeat() == ErrorCode.rebalance_in_progress, what="a to hear of the rebalance",
+                   timeout_s=10.0)
         assert not parked.done()
         assert broker.stop() == 0
         assert parked.result(5).error_code == ErrorCode.coordinator_not_available

@@ -1,7 +1,7 @@
 """Three real clients in one consumer group on a 6-partition topic: kafka-python, aiokafka and confluent-kafka.
 
-Each member runs in its own process (``_member.py``) with manual, synchronous commits. The test checks, on a
-real broker subprocess:
+Each member runs in its own process (``tests/support/group_member.py``) with manual, synchronous commits. The
+test checks, on a real broker subprocess:
 
 - every produced record is consumed by the group, and all three members got partitions;
 - when a member leaves (SIGTERM: its client sends LeaveGroup), records produced afterwards to every
@@ -17,15 +17,8 @@ import time
 
 import pytest
 
-from tests.groups._helpers import (
-    Member,
-    create_topic,
-    produce,
-    read_events,
-    recommitted_consumptions,
-    start_broker,
-    wait_for,
-)
+from tests.support.groups import Member, create_topic, produce, read_events, recommitted_consumptions, start_broker
+from tests.support.polling import wait_until
 
 PARTITIONS = 6
 SESSION_MS = 3000
@@ -57,11 +50,13 @@ def test_three_clients_share_leave_and_die(broker_factory, tmp_path):
 
     try:
         # 1. All three share the topic and the group consumes every record.
-        wait_for(lambda: produced <= consumed_values(), 90, "the group to consume phase a", on_timeout=diagnostics)
-        wait_for(lambda: all(latest_assignment(c) for c in members), 60, "all three members to own partitions",
-                 on_timeout=diagnostics)
+        wait_until(lambda: produced <= consumed_values(), what="the group to consume phase a", timeout_s=90.0,
+                   interval_s=0.1, detail=diagnostics)
+        wait_until(lambda: all(latest_assignment(c) for c in members), what="all three members to own partitions",
+                   timeout_s=60.0, interval_s=0.1, detail=diagnostics)
         more = produce(broker.bootstrap, topic, PARTITIONS, "b", 20)
-        wait_for(lambda: more <= consumed_values(), 60, "phase b", on_timeout=diagnostics)
+        wait_until(lambda: more <= consumed_values(), what="phase b", timeout_s=60.0, interval_s=0.1,
+                   detail=diagnostics)
         owners_b = {c: latest_assignment(c) for c in members}
         assert sorted(p for ps in owners_b.values() for p in ps) == list(range(PARTITIONS)), owners_b
 
@@ -70,8 +65,8 @@ def test_three_clients_share_leave_and_die(broker_factory, tmp_path):
         members["aiokafka"].leave()
         left_at = time.monotonic()
         after_leave = produce(broker.bootstrap, topic, PARTITIONS, "c", 20)
-        wait_for(lambda: after_leave <= consumed_values(left_at), 60, "the others to consume phase c",
-                 on_timeout=diagnostics)
+        wait_until(lambda: after_leave <= consumed_values(left_at), what="the others to consume phase c",
+                   timeout_s=60.0, interval_s=0.1, detail=diagnostics)
         takers = {e["client"] for e in events() if e["event"] == "consumed" and e["t"] >= left_at
                   and e["value"].startswith("c-") and e["partition"] in left_partitions}
         assert takers and takers <= {"kafka-python", "confluent"}, takers
@@ -80,8 +75,8 @@ def test_three_clients_share_leave_and_die(broker_factory, tmp_path):
         members["kafka-python"].kill()
         killed_at = time.monotonic()
         after_kill = produce(broker.bootstrap, topic, PARTITIONS, "d", 20)
-        wait_for(lambda: after_kill <= consumed_values(killed_at), 90, "confluent to consume phase d",
-                 on_timeout=diagnostics)
+        wait_until(lambda: after_kill <= consumed_values(killed_at), what="confluent to consume phase d",
+                   timeout_s=90.0, interval_s=0.1, detail=diagnostics)
         consumers_d = {e["client"] for e in events() if e["event"] == "consumed" and e["value"].startswith("d-")}
         assert consumers_d == {"confluent"}, consumers_d
         assert latest_assignment("confluent") == list(range(PARTITIONS))

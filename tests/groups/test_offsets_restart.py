@@ -15,7 +15,7 @@ import pytest
 from kafka import KafkaConsumer
 from kafka.admin import KafkaAdminClient
 
-from tests.groups._helpers import create_topic, produce, start_broker
+from tests.support.groups import create_topic, produce, start_broker
 
 PARTITIONS = 3
 GROUP = "resume"

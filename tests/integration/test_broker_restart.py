@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 
 import pytest
 
-from . import _wire
-from ._clients import DRIVERS, Rec, make_records, now_ms, unique_topic
-from .test_raw_protocol import _ensure_topic, _high_watermark, _produce, _wait_fetchable
-from .test_real_clients import assert_same_records, raw_fetch_all
+from tests.support import batches, wire
+from tests.support.clients import DRIVERS, Rec, assert_same_records, make_records, now_ms
+from tests.support.polling import wait_until
+from tests.support.topics import unique_topic
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,15 +50,15 @@ def test_acknowledged_data_survives_restart(broker_factory, broker_loop, client,
     if driver.name != "kcat":
         assert offsets == list(range(24)), offsets
 
-    before_raw = raw_fetch_all(broker, topic)
+    before_raw = wire.fetch_all(broker, topic)
     before = driver.consume(broker.bootstrap, topic, 0, 0, 24)
     assert_same_records(driver, before, records, 0)
     assert before_raw.high_watermark == 24
-    assert sum(h.records_count for h in _wire.batch_headers(before_raw.records)) == 24
+    assert sum(h.records_count for h in batches.batch_headers(before_raw.records)) == 24
 
     broker.restart(mode)
 
-    after_raw = raw_fetch_all(broker, topic)
+    after_raw = wire.fetch_all(broker, topic)
     assert after_raw.error_code == 0
     assert after_raw.high_watermark == 24
     # Byte for byte: offsets, leader epochs, timestamps, CRCs and compressed payloads unchanged.
@@ -102,29 +101,27 @@ def test_idempotent_producer_state_survives_restart(broker_factory, broker_loop,
     appended before the restart gets its original offset and is not appended twice."""
     broker = broker_factory(loop=broker_loop)
     topic = unique_topic("pid-restart")
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        _ensure_topic(conn, topic)
-        producer_id, epoch = _wire.init_producer_id(conn)
+    with wire.RawConnection(broker.host, broker.port) as conn:
+        wire.ensure_topic(conn, topic)
+        producer_id, epoch = wire.init_producer_id(conn)
 
         def batch(sequence, values):
-            # Current timestamps: brokers expire idle producer ids by their batches' timestamps
-            # (producer.id.expiration.ms), and Kafka drops expired ones when it reloads producer state.
-            return _wire.record_batch(values, base_timestamp_ms=int(time.time() * 1000), producer_id=producer_id,
-                                      producer_epoch=epoch, base_sequence=sequence)
+            return batches.idempotent_batch(values, producer_id=producer_id, producer_epoch=epoch,
+                                            base_sequence=sequence)
 
-        assert _produce(conn, 1, topic, batch(0, [b"a", b"b"]), acks=-1) == (0, 0)
-        assert _produce(conn, 2, topic, batch(2, [b"c"]), acks=-1) == (0, 2)
+        assert wire.produce_one(conn, 1, topic, batch(0, [b"a", b"b"]), acks=-1) == (0, 0)
+        assert wire.produce_one(conn, 2, topic, batch(2, [b"c"]), acks=-1) == (0, 2)
     broker.restart(mode)
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        _ensure_topic(conn, topic)
-        _wait_fetchable(conn, topic)
-        result = _produce(conn, 3, topic, batch(2, [b"c"]), acks=-1)
+    with wire.RawConnection(broker.host, broker.port) as conn:
+        wire.ensure_topic(conn, topic)
+        wire.wait_fetchable(conn, topic)
+        result = wire.produce_one(conn, 3, topic, batch(2, [b"c"]), acks=-1)
         assert result == (0, 2), result  # a duplicate: the original offset, not appended again
-        assert _high_watermark(conn, topic) == 3
-        assert _produce(conn, 4, topic, batch(3, [b"d"]), acks=-1) == (0, 3)
-        error, _ = _produce(conn, 5, topic, batch(7, [b"gap"]), acks=-1)
+        assert wire.high_watermark(conn, topic) == 3
+        assert wire.produce_one(conn, 4, topic, batch(3, [b"d"]), acks=-1) == (0, 3)
+        error, _ = wire.produce_one(conn, 5, topic, batch(7, [b"gap"]), acks=-1)
         assert error == 45
-        assert _high_watermark(conn, topic) == 4
+        assert wire.high_watermark(conn, topic) == 4
 
 
 def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_factory, broker_loop):
@@ -134,8 +131,8 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
     really sent, each at most once."""
     broker = broker_factory(loop=broker_loop)
     topic = unique_topic("kill-hot")
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        _ensure_topic(conn, topic)
+    with wire.RawConnection(broker.host, broker.port) as conn:
+        wire.ensure_topic(conn, topic)
 
     sent: dict[bytes, int] = {}  # CRC-covered bytes of every batch sent -> record count
     acknowledged: dict[int, bytes] = {}  # base offset -> CRC-covered bytes
@@ -146,7 +143,7 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
 
     def producer(worker: int) -> None:
         try:
-            conn = _wire.RawConnection(broker.host, broker.port)
+            conn = wire.RawConnection(broker.host, broker.port)
         except OSError as exc:
             errors.append(f"connect: {exc}")
             return
@@ -158,21 +155,22 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
                 while len(in_flight) < 4:
                     correlation_id += 1
                     values = [f"w{worker}-{correlation_id}-{i}".encode() * (1 + i) for i in range(1 + correlation_id % 5)]
-                    batch = _wire.record_batch(values, gzip_codec=correlation_id % 3 == 0)
+                    codec = batches.GZIP if correlation_id % 3 == 0 else batches.NONE
+                    batch = batches.keyed_batch(values, codec=codec)
                     with lock:
                         sent[batch[21:]] = len(values)
-                    conn.send(_wire.produce_v3(correlation_id, topic, 0, batch, acks=-1 if worker == 0 else 1))
+                    conn.send(wire.produce_v3(correlation_id, topic, 0, batch, acks=-1 if worker == 0 else 1))
                     in_flight.append((correlation_id, batch[21:]))
                 got_id, body = conn.recv_frame(timeout_s=20)
                 expected_id, body_bytes = in_flight.pop(0)
                 assert got_id == expected_id
-                error, base_offset = _wire.parse_produce_v3(body)
+                error, base_offset = wire.parse_produce_v3(body)
                 assert error == 0, error
                 with lock:
                     acknowledged[base_offset] = body_bytes
                     if len(acknowledged) >= 150:
                         enough.set()
-        except (OSError, _wire.ConnectionClosed, struct.error):
+        except (OSError, wire.ConnectionClosed, struct.error):
             pass  # the broker was killed under us
         finally:
             conn.close()
@@ -193,15 +191,15 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
     broker.start(port=broker.port)
     stored: dict[int, bytes] = {}
     offset, high_watermark = 0, None
-    with _wire.RawConnection(broker.host, broker.port) as conn:
+    with wire.RawConnection(broker.host, broker.port) as conn:
         while high_watermark is None or offset < high_watermark:
-            fetched = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(offset + 1, topic, 0, offset, max_bytes=1 << 20)))
+            fetched = wire.parse_fetch_v4(conn.roundtrip(wire.fetch_v4(offset + 1, topic, 0, offset, max_bytes=1 << 20)))
             assert fetched.error_code == 0
             high_watermark = fetched.high_watermark
             if offset >= high_watermark:
                 break
             position = 0
-            headers = _wire.batch_headers(fetched.records)  # CRC-checked
+            headers = batches.batch_headers(fetched.records)  # CRC-checked
             assert headers, f"no complete batch at offset {offset} below the high watermark {high_watermark}"
             for header in headers:
                 body = fetched.records[position + 21 : position + header.size]
@@ -224,8 +222,6 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
 def test_deleted_topic_stays_deleted_after_kill(broker_factory, broker_loop):
     """A topic deleted just before a kill -9 (its files possibly not yet removed) is not resurrected by
     recovery, a kept topic comes back whole, and the deleted name can be created again, empty."""
-    from .test_real_clients import _wait_for
-
     driver = DRIVERS["confluent-kafka"]
     broker = broker_factory(loop=broker_loop)
     kept, gone = unique_topic("kept"), unique_topic("gone")
@@ -235,11 +231,13 @@ def test_deleted_topic_stays_deleted_after_kill(broker_factory, broker_loop):
     assert driver.produce(broker.bootstrap, kept, records, acks="all", codec="none") == [0, 1, 2]
     assert driver.produce(broker.bootstrap, gone, records, acks="all", codec="none") == [0, 1, 2]
     driver.delete_topic(broker.bootstrap, gone)
-    assert _wait_for(lambda: driver.topic_partitions(broker.bootstrap, gone) is None)
+    wait_until(lambda: driver.topic_partitions(broker.bootstrap, gone) is None,
+               what=f"deleted {gone} to leave the list", timeout_s=15.0, interval_s=0.2)
     broker.restart("kill")
     assert driver.topic_partitions(broker.bootstrap, gone) is None
     assert driver.topic_partitions(broker.bootstrap, kept) == 2
     assert_same_records(driver, driver.consume(broker.bootstrap, kept, 0, 0, 3), records, 0)
     driver.create_topic(broker.bootstrap, gone, 1)
-    assert _wait_for(lambda: driver.topic_partitions(broker.bootstrap, gone) == 1)
+    wait_until(lambda: driver.topic_partitions(broker.bootstrap, gone) == 1, what=f"{gone} to list 1 partition",
+               timeout_s=15.0, interval_s=0.2)
     assert driver.watermarks(broker.bootstrap, gone, 0) == (0, 0)

@@ -8,13 +8,11 @@ skipped with the mount error as the reason.
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from . import _wire
-from ._clients import DRIVERS
-from .test_raw_protocol import _ensure_topic
+from tests.support import batches, wire
+from tests.support.clients import DRIVERS
+from tests.support.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,19 +23,8 @@ BATCH_VALUE_BYTES = 100_000
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m", "tmpfs", str(mount_point)],
-        capture_output=True, text=True, timeout=30,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a {DISK_MIB} MiB tmpfs for the full-disk test: {result.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", size_mib=DISK_MIB) as mount_point:
         yield mount_point
-    finally:
-        if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
 
 
 def _fill(broker, topic: str) -> tuple[int, list[int]]:
@@ -50,12 +37,12 @@ def _fill(broker, topic: str) -> tuple[int, list[int]]:
     acknowledged_records = 0
     errors: list[int] = []
     consecutive_refusals = 0
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        _ensure_topic(conn, topic)
+    with wire.RawConnection(broker.host, broker.port) as conn:
+        wire.ensure_topic(conn, topic)
         for correlation_id in range(1, 4000):
             # Record k carries byte (k + 1) % 256, so the tail can be checked by offset below.
-            batch = _wire.record_batch([bytes([(acknowledged_records + 1) % 256]) * BATCH_VALUE_BYTES])
-            error, base_offset = _wire.parse_produce_v3(conn.roundtrip(_wire.produce_v3(correlation_id, topic, 0, batch, acks=1)))
+            batch = batches.keyed_batch([bytes([(acknowledged_records + 1) % 256]) * BATCH_VALUE_BYTES])
+            error, base_offset = wire.parse_produce_v3(conn.roundtrip(wire.produce_v3(correlation_id, topic, 0, batch, acks=1)))
             if error == 0:
                 assert base_offset == acknowledged_records, (base_offset, acknowledged_records, errors)
                 acknowledged_records += 1
@@ -81,14 +68,14 @@ def test_full_disk_refuses_produce_and_serves_fetch(small_disk, broker_factory, 
     topic = "fills-the-disk"
     acknowledged_records, errors = _fill(broker, topic)
     assert set(errors) == {KAFKA_STORAGE_ERROR}, errors
-    with _wire.RawConnection(broker.host, broker.port) as conn:
+    with wire.RawConnection(broker.host, broker.port) as conn:
         # Fetches go on, from the start and from the end of the log.
-        first = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(9001, topic, 0, 0)))
+        first = wire.parse_fetch_v4(conn.roundtrip(wire.fetch_v4(9001, topic, 0, 0)))
         assert first.error_code == 0 and first.high_watermark == acknowledged_records
-        assert _wire.batch_headers(first.records)[0].base_offset == 0
-        last = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(9002, topic, 0, acknowledged_records - 1)))
-        assert [h.base_offset for h in _wire.batch_headers(last.records)] == [acknowledged_records - 1]
-    _wire.health_check(broker.host, broker.port)
+        assert batches.batch_headers(first.records)[0].base_offset == 0
+        last = wire.parse_fetch_v4(conn.roundtrip(wire.fetch_v4(9002, topic, 0, acknowledged_records - 1)))
+        assert [h.base_offset for h in batches.batch_headers(last.records)] == [acknowledged_records - 1]
+    wire.health_check(broker.host, broker.port)
     tail = DRIVERS["kafka-python"].consume(broker.bootstrap, topic, 0, acknowledged_records - 2, 2)
     assert [c.offset for c in tail] == [acknowledged_records - 2, acknowledged_records - 1]
     assert tail[-1].rec.value == bytes([acknowledged_records % 256]) * BATCH_VALUE_BYTES
@@ -101,10 +88,10 @@ def test_kill_on_full_disk_then_restart_serves_every_acknowledged_batch(small_di
     topic = "fills-the-disk"
     acknowledged_records, _ = _fill(broker, topic)
     broker.restart("kill")
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        last = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(9003, topic, 0, acknowledged_records - 1)))
+    with wire.RawConnection(broker.host, broker.port) as conn:
+        last = wire.parse_fetch_v4(conn.roundtrip(wire.fetch_v4(9003, topic, 0, acknowledged_records - 1)))
         assert last.error_code == 0 and last.high_watermark == acknowledged_records
-        assert [h.base_offset for h in _wire.batch_headers(last.records)] == [acknowledged_records - 1]
-        batch = _wire.record_batch([b"z" * BATCH_VALUE_BYTES])
-        error, _ = _wire.parse_produce_v3(conn.roundtrip(_wire.produce_v3(9004, topic, 0, batch, acks=1)))
+        assert [h.base_offset for h in batches.batch_headers(last.records)] == [acknowledged_records - 1]
+        batch = batches.keyed_batch([b"z" * BATCH_VALUE_BYTES])
+        error, _ = wire.parse_produce_v3(conn.roundtrip(wire.produce_v3(9004, topic, 0, batch, acks=1)))
         assert error in (0, KAFKA_STORAGE_ERROR)

@@ -3,7 +3,7 @@ connections keep being served.
 
 Hypothesis generates random frames, frames with random headers (unknown api keys, absurd versions) and
 mutations of valid requests (bit flips, inserted and deleted bytes, truncation, wrong size prefixes) built
-by ``_wire`` from the protocol spec, including the flexible ApiVersions v3 that librdkafka opens with. Each
+by ``tests.support.wire`` from the protocol spec, including the flexible ApiVersions v3 that librdkafka opens with. Each
 example goes out on its own connection, followed by a well-formed ApiVersions request as a sync point;
 afterwards the broker process must be alive and answer ApiVersions + Metadata on a fresh connection. At the
 end a real client produces and fetches, and records written before the fuzzing are read back unchanged.
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from . import _wire
-from ._clients import DRIVERS, make_records, now_ms, unique_topic
-from .test_real_clients import assert_same_records
+from tests.support import batches, wire
+from tests.support.clients import DRIVERS, assert_same_records, make_records, now_ms
+from tests.support.topics import unique_topic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,21 +38,21 @@ SENTINEL_ID = 0x5EED
 
 
 def _seed_frames() -> list[bytes]:
-    batch = _wire.record_batch([b"fuzz-a", b"fuzz-b" * 20])
-    gz_batch = _wire.record_batch([b"gz" * 40, b"zz"], gzip_codec=True)
+    batch = batches.keyed_batch([b"fuzz-a", b"fuzz-b" * 20])
+    gz_batch = batches.keyed_batch([b"gz" * 40, b"zz"], codec=batches.GZIP)
     return [
-        _wire.api_versions_v0(1),
-        _wire.api_versions_v3(2),
-        _wire.metadata_v1(3, None),
-        _wire.metadata_v1(4, ["fuzz-target"]),
-        _wire.produce_v3(5, "fuzz-target", 0, batch, acks=1),
-        _wire.produce_v3(6, "fuzz-target", 0, gz_batch, acks=-1),
-        _wire.produce_v3(7, "fuzz-target", 0, batch, acks=0),
-        _wire.fetch_v4(8, "fuzz-target", 0, 0),
-        _wire.list_offsets_v1(9, "fuzz-target", 0, -1),
-        _wire.create_topics_v0(10, "fuzz-created", 2),
-        _wire.create_topics_v2(12, "fuzz-created-2", 2),
-        _wire.init_producer_id_v0(11),
+        wire.api_versions_v0(1),
+        wire.api_versions_v3(2),
+        wire.metadata_v1(3, None),
+        wire.metadata_v1(4, ["fuzz-target"]),
+        wire.produce_v3(5, "fuzz-target", 0, batch, acks=1),
+        wire.produce_v3(6, "fuzz-target", 0, gz_batch, acks=-1),
+        wire.produce_v3(7, "fuzz-target", 0, batch, acks=0),
+        wire.fetch_v4(8, "fuzz-target", 0, 0),
+        wire.list_offsets_v1(9, "fuzz-target", 0, -1),
+        wire.create_topics_v0(10, "fuzz-created", 2),
+        wire.create_topics_v2(12, "fuzz-created-2", 2),
+        wire.init_producer_id_v0(11),
     ]
 
 
@@ -111,7 +111,7 @@ def _declared_complete(data: bytes) -> bool:
         if cursor + 4 > len(data):
             return False
         (size,) = struct.unpack_from(">i", data, cursor)
-        if size < 0 or size > _wire.MAX_REQUEST_BYTES:
+        if size < 0 or size > wire.MAX_REQUEST_BYTES:
             return True  # the broker must close: nothing to wait for
         if cursor + 4 + size > len(data):
             return False
@@ -121,10 +121,10 @@ def _declared_complete(data: bytes) -> bool:
 
 def send_hostile(broker, data: bytes) -> None:
     """One hostile example on its own connection, then a valid request as a sync point, then close."""
-    with _wire.RawConnection(broker.host, broker.port) as conn:
+    with wire.RawConnection(broker.host, broker.port) as conn:
         try:
             conn.send(data)
-            conn.send(_wire.api_versions_v0(SENTINEL_ID))
+            conn.send(wire.api_versions_v0(SENTINEL_ID))
         except (BrokenPipeError, ConnectionResetError):
             return  # closed by the broker while we were still writing: a legitimate answer
         # If the example leaves a frame incomplete, the broker is (rightly) waiting for more bytes and the
@@ -136,13 +136,13 @@ def send_hostile(broker, data: bytes) -> None:
                 correlation_id, _ = conn.recv_frame(max(0.01, deadline - time.monotonic()))
                 if correlation_id == SENTINEL_ID:
                     break
-        except (_wire.ConnectionClosed, ConnectionResetError, socket.timeout, AssertionError):
+        except (wire.ConnectionClosed, ConnectionResetError, socket.timeout, AssertionError):
             pass
 
 
 def check_still_serving(broker) -> None:
     assert broker.alive(), f"broker died:\n{broker.log_tail()}"
-    _wire.health_check(broker.host, broker.port)
+    wire.health_check(broker.host, broker.port)
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +152,11 @@ def seeded(broker):
     topic = unique_topic("before-fuzz")
     records = make_records(8, base_ts_ms=now_ms() - 60_000, tag=topic)
     assert driver.produce(broker.bootstrap, topic, records, acks="all", codec="gzip") == list(range(8))
-    with _wire.RawConnection(broker.host, broker.port) as conn:
+    with wire.RawConnection(broker.host, broker.port) as conn:
         # The seeds' topic exists, so mutated produce/fetch requests reach the log paths, not just lookup.
-        conn.roundtrip(_wire.metadata_v1(1, ["fuzz-target"]))
+        conn.roundtrip(wire.metadata_v1(1, ["fuzz-target"]))
         time.sleep(0.5)
-        conn.roundtrip(_wire.metadata_v1(2, ["fuzz-target"]))
+        conn.roundtrip(wire.metadata_v1(2, ["fuzz-target"]))
     return topic, records
 
 
@@ -172,46 +172,46 @@ def test_hostile_frames_never_hurt_other_clients(broker, seeded, data):
 @given(frames=st.lists(st.one_of(mutated_frames(), random_header_frames()), min_size=2, max_size=5))
 def test_pipelined_hostile_frames(broker, seeded, frames):
     """Several bad frames back to back on one connection, behind a valid one."""
-    send_hostile(broker, _wire.api_versions_v0(1) + b"".join(frames))
+    send_hostile(broker, wire.api_versions_v0(1) + b"".join(frames))
     check_still_serving(broker)
 
 
 @pytest.mark.parametrize(
     "size",
-    [_wire.MAX_REQUEST_BYTES + 1, 2**31 - 1, -1, -(2**31)],
+    [wire.MAX_REQUEST_BYTES + 1, 2**31 - 1, -1, -(2**31)],
     ids=["100MiB+1", "int32-max", "minus-1", "int32-min"],
 )
 def test_oversized_or_negative_frame_closes_only_that_connection(broker, size):
-    with _wire.RawConnection(broker.host, broker.port) as bystander:
-        bystander.roundtrip(_wire.api_versions_v0(1))
-        with _wire.RawConnection(broker.host, broker.port) as bad:
+    with wire.RawConnection(broker.host, broker.port) as bystander:
+        bystander.roundtrip(wire.api_versions_v0(1))
+        with wire.RawConnection(broker.host, broker.port) as bad:
             bad.send(struct.pack(">i", size) + b"\x00\x12\x00\x00")
             assert bad.wait_closed(10.0), f"connection with a frame size of {size} was left open"
         # The other connection is untouched and keeps working.
-        _, versions = _wire.parse_api_versions_v0(bystander.roundtrip(_wire.api_versions_v0(2)))
-        assert _wire.API_FETCH in versions
+        _, versions = wire.parse_api_versions_v0(bystander.roundtrip(wire.api_versions_v0(2)))
+        assert wire.API_FETCH in versions
     check_still_serving(broker)
 
 
 def test_unknown_api_key_closes_only_that_connection(broker):
-    with _wire.RawConnection(broker.host, broker.port) as bystander:
-        bystander.roundtrip(_wire.api_versions_v0(1))
-        with _wire.RawConnection(broker.host, broker.port) as bad:
-            bad.send(_wire.request(9999, 0, 7, b"\x00" * 16))
+    with wire.RawConnection(broker.host, broker.port) as bystander:
+        bystander.roundtrip(wire.api_versions_v0(1))
+        with wire.RawConnection(broker.host, broker.port) as bad:
+            bad.send(wire.request(9999, 0, 7, b"\x00" * 16))
             assert bad.wait_closed(10.0), "an unknown api key left the connection open"
-        bystander.roundtrip(_wire.metadata_v1(2, []))
+        bystander.roundtrip(wire.metadata_v1(2, []))
 
 
 @pytest.mark.parametrize("version", [5, 99])
 def test_unsupported_api_versions_version_gets_v0_error_response(broker, version):
     """Trap: a too-new ApiVersions is answered with a v0 body, error 35 and the supported range of key 18
     (what kafka-python and librdkafka rely on to negotiate down), not with a closed connection."""
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        error, versions = _wire.parse_api_versions_v0(conn.roundtrip(_wire.api_versions_v3(5, version)))
+    with wire.RawConnection(broker.host, broker.port) as conn:
+        error, versions = wire.parse_api_versions_v0(conn.roundtrip(wire.api_versions_v3(5, version)))
         assert error == 35
-        assert _wire.API_VERSIONS in versions
+        assert wire.API_VERSIONS in versions
         # The connection stays usable: clients retry on it with a lower version.
-        error, _ = _wire.parse_api_versions_v0(conn.roundtrip(_wire.api_versions_v0(6)))
+        error, _ = wire.parse_api_versions_v0(conn.roundtrip(wire.api_versions_v0(6)))
         assert error == 0
 
 
@@ -225,14 +225,14 @@ def test_large_partial_frames_keep_memory_bounded(broker):
     sent_bytes = 2 * 1024 * 1024
     # RssAnon: heap and buffers; mapped segment files (which count in VmRSS once touched) are left out.
     rss_before = broker.rss_bytes("RssAnon")
-    header = struct.pack(">ihhih", declared_bytes, _wire.API_PRODUCE, 3, 1, -1)
+    header = struct.pack(">ihhih", declared_bytes, wire.API_PRODUCE, 3, 1, -1)
     chunk = b"\xab" * sent_bytes
     peaks = []
     for _ in range(rounds):
         open_connections = []
         try:
             for _ in range(connections):
-                conn = _wire.RawConnection(broker.host, broker.port)
+                conn = wire.RawConnection(broker.host, broker.port)
                 open_connections.append(conn)
                 conn.send(header + chunk)
             time.sleep(1.0)  # let the broker read what is in the socket buffers

@@ -17,9 +17,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from . import _wire
-from ._clients import unique_topic
-from .test_raw_protocol import _ensure_topic
+from tests.support import batches, wire
+from tests.support.topics import unique_topic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,7 +30,7 @@ class LogMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.conn = _wire.RawConnection(self.broker.host, self.broker.port)
+        self.conn = wire.RawConnection(self.broker.host, self.broker.port)
         self.correlation_id = 0
         self.topics = [unique_topic("model-a"), unique_topic("model-b")]
         self.batches: dict[str, list[tuple[int, int, bytes]]] = {t: [] for t in self.topics}
@@ -53,7 +52,7 @@ class LogMachine(RuleBasedStateMachine):
     @initialize()
     def create_topics(self):
         for topic in self.topics:
-            _ensure_topic(self.conn, topic)
+            wire.ensure_topic(self.conn, topic)
 
     @rule(
         topic_index=st.integers(0, 1),
@@ -63,13 +62,13 @@ class LogMachine(RuleBasedStateMachine):
     )
     def produce(self, topic_index, values, gzip_codec, acks):
         topic = self.topics[topic_index]
-        batch = _wire.record_batch(values, gzip_codec=gzip_codec)
+        batch = batches.keyed_batch(values, codec=batches.GZIP if gzip_codec else batches.NONE)
         expected_base = self.log_end_offset(topic)
-        frame = _wire.produce_v3(self.next_id(), topic, 0, batch, acks=acks)
+        frame = wire.produce_v3(self.next_id(), topic, 0, batch, acks=acks)
         if acks == 0:
             self.conn.send(frame)
         else:
-            assert _wire.parse_produce_v3(self.conn.roundtrip(frame)) == (0, expected_base)
+            assert wire.parse_produce_v3(self.conn.roundtrip(frame)) == (0, expected_base)
         self.batches[topic].append((expected_base, len(values), batch[21:]))
 
     @rule(topic_index=st.integers(0, 1), offset_seed=st.integers(0, 10**6), max_bytes=st.integers(1, 4096))
@@ -77,10 +76,10 @@ class LogMachine(RuleBasedStateMachine):
         topic = self.topics[topic_index]
         end = self.log_end_offset(topic)
         offset = offset_seed % (end + 1)
-        fetched = _wire.parse_fetch_v4(self.conn.roundtrip(_wire.fetch_v4(self.next_id(), topic, 0, offset, max_bytes=max_bytes)))
+        fetched = wire.parse_fetch_v4(self.conn.roundtrip(wire.fetch_v4(self.next_id(), topic, 0, offset, max_bytes=max_bytes)))
         assert fetched.error_code == 0
         assert fetched.high_watermark == end
-        headers = _wire.batch_headers(fetched.records)
+        headers = batches.batch_headers(fetched.records)
         if offset == end:
             assert headers == []
             return
@@ -100,15 +99,15 @@ class LogMachine(RuleBasedStateMachine):
     def fetch_out_of_range(self, topic_index, beyond):
         topic = self.topics[topic_index]
         offset = self.log_end_offset(topic) + beyond
-        fetched = _wire.parse_fetch_v4(self.conn.roundtrip(_wire.fetch_v4(self.next_id(), topic, 0, offset)))
+        fetched = wire.parse_fetch_v4(self.conn.roundtrip(wire.fetch_v4(self.next_id(), topic, 0, offset)))
         assert fetched.error_code == 1
 
     @rule(topic_index=st.integers(0, 1))
     def list_offsets(self, topic_index):
         topic = self.topics[topic_index]
         for timestamp, expected in ((-1, self.log_end_offset(topic)), (-2, 0)):
-            error, _, offset = _wire.parse_list_offsets_v1(
-                self.conn.roundtrip(_wire.list_offsets_v1(self.next_id(), topic, 0, timestamp))
+            error, _, offset = wire.parse_list_offsets_v1(
+                self.conn.roundtrip(wire.list_offsets_v1(self.next_id(), topic, 0, timestamp))
             )
             assert (error, offset) == (0, expected)
 
@@ -116,11 +115,11 @@ class LogMachine(RuleBasedStateMachine):
     @rule(mode=st.sampled_from(["graceful", "kill"]))
     def restart(self, mode):
         # Every acks=0 batch sent so far is appended before this answer (one connection, in order).
-        self.conn.roundtrip(_wire.api_versions_v0(self.next_id()))
+        self.conn.roundtrip(wire.api_versions_v0(self.next_id()))
         self.conn.close()
         self.broker.restart(mode)
         self.restarts += 1
-        self.conn = _wire.RawConnection(self.broker.host, self.broker.port)
+        self.conn = wire.RawConnection(self.broker.host, self.broker.port)
 
     @invariant()
     def broker_alive(self):

@@ -2,7 +2,7 @@
 client has), read back from chosen offsets with assign + seek, look offsets up by time, create and delete
 topics with each admin client.
 
-Besides what each client decodes, every produced partition is also fetched on a raw socket (``_wire``) and
+Besides what each client decodes, every produced partition is also fetched on a raw socket (``wire``) and
 its batch headers are checked: CRC-32C intact, offsets contiguous from 0, and the codec the client was
 asked for (batches are stored as sent, never recompressed). This is also how broker-side version choices
 that make librdkafka quietly stop compressing show up: kcat's librdkafka 2.0.2 drops gzip/snappy/lz4 when
@@ -17,8 +17,10 @@ import time
 
 import pytest
 
-from . import _wire
-from ._clients import DRIVERS, Driver, Rec, make_records, now_ms, unique_topic
+from tests.support import batches, wire
+from tests.support.clients import DRIVERS, Driver, Rec, assert_same_records, make_records, now_ms
+from tests.support.polling import wait_until
+from tests.support.topics import unique_topic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,30 +45,11 @@ def _records_for(driver: Driver, tag: str, base_ts_ms: int, count: int = RECORDS
     return records
 
 
-def assert_same_records(driver: Driver, consumed, expected: list[Rec], first_offset: int, *, ts_range=None):
-    got_offsets = [c.offset for c in consumed]
-    assert got_offsets == list(range(first_offset, first_offset + len(expected))), got_offsets
-    for c, rec in zip(consumed, expected):
-        assert c.rec.key == rec.key, (c.offset, c.rec.key, rec.key)
-        assert c.rec.value == rec.value, (c.offset, c.rec.value, rec.value)
-        if driver.supports_headers:
-            assert tuple(c.rec.headers) == rec.headers, (c.offset, c.rec.headers, rec.headers)
-        if driver.supports_timestamps:
-            assert c.rec.timestamp_ms == rec.timestamp_ms, (c.offset, c.rec.timestamp_ms, rec.timestamp_ms)
-        elif ts_range is not None:
-            assert ts_range[0] <= c.rec.timestamp_ms <= ts_range[1], (c.offset, c.rec.timestamp_ms, ts_range)
-
-
-def raw_fetch_all(broker, topic: str, partition: int = 0) -> _wire.FetchedPartition:
-    with _wire.RawConnection(broker.host, broker.port) as conn:
-        return _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(1, topic, partition, 0, max_bytes=4 << 20)))
-
-
 def assert_stored_batches(broker, topic: str, partition: int, count: int, codec: str, *, may_skip_compression=False) -> None:
-    fetched = raw_fetch_all(broker, topic, partition)
+    fetched = wire.fetch_all(broker, topic, partition)
     assert fetched.error_code == 0
     assert fetched.high_watermark == count
-    headers = _wire.batch_headers(fetched.records)
+    headers = batches.batch_headers(fetched.records)
     assert headers, "no complete batch fetched"
     next_offset = 0
     for header in headers:
@@ -133,15 +116,6 @@ def test_offsets_by_time_and_watermarks(broker, client):
         assert driver.offset_for_time(broker.bootstrap, topic, 0, base_ts + 11001) is None
 
 
-def _wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval_s)
-
-
 @pytest.mark.both_loops
 @pytest.mark.parametrize("client", list(DRIVERS))
 def test_create_and_delete_topics(broker, client):
@@ -152,7 +126,8 @@ def test_create_and_delete_topics(broker, client):
     bootstrap = broker.bootstrap
 
     driver.create_topic(bootstrap, topic, 3)
-    assert _wait_for(lambda: driver.topic_partitions(bootstrap, topic) == 3), driver.topic_partitions(bootstrap, topic)
+    wait_until(lambda: driver.topic_partitions(bootstrap, topic) == 3, what=f"{topic} to list 3 partitions",
+               timeout_s=15.0, interval_s=0.2, detail=lambda: f"listed: {driver.topic_partitions(bootstrap, topic)}")
     error = driver.create_topic_error(bootstrap, topic, 3)
     assert error is not None and "exist" in error.lower(), error
     bad_name_error = driver.create_topic_error(bootstrap, "bad/name", 1)
@@ -165,10 +140,13 @@ def test_create_and_delete_topics(broker, client):
     assert driver.watermarks(bootstrap, topic, 0) == (0, 0)
 
     driver.delete_topic(bootstrap, topic)
-    assert _wait_for(lambda: driver.topic_partitions(bootstrap, topic) is None), "deleted topic still listed"
+    wait_until(lambda: driver.topic_partitions(bootstrap, topic) is None, what=f"deleted {topic} to leave the list",
+               timeout_s=15.0, interval_s=0.2)
     # Recreated under the same name it starts empty: deleted data never comes back.
-    assert _wait_for(lambda: driver.create_topic_error(bootstrap, topic, 1) is None), "could not recreate"
-    assert _wait_for(lambda: driver.topic_partitions(bootstrap, topic) == 1)
+    wait_until(lambda: driver.create_topic_error(bootstrap, topic, 1) is None, what=f"{topic} to be created again",
+               timeout_s=15.0, interval_s=0.2)
+    wait_until(lambda: driver.topic_partitions(bootstrap, topic) == 1, what=f"{topic} to list 1 partition",
+               timeout_s=15.0, interval_s=0.2)
     assert driver.watermarks(bootstrap, topic, 0) == (0, 0)
 
 
@@ -197,7 +175,8 @@ def test_log_append_time_topic(broker, client):
     driver = DRIVERS[client]
     topic = unique_topic(f"{client}-lat")
     driver.create_topic(broker.bootstrap, topic, 1, configs={"message.timestamp.type": "LogAppendTime"})
-    assert _wait_for(lambda: driver.topic_partitions(broker.bootstrap, topic) == 1)
+    wait_until(lambda: driver.topic_partitions(broker.bootstrap, topic) == 1, what=f"{topic} to list 1 partition",
+               timeout_s=15.0, interval_s=0.2)
     old = now_ms() - 86_400_000
     records = [Rec(f"k{i}".encode(), f"v{i}".encode(), old + i) for i in range(4)]
     before = now_ms()
@@ -207,6 +186,6 @@ def test_log_append_time_topic(broker, client):
     assert [c.rec.value for c in consumed] == [r.value for r in records]
     for c in consumed:
         assert before - 1000 <= c.rec.timestamp_ms <= after + 1000, (c.rec.timestamp_ms, before, after)
-    fetched = raw_fetch_all(broker, topic)
-    headers = _wire.batch_headers(fetched.records)  # raises if a rewritten batch's CRC-32C is wrong
+    fetched = wire.fetch_all(broker, topic)
+    headers = batches.batch_headers(fetched.records)  # raises if a rewritten batch's CRC-32C is wrong
     assert all(h.attributes & 0x08 for h in headers), [h.attributes for h in headers]

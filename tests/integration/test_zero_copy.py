@@ -9,12 +9,12 @@ at least four times the log's bytes and the copy counter is exactly zero (and th
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from . import _wire
-from ._clients import DRIVERS, Rec, now_ms, unique_topic
+from tests.support import batches, wire
+from tests.support.clients import DRIVERS, Rec, now_ms
+from tests.support.polling import wait_until
+from tests.support.topics import unique_topic
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,11 +25,11 @@ VALUE_BYTES = 2000
 def _log_bytes(broker, topic: str, high_watermark: int) -> int:
     """Total stored bytes of the partition, read with raw fetches (whole batches only)."""
     total, offset = 0, 0
-    with _wire.RawConnection(broker.host, broker.port) as conn:
+    with wire.RawConnection(broker.host, broker.port) as conn:
         while offset < high_watermark:
-            fetched = _wire.parse_fetch_v4(conn.roundtrip(_wire.fetch_v4(offset, topic, 0, offset, max_bytes=1 << 20)))
+            fetched = wire.parse_fetch_v4(conn.roundtrip(wire.fetch_v4(offset, topic, 0, offset, max_bytes=1 << 20)))
             assert fetched.error_code == 0
-            headers = _wire.batch_headers(fetched.records)
+            headers = batches.batch_headers(fetched.records)
             assert headers, f"no complete batch at offset {offset}"
             for header in headers:
                 if header.base_offset + header.records_count <= offset:
@@ -40,16 +40,14 @@ def _log_bytes(broker, topic: str, high_watermark: int) -> int:
 
 
 def _wait_for_stats(broker, since: int, predicate, timeout_s: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    latest = None
-    while time.monotonic() < deadline:
-        latest = broker.stats(since)
-        if latest is not None and predicate(latest):
-            return latest
-        time.sleep(0.2)
-    raise AssertionError(
-        f"no stats line showing the fetches within {timeout_s}s; latest: {latest}\n{broker.log_tail(3000)}"
-    )
+    latest = {}
+
+    def showing() -> dict | None:
+        latest["stats"] = broker.stats(since)
+        return latest["stats"] if latest["stats"] is not None and predicate(latest["stats"]) else None
+
+    return wait_until(showing, what="a stats line showing the fetches", timeout_s=timeout_s, interval_s=0.2,
+                      detail=lambda: f"latest: {latest.get('stats')}\n{broker.log_tail(3000)}")
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ A driver produces a list of ``Rec`` to one partition (returning the offsets the 
 where the client cannot know them: acks=0, kcat), consumes from a chosen offset with assign + seek, looks
 offsets up by time and reads watermarks, and creates/lists/deletes topics with the client's admin API.
 Every call is bounded: client-side timeouts on each operation plus an overall deadline, because a client
-talking to a broken broker can otherwise wait forever.
+talking to a broken broker can otherwise wait forever. ``assert_same_records`` checks what a driver consumed
+against what was produced, every field the client can carry.
 """
 
 from __future__ import annotations
@@ -67,12 +68,24 @@ def make_records(count: int, *, base_ts_ms: int, tag: str, text_only: bool = Fal
     return records
 
 
-def unique_topic(prefix: str = "t") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def assert_same_records(driver: Driver, consumed, expected: list[Rec], first_offset: int, *, ts_range=None):
+    """``consumed`` holds ``expected`` at offsets from ``first_offset``: keys, values, and headers and
+    timestamps where the client carries them (else the timestamps fall in ``ts_range``, when given)."""
+    got_offsets = [c.offset for c in consumed]
+    assert got_offsets == list(range(first_offset, first_offset + len(expected))), got_offsets
+    for c, rec in zip(consumed, expected):
+        assert c.rec.key == rec.key, (c.offset, c.rec.key, rec.key)
+        assert c.rec.value == rec.value, (c.offset, c.rec.value, rec.value)
+        if driver.supports_headers:
+            assert tuple(c.rec.headers) == rec.headers, (c.offset, c.rec.headers, rec.headers)
+        if driver.supports_timestamps:
+            assert c.rec.timestamp_ms == rec.timestamp_ms, (c.offset, c.rec.timestamp_ms, rec.timestamp_ms)
+        elif ts_range is not None:
+            assert ts_range[0] <= c.rec.timestamp_ms <= ts_range[1], (c.offset, c.rec.timestamp_ms, ts_range)
 
 
 class Driver:

@@ -1,7 +1,7 @@
 """One consumer-group member in its own process, so a test can stop it gracefully (SIGTERM: the client closes
 and sends LeaveGroup) or kill -9 it (it just vanishes, as a crashed consumer does).
 
-    python _member.py {kafka-python|aiokafka|confluent} BOOTSTRAP TOPIC GROUP EVENTS_FILE SESSION_TIMEOUT_MS
+    python group_member.py {kafka-python|aiokafka|confluent} BOOTSTRAP TOPIC GROUP EVENTS_FILE SESSION_TIMEOUT_MS
 
 Consumes with manual commits: each polled batch is first written to EVENTS_FILE (fsync'ed JSON lines), then
 committed synchronously; a commit that succeeded is written as its own event. Every event carries

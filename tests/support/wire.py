@@ -1,30 +1,31 @@
-"""A few Kafka requests and responses encoded by hand, for raw-socket tests (fuzzing, batch inspection).
+"""A few Kafka requests and responses encoded by hand, and a blocking connection to send them on.
 
-Deliberately independent of the broker's and the client's own codecs: the bytes here follow the Kafka
-protocol spec directly (big-endian, int16-length strings, int32-length arrays and bytes; request header v1
-= api_key int16, api_version int16, correlation_id int32, client_id nullable string), so a bug shared by
-the broker's codec and ours cannot cancel out. Versions used: ApiVersions v0 (and v3 for its flexible
-header), Metadata v1, Produce v3, Fetch v4, ListOffsets v1, CreateTopics v0/v2, InitProducerId v0.
+Deliberately independent of the broker's and the client's own codecs (and of kio): the bytes here follow
+the Kafka protocol spec directly (big-endian, int16-length strings, int32-length arrays and bytes; request
+header v1 = api_key int16, api_version int16, correlation_id int32, client_id nullable string), so a bug
+shared by the broker's codec and ours cannot cancel out. Versions used: ApiVersions v0 (and v3 for its
+flexible header), Metadata v1, Produce v3, Fetch v4, ListOffsets v1, CreateTopics v0/v2, InitProducerId v0.
+The record batches these requests carry come from ``tests.support.batches``.
 
-RecordBatch v2 header (61 bytes): baseOffset i64, batchLength i32, partitionLeaderEpoch i32, magic i8,
-crc u32 (CRC-32C over attributes..end), attributes i16, lastOffsetDelta i32, baseTimestamp i64,
-maxTimestamp i64, producerId i64, producerEpoch i16, baseSequence i32, recordsCount i32.
+Besides the codec: ``RawConnection`` (one socket, requests answered in order), and the steps raw-protocol
+tests share: ``ensure_topic`` (auto-create through Metadata), ``wait_fetchable``, ``produce_one``,
+``high_watermark``, ``fetch_all``, ``init_producer_id``, ``health_check``.
 """
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import socket
 import struct
 import time
 from dataclasses import dataclass
 
-import crc32c as _crc32c
+from tests.support.batches import uvarint
+from tests.support.polling import wait_until
 
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA = 0, 1, 2, 3
 API_VERSIONS, API_CREATE_TOPICS, API_DELETE_TOPICS, API_INIT_PRODUCER_ID = 18, 19, 20, 22
 MAX_REQUEST_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
-CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
 
 # -- primitives ----------------------------------------------------------------------------------------------
@@ -45,22 +46,6 @@ def array(items: list[bytes] | None) -> bytes:
     if items is None:
         return struct.pack(">i", -1)
     return struct.pack(">i", len(items)) + b"".join(items)
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def varint(value: int) -> bytes:
-    return uvarint((value << 1) ^ (value >> 63))  # zig-zag
 
 
 def request(api_key: int, api_version: int, correlation_id: int, body: bytes, client_id: str | None = "fuzz") -> bytes:
@@ -131,37 +116,6 @@ def create_topics_v2(correlation_id: int, topic: str, partitions: int = 1) -> by
 
 def init_producer_id_v0(correlation_id: int) -> bytes:
     return request(API_INIT_PRODUCER_ID, 0, correlation_id, string(None) + struct.pack(">i", 60000))
-
-
-def record_batch(
-    values: list[bytes],
-    *,
-    base_timestamp_ms: int = 1_700_000_000_000,
-    gzip_codec: bool = False,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-) -> bytes:
-    """A client-side RecordBatch v2 (baseOffset 0) holding ``values`` with keys k<i>; idempotent when a
-    producer id, epoch and base sequence are given."""
-    records = bytearray()
-    for i, value in enumerate(values):
-        key = f"k{i}".encode()
-        body = b"\x00" + varint(i) + varint(i) + varint(len(key)) + key + varint(len(value)) + value + varint(0)
-        records += varint(len(body)) + body
-    payload = bytes(records)
-    attributes = 0
-    if gzip_codec:
-        payload = gzip.compress(payload)
-        attributes = 1
-    count = len(values)
-    tail = struct.pack(
-        ">hiqqqhii", attributes, count - 1, base_timestamp_ms, base_timestamp_ms + count - 1,
-        producer_id, producer_epoch, base_sequence, count,
-    ) + payload
-    crc = _crc32c.crc32c(tail)
-    head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(tail), -1, 2, crc)
-    return head + tail
 
 
 # -- responses -----------------------------------------------------------------------------------------------
@@ -280,18 +234,6 @@ def parse_init_producer_id_v0(body: bytes) -> tuple[int, int, int]:
     return error, producer_id, epoch
 
 
-def init_producer_id(conn: "RawConnection", attempts: int = 100) -> tuple[int, int]:
-    """A producer id and epoch, retrying while the broker reports a retriable coordinator state."""
-    for attempt in range(attempts):
-        error, producer_id, epoch = parse_init_producer_id_v0(conn.roundtrip(init_producer_id_v0(7000 + attempt)))
-        if error == 0:
-            return producer_id, epoch
-        if error not in (14, 15):  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE
-            raise AssertionError(f"InitProducerId error {error}")
-        time.sleep(0.2)
-    raise AssertionError("InitProducerId kept failing")
-
-
 def parse_fetch_v4_partitions(body: bytes) -> dict[int, FetchedPartition]:
     r = Reader(body)
     r.take(">i")  # throttle
@@ -312,38 +254,6 @@ def parse_list_offsets_v1(body: bytes) -> tuple[int, int, int]:
     r.take(">i")
     _, error, timestamp, offset = r.take(">ihqq")
     return error, timestamp, offset
-
-
-@dataclass
-class BatchHeader:
-    base_offset: int
-    size: int
-    magic: int
-    attributes: int
-    last_offset_delta: int
-    records_count: int
-
-    @property
-    def codec(self) -> str:
-        return CODEC_NAMES.get(self.attributes & 0x7, f"codec{self.attributes & 0x7}")
-
-
-def batch_headers(records: bytes) -> list[BatchHeader]:
-    """The complete batches in a fetched records blob (a trailing partial batch is ignored, as clients do)."""
-    headers, cursor = [], 0
-    while cursor + 61 <= len(records):
-        base_offset, batch_length, _, magic = struct.unpack_from(">qiib", records, cursor)
-        size = batch_length + 12
-        if cursor + size > len(records):
-            break
-        attributes, last_delta = struct.unpack_from(">hi", records, cursor + 21)
-        (count,) = struct.unpack_from(">i", records, cursor + 57)
-        crc = struct.unpack_from(">I", records, cursor + 17)[0]
-        if crc != _crc32c.crc32c(records[cursor + 21 : cursor + size]):
-            raise AssertionError(f"batch at offset {base_offset} fails its CRC-32C")
-        headers.append(BatchHeader(base_offset, size, magic, attributes, last_delta, count))
-        cursor += size
-    return headers
 
 
 # -- a blocking raw connection -------------------------------------------------------------------------------
@@ -420,3 +330,60 @@ def health_check(host: str, port: int, timeout_s: float = 10.0) -> None:
         brokers, controller_id, _ = parse_metadata_v1(conn.roundtrip(metadata_v1(102, []), timeout_s))
         assert brokers, "Metadata lists no broker"
         assert controller_id >= 0
+
+
+# -- steps the raw-protocol tests share ----------------------------------------------------------------------
+def ensure_topic(conn: RawConnection, topic: str) -> None:
+    """Create by auto-creation through Metadata (asking again until partition 0 has a leader)."""
+    correlation_ids = itertools.count(9000)
+    seen: dict[str, TopicMetadata] = {}
+
+    def available() -> bool:
+        _, _, topics = parse_metadata_v1(conn.roundtrip(metadata_v1(next(correlation_ids), [topic])))
+        seen.update(topics)
+        entry = topics.get(topic)
+        return entry is not None and entry.error_code == 0 and entry.partitions.get(0, (1, -1))[0] == 0
+
+    wait_until(available, what=f"topic {topic} to become available", timeout_s=10.0, interval_s=0.1,
+               detail=lambda: f"last metadata: {seen}")
+
+
+def wait_fetchable(conn: RawConnection, topic: str, partition: int = 0) -> None:
+    """A zero-wait fetch until the partition answers without error (Kafka propagates leadership to its
+    fetch path a moment after the topic appears in Metadata)."""
+    correlation_ids = itertools.count(8000)
+
+    def fetchable() -> bool:
+        return parse_fetch_v4(conn.roundtrip(fetch_v4(next(correlation_ids), topic, partition, 0))).error_code == 0
+
+    wait_until(fetchable, what=f"topic {topic} partition {partition} to become fetchable", timeout_s=10.0,
+               interval_s=0.1)
+
+
+def produce_one(conn: RawConnection, correlation_id: int, topic: str, batch: bytes, acks: int = 1) -> tuple[int, int]:
+    """Produce ``batch`` to partition 0: (error_code, base_offset)."""
+    return parse_produce_v3(conn.roundtrip(produce_v3(correlation_id, topic, 0, batch, acks=acks)))
+
+
+def high_watermark(conn: RawConnection, topic: str) -> int:
+    return parse_fetch_v4(conn.roundtrip(fetch_v4(77, topic, 0, 0))).high_watermark
+
+
+def fetch_all(broker, topic: str, partition: int = 0) -> FetchedPartition:
+    """The partition from offset 0 (up to 4 MiB), on a fresh connection to ``broker`` (host, port)."""
+    with RawConnection(broker.host, broker.port) as conn:
+        return parse_fetch_v4(conn.roundtrip(fetch_v4(1, topic, partition, 0, max_bytes=4 << 20)))
+
+
+def init_producer_id(conn: RawConnection) -> tuple[int, int]:
+    """A producer id and epoch, asking again while the broker reports a retriable coordinator state."""
+    correlation_ids = itertools.count(7000)
+
+    def granted() -> tuple[int, int] | None:
+        body = conn.roundtrip(init_producer_id_v0(next(correlation_ids)))
+        error, producer_id, epoch = parse_init_producer_id_v0(body)
+        if error not in (0, 14, 15):  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE
+            raise AssertionError(f"InitProducerId error {error}")
+        return (producer_id, epoch) if error == 0 else None
+
+    return wait_until(granted, what="InitProducerId to grant a producer id", timeout_s=20.0, interval_s=0.2)

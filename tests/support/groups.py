@@ -1,13 +1,13 @@
-"""Shared pieces of the group tests: a broker with fast group timings, topics, records, member processes."""
+"""Shared pieces of the consumer-group tests: a broker with fast group timings, topics and records through
+kafka-python, member processes (``group_member.py``) and the events they write, and the coordinator's load.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from kafka import KafkaProducer
@@ -16,9 +16,10 @@ from kio.schema.errors import ErrorCode
 from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
 
 from copyless.broker.groups.cli import GroupsClient
+from tests.support.polling import wait_until
+from tests.support.subprocesses import python_env
 
-MEMBER_SCRIPT = Path(__file__).with_name("_member.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+MEMBER_SCRIPT = Path(__file__).with_name("group_member.py")
 
 # Short timings keep the suite fast: a 300 ms join window instead of 3 s, and sessions of 3 s allowed.
 GROUP_CONFIG = """\
@@ -59,16 +60,15 @@ def produce(bootstrap: str, topic: str, partitions: int, prefix: str, per_partit
 
 
 class Member:
-    """A group member process running ``_member.py``."""
+    """A group member process running ``group_member.py``."""
 
     def __init__(self, client: str, bootstrap: str, topic: str, group: str, events: Path, session_ms: int):
         self.client = client
         self.events = events
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         self.log = open(events.with_suffix(".log"), "ab")
         self.process = subprocess.Popen(
             [sys.executable, str(MEMBER_SCRIPT), client, bootstrap, topic, group, str(events), str(session_ms)],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=python_env(),
         )
 
     def leave(self, timeout_s: float = 30) -> None:
@@ -101,18 +101,6 @@ def read_events(paths) -> list[dict]:
     return events
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1, on_timeout=None):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            detail = on_timeout() if on_timeout else ""
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail}")
-        time.sleep(interval_s)
-
-
 def wait_until_coordinator_active(bootstrap: str, timeout_s: float = 30.0) -> None:
     """Wait for the coordinator to finish replaying ``__consumer_offsets`` after a start.
 
@@ -128,7 +116,7 @@ def wait_until_coordinator_active(bootstrap: str, timeout_s: float = 30.0) -> No
         assert code in (ErrorCode.none, ErrorCode.coordinator_load_in_progress), f"ListGroups: {code!r}"
         return code == ErrorCode.none
 
-    wait_for(loaded, timeout_s, "the group coordinator to load", interval_s=0.05)
+    wait_until(loaded, what="the group coordinator to load", timeout_s=timeout_s, interval_s=0.05)
 
 
 def recommitted_consumptions(events: list[dict]) -> list[dict]:

@@ -1,0 +1,1 @@
+"""The copyless test suite. A package, so every test folder imports the shared code as ``tests.support``."""

@@ -1,0 +1,1 @@
+"""Every benchmark end to end in its tiny mode, and the harness and the report they share."""

@@ -1,0 +1,24 @@
+"""Code the test folders share: how tests build what they send, talk to brokers and wait for them.
+
+Tests import it as ``from tests.support.<module> import <name>`` (or ``from tests.support import <module>``
+for a module used by name, ``wire.fetch_v4``); a test module never imports another test module, and
+fixtures stay in the conftest files. Nothing here may depend on the code under test where a bug in that
+code could hide in the test too: the batch codec and the hand-written protocol import no copyless module.
+
+    batches          RecordBatch v2 encoder (build_batch, keyed_batch, idempotent_batch, frame_batch,
+                     restamp_crc) and reader (batch_headers, records_of, values_of); codec ids.
+    wire             hand-encoded requests and responses (Metadata v1, Produce v3, Fetch v4, ...),
+                     RawConnection, and the raw-protocol steps: ensure_topic, wait_fetchable, produce_one,
+                     high_watermark, fetch_all, init_producer_id, health_check.
+    kio_requests     KafkaWire (kio entities over a blocking socket) and create_topic / produce / fetch /
+                     list_offsets.
+    polling          wait_until(condition, what=, timeout_s=): the one polling loop.
+    topics           unique_topic(prefix).
+    broker_process   BrokerProcess (a ``copyless serve`` subprocess), TEST_BROKER_CONFIG, external brokers.
+    live_broker      LiveBroker: an in-process broker on its own loop thread, for its counters.
+    clients          one driver per real Kafka client (DRIVERS), Rec, make_records, assert_same_records.
+    groups           consumer groups: a broker with fast group timings, Member processes
+                     (group_member.py), their events, the coordinator's load.
+    subprocesses     REPO_ROOT and python_env() for child processes that run this checkout.
+    tmpfs            mounted_tmpfs(): a small real filesystem for full-disk tests.
+"""

@@ -1,0 +1,31 @@
+"""A private tmpfs: a real filesystem of a chosen size that really runs out (ENOSPC), for full-disk tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, size_mib: int) -> Iterator[Path]:
+    """Mount a ``size_mib`` MiB tmpfs at ``mount_point`` (created if missing) and unmount it afterwards.
+
+    Mounting needs root with CAP_SYS_ADMIN: elsewhere the calling test is skipped, with the reason.
+    """
+    mount_point.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a {size_mib} MiB tmpfs: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
