@@ -8,11 +8,14 @@
 #                            index inside the build), and the copyless-health probe (cluster/health.py).
 #
 # Both are cached by content: each is first tagged with a key (base: the recipe below; copyless: the base's
-# image id, the Dockerfile, the probe and every file the wheel is built from), and a run whose key already
-# names an image builds nothing and only moves the two stable tags above onto it. A registry is never asked,
-# so the same path works with or without one.
+# image id, this script, the Dockerfile, the probe and every file the wheel is built from), and a run whose
+# key already names an image builds nothing and only moves the two stable tags above onto it. A registry is
+# never asked, so the same path works with or without one. Dependencies are not pinned: a build takes their
+# newest releases, and a source change (or `docker rmi` of the keyed tag) picks up later ones.
 #
-# Usage: cluster/build-images.sh [--quiet]     (prints the two image references on its last two lines)
+# Usage: cluster/build-images.sh [--quiet]     prints the two stable image references on its last two lines
+#        cluster/build-images.sh --print-tags    builds nothing; prints the content-keyed tags a build would
+#                                                use (the copyless one only once the base exists)
 # Environment:
 #   COPYLESS_DEBIAN_MIRROR   Debian mirror for debootstrap (default: the first bookworm URI in the machine's
 #                            apt sources, else http://deb.debian.org/debian)
@@ -24,7 +27,14 @@ cd "$(dirname "$0")/.."
 REPO_ROOT=$PWD
 
 QUIET=0
-[ "${1:-}" = "--quiet" ] && QUIET=1
+PRINT_TAGS=0
+for arg in "$@"; do
+    case "$arg" in
+        --quiet) QUIET=1 ;;
+        --print-tags) PRINT_TAGS=1 ;;
+        *) echo "build-images: unknown argument $arg" >&2; exit 2 ;;
+    esac
+done
 say() { [ "$QUIET" = 1 ] || echo "build-images: $*" >&2; }
 die() { echo "build-images: error: $*" >&2; exit 1; }
 
@@ -76,7 +86,10 @@ apt_mirror() {
 BASE_KEY=$(printf '%s\n' "$RECIPE_VERSION" "$SUITE" "$DEB_ARCH" "$BASE_PACKAGES" minbase | hash_text)
 BASE_TAG=$BASE_REPO:$SUITE-$BASE_KEY
 
-if docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
+if [ "$PRINT_TAGS" = 1 ]; then
+    echo "$BASE_TAG"
+    docker image inspect "$BASE_TAG" >/dev/null 2>&1 || exit 0
+elif docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
     say "base image $BASE_TAG is up to date"
 else
     MIRROR=${COPYLESS_DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
@@ -90,7 +103,7 @@ else
     fi
     ROOTFS=$(mktemp -d "${TMPDIR:-/tmp}/copyless-rootfs.XXXXXX")
     # The root file system belongs to root; remove it whatever happens.
-    trap '"${SUDO[@]}" rm -rf "$ROOTFS"' EXIT
+    trap '"${SUDO[@]}" rm -rf "$ROOTFS"; rm -f "$ROOTFS.log"' EXIT
     say "making $BASE_TAG with debootstrap from $MIRROR (about a minute)"
     started=$SECONDS
     "${SUDO[@]}" env PATH="/usr/sbin:/sbin:$PATH" debootstrap --variant=minbase --arch="$DEB_ARCH" \
@@ -98,7 +111,7 @@ else
         || { tail -n 30 "$ROOTFS.log" >&2; rm -f "$ROOTFS.log"; die "debootstrap failed (log tail above)"; }
     rm -f "$ROOTFS.log"
     # Downloaded packages and indexes are a third of the tree and are never used inside a container.
-    "${SUDO[@]}" sh -c 'rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/cache/apt/*.bin "$1"/var/lib/apt/lists/* "$1"/var/log/*.log' \
+    "${SUDO[@]}" sh -c 'cd "$1" && rm -rf var/cache/apt/archives/*.deb var/cache/apt/*.bin var/lib/apt/lists/*' \
         sh "$ROOTFS"
     "${SUDO[@]}" tar -C "$ROOTFS" -c . | docker import \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
@@ -110,7 +123,7 @@ else
     trap - EXIT
     say "made $BASE_TAG in $((SECONDS - started)) s"
 fi
-docker tag "$BASE_TAG" "$BASE_REPO:$SUITE"
+[ "$PRINT_TAGS" = 1 ] || docker tag "$BASE_TAG" "$BASE_REPO:$SUITE"
 BASE_ID=$(docker image inspect --format '{{.Id}}' "$BASE_TAG")
 
 # ---- the copyless image ----------------------------------------------------------------------------------
@@ -123,12 +136,15 @@ source_files() {
 }
 IMAGE_KEY=$( {
     echo "$BASE_ID"
-    sha256sum Dockerfile cluster/health.py
+    sha256sum cluster/build-images.sh Dockerfile cluster/health.py
     source_files | xargs -d '\n' sha256sum
 } | hash_text)
 IMAGE_TAG=$IMAGE_REPO:$IMAGE_KEY
 
-if docker image inspect "$IMAGE_TAG" >/dev/null 2>&1; then
+if [ "$PRINT_TAGS" = 1 ]; then
+    echo "$IMAGE_TAG"
+    exit 0
+elif docker image inspect "$IMAGE_TAG" >/dev/null 2>&1; then
     say "copyless image $IMAGE_TAG is up to date"
 else
     PY=${PYTHON:-python3.11}
@@ -148,7 +164,7 @@ else
     # pip matches platform tags exactly, so every manylinux level a wheel may carry is listed.
     PLATFORMS=()
     for glibc_minor in $(seq 36 -1 5); do PLATFORMS+=(--platform "manylinux_2_${glibc_minor}_$WHEEL_ARCH"); done
-    PLATFORMS+=(--platform "manylinux2014_$WHEEL_ARCH" --platform "manylinux2010_$WHEEL_ARCH" --platform "manylinux1_$WHEEL_ARCH")
+    for legacy in manylinux2014 manylinux2010 manylinux1; do PLATFORMS+=(--platform "${legacy}_$WHEEL_ARCH"); done
     say "fetching the dependencies' wheels"
     "$PY" -m pip download -q --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
         "${PLATFORMS[@]}" -d "$STAGE/context/wheelhouse" "$STAGE"/context/wheelhouse/copyless-*.whl \

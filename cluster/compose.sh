@@ -25,7 +25,8 @@ elif docker compose version >/dev/null 2>&1; then
 elif command -v docker-compose >/dev/null 2>&1; then
     COMPOSE=(docker-compose)
 else
-    echo "compose: neither 'docker compose' nor 'docker-compose' is installed (Debian: apt-get install docker-compose)" >&2
+    echo "compose: neither 'docker compose' nor 'docker-compose' is installed" \
+        "(Debian: apt-get install docker-compose)" >&2
     exit 1
 fi
 exec "${COMPOSE[@]}" --project-name "$PROJECT" --file "$FILE" --project-directory "$REPO_ROOT" "$@"

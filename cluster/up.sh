@@ -25,43 +25,42 @@ done
 compose() { "$HERE/compose.sh" "${SINGLE[@]}" "$@"; }
 
 "$HERE/build-images.sh" >/dev/null
-compose up --detach --remove-orphans
+# A failed `up` (an etcd node never healthy, say) is reported below with the containers' logs.
+compose up --detach --remove-orphans || echo "up: compose up failed; looking at the containers" >&2
 
 # `up` returns once the containers are started (and, through depends_on, once etcd is healthy); the brokers'
-# own healthchecks are waited for here.
-mapfile -t SERVICES < <(compose config --services)
+# own healthchecks are waited for here. A container that exited, is unhealthy or keeps restarting has failed.
+STATE_FORMAT='{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.RestartCount}}'
+mapfile -t pending < <(compose config --services)
 deadline=$((SECONDS + TIMEOUT_S))
-pending=("${SERVICES[@]}")
 while [ ${#pending[@]} -gt 0 ]; do
-    still=()
+    waiting=()
     failed=()
     for service in "${pending[@]}"; do
         id=$(compose ps -q "$service")
-        state=$( [ -n "$id" ] && docker inspect --format '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}} {{.RestartCount}}' "$id" || echo "missing - 0")
+        state="missing none 0"
+        [ -z "$id" ] || state=$(docker inspect --format "$STATE_FORMAT" "$id")
         read -r status health restarts <<<"$state"
-        if [ "$status" = running ] && [ "$health" = healthy ]; then
-            continue
-        elif [ "$status" = exited ] || [ "$status" = dead ] || [ "$status" = missing ] \
-            || [ "$health" = unhealthy ] || [ "${restarts:-0}" -ge 3 ]; then
-            failed+=("$service")
-        else
-            still+=("$service")
-        fi
+        case "$status/$health" in
+            running/healthy | running/none) ;;
+            exited/* | dead/* | missing/* | */unhealthy) failed+=("$service") ;;
+            *) if [ "$restarts" -ge 3 ]; then failed+=("$service"); else waiting+=("$service"); fi ;;
+        esac
     done
-    if [ ${#failed[@]} -gt 0 ] || { [ ${#still[@]} -gt 0 ] && [ $SECONDS -ge $deadline ]; }; then
-        for service in "${failed[@]}" "${still[@]}"; do
+    if [ ${#failed[@]} -gt 0 ] || { [ ${#waiting[@]} -gt 0 ] && [ $SECONDS -ge $deadline ]; }; then
+        for service in "${failed[@]}" "${waiting[@]}"; do
             echo "up: $service is not healthy; its last log lines:" >&2
             compose logs --no-color --tail 20 "$service" >&2 || true
         done
         exit 1
     fi
-    pending=("${still[@]}")
+    pending=("${waiting[@]}")
     [ ${#pending[@]} -eq 0 ] || sleep 1
 done
 
 if [ ${#SINGLE[@]} -gt 0 ]; then
     echo "copyless is up: bootstrap 127.0.0.1:${COPYLESS_PORT:-9092}"
 else
-    echo "copyless cluster is up: bootstrap" \
-        "127.0.0.1:${COPYLESS_BROKER1_PORT:-19092},127.0.0.1:${COPYLESS_BROKER2_PORT:-19093},127.0.0.1:${COPYLESS_BROKER3_PORT:-19094}"
+    printf 'copyless cluster is up: bootstrap 127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\n' \
+        "${COPYLESS_BROKER1_PORT:-19092}" "${COPYLESS_BROKER2_PORT:-19093}" "${COPYLESS_BROKER3_PORT:-19094}"
 fi
