@@ -24,7 +24,6 @@
 # Needs: docker, and for the first build of the base debootstrap run as root (directly, or through sudo -n).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO_ROOT=$PWD
 
 QUIET=0
 PRINT_TAGS=0

@@ -10,6 +10,8 @@ still there and new ones continue the offsets.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 import pytest
 
@@ -27,9 +29,9 @@ def test_single_broker_from_a_clean_state_serves_the_host(compose_project):
     assert project.volumes() == [f"{project.name}_copyless-data"]
     bootstrap = project.bootstrap()
     # The probe the healthcheck runs inside the container also passes from the host, through the port.
-    health = harness.run(["python3", str(harness.CLUSTER_DIR / "health.py"), bootstrap], check=False)
+    health = harness.run([sys.executable, str(harness.CLUSTER_DIR / "health.py"), bootstrap], check=False)
     assert health.returncode == 0, health.stderr
-    if harness.shutil.which("kcat"):
+    if shutil.which("kcat"):
         assert harness.metadata_brokers(bootstrap) == {0: bootstrap}
 
     # The CLI from the host: stdin lines in, the same lines out.
