@@ -176,6 +176,10 @@ else
     rm -rf "$STAGE"
     trap - EXIT
     say "built $IMAGE_TAG in $((SECONDS - started)) s"
+    # Keyed images pile up as the sources change (~55 MB of layers each); keep the three newest, so switching
+    # between a few branches still finds its image. One a container still uses is not removed.
+    docker images "$IMAGE_REPO" --format '{{.Tag}}' | grep -E '^[0-9a-f]{16}$' | tail -n +4 \
+        | while read -r stale; do docker rmi "$IMAGE_REPO:$stale" >/dev/null 2>&1 || true; done
 fi
 docker tag "$IMAGE_TAG" "$IMAGE_REPO:local"
 
