@@ -25,13 +25,15 @@ Unknown keys are refused with the key's name, so a typo never silently falls bac
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BrokerConfig", "ConfigError", "parse_host_port", "load_toml"]
+__all__ = ["BrokerConfig", "ConfigError", "parse_host_port", "parse_listener", "parse_listener_list", "load_toml"]
 
 _HOUR_MS = 3600_000
+_LISTENER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
 class ConfigError(ValueError):
@@ -48,7 +50,30 @@ class BrokerConfig:
     # advertised.listeners: what Metadata tells clients; defaults to the bound address.
     advertise_host: str | None = None
     advertise_port: int | None = None
+    # listeners / advertised.listeners with names (Kafka's ``NAME://HOST:PORT``): ((name, host, port), ...).
+    # Empty: one listener, PLAINTEXT, on listen_host:listen_port advertised as advertise_host:advertise_port.
+    listeners: tuple[tuple[str, str, int], ...] = ()
+    advertised_listeners: tuple[tuple[str, str, int], ...] = ()
+    inter_broker_listener: str | None = None          # inter.broker.listener.name (default: the first)
     node_id: int = 0                                  # node.id
+    # Cluster metadata: None = the embedded single node (topics.json); "etcd://h:p[,h:p...][/chroot]" joins
+    # the cluster kept in etcd.
+    metadata: str | None = None                       # metadata
+    cluster_id: str | None = None                     # cluster.id (etcd: must match the cluster's, if set)
+    # How long a broker's etcd lease lives without a keepalive: a dead broker's partitions move after about
+    # this long. etcd grants no lease under 2 s; 2 s keeps a leader's failure under Kafka's 9 s default
+    # (broker.session.timeout.ms) by design, and keepalives every third of it tolerate a 1.3 s stall.
+    broker_session_timeout_ms: int = 2000             # broker.session.timeout.ms
+    min_insync_replicas: int = 1                      # min.insync.replicas (topic default)
+    replica_lag_time_max_ms: int = 30_000             # replica.lag.time.max.ms
+    unclean_leader_election: bool = False             # unclean.leader.election.enable (topic default)
+    replica_fetch_wait_max_ms: int = 500              # replica.fetch.wait.max.ms
+    replica_fetch_max_bytes: int = 1 << 20            # replica.fetch.max.bytes (per partition)
+    replica_fetch_response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes
+    auto_leader_rebalance: bool = True                # auto.leader.rebalance.enable
+    leader_imbalance_check_interval_ms: int = 30_000  # leader.imbalance.check.interval.seconds (Kafka: 300 s)
+    replica_high_watermark_checkpoint_interval_ms: int = 5000  # replica.high.watermark.checkpoint.interval.ms
+    metrics_listen: tuple[str, int] | None = None     # metrics.listen: Prometheus /metrics (None = off)
     loop: str = "uvloop"                              # "uvloop" | "asyncio"
     sendfile: bool = True                             # False = the copying comparison path
     auto_create_topics: bool = True                   # auto.create.topics.enable
@@ -88,7 +113,11 @@ class BrokerConfig:
     group_max_size: int | None = None                     # group.max.size (-1 = unlimited)
     offsets_retention_ms: int = 7 * 24 * _HOUR_MS         # offsets.retention.minutes
     offsets_retention_check_interval_ms: int = 600000     # offsets.retention.check.interval.ms
-    offsets_topic_num_partitions: int = 1                 # offsets.topic.num.partitions
+    # offsets.topic.num.partitions: Kafka's default is 50; a single node serves every group itself, so the
+    # embedded default is 1 (one log instead of 50). In a cluster the groups spread over the partitions'
+    # leaders, and the default is Kafka's (see cluster_defaults).
+    offsets_topic_num_partitions: int = 1
+    offsets_topic_replication_factor: int = 3             # offsets.topic.replication.factor
 
     @property
     def advertised_host(self) -> str:
@@ -97,6 +126,29 @@ class BrokerConfig:
     @property
     def advertised_port(self) -> int:
         return self.advertise_port if self.advertise_port is not None else self.listen_port
+
+    def listener_specs(self) -> tuple[tuple[str, str, int], ...]:
+        """Every listener as (name, host, port); the single-listener flags make one named PLAINTEXT."""
+        if self.listeners:
+            return self.listeners
+        return (("PLAINTEXT", self.listen_host, self.listen_port),)
+
+    def advertised_for(self, name: str, bound_host: str, bound_port: int) -> tuple[str, int]:
+        """What Metadata tells clients that arrive on listener ``name``, once it is bound."""
+        for listener, host, port in self.advertised_listeners:
+            if listener == name:
+                return host, port
+        if not self.listeners and (self.advertise_host is not None or self.advertise_port is not None):
+            return self.advertise_host or bound_host, self.advertise_port if self.advertise_port is not None else bound_port
+        return bound_host, bound_port
+
+    @property
+    def inter_broker_listener_name(self) -> str:
+        return self.inter_broker_listener or self.listener_specs()[0][0]
+
+    @property
+    def clustered(self) -> bool:
+        return self.metadata is not None
 
     def with_bound_port(self, port: int) -> "BrokerConfig":
         """The same settings once the listener is bound (port 0 resolves to a real port)."""
@@ -142,6 +194,27 @@ class BrokerConfig:
             raise ConfigError("message.max.bytes must be >= 64")
         if self.segment_bytes < 1024:
             raise ConfigError("log.segment.bytes must be >= 1024")
+        names = [name for name, _host, _port in self.listener_specs()]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"listener names must be unique, got {names}")
+        for name, _host, port in (*self.listener_specs(), *self.advertised_listeners):
+            if not _LISTENER_NAME.match(name):
+                raise ConfigError(f"listener name {name!r} must be letters, digits and '_'")
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"port {port} of listener {name} out of range")
+        for name, _host, _port in self.advertised_listeners:
+            if name not in names:
+                raise ConfigError(f"advertised listener {name} has no listener of that name (listeners: {names})")
+        if self.inter_broker_listener is not None and self.inter_broker_listener not in names:
+            raise ConfigError(f"inter.broker.listener.name {self.inter_broker_listener} is not a listener ({names})")
+        if self.metadata is not None and not self.metadata.startswith("etcd://"):
+            raise ConfigError(f"metadata must be etcd://HOST:PORT[,HOST:PORT...][/CHROOT], not {self.metadata!r}")
+        if self.min_insync_replicas < 1:
+            raise ConfigError("min.insync.replicas must be >= 1")
+        if self.broker_session_timeout_ms < 1000:
+            raise ConfigError("broker.session.timeout.ms must be >= 1000")
+        if self.offsets_topic_num_partitions < 1 or self.offsets_topic_replication_factor < 1:
+            raise ConfigError("offsets.topic.num.partitions and offsets.topic.replication.factor must be >= 1")
 
 
 def parse_host_port(text: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -167,6 +240,28 @@ def parse_host_port(text: str, *, default_host: str = "127.0.0.1") -> tuple[str,
     if not 0 <= port <= 65535:
         raise ConfigError(f"port {port} out of range in {text!r}")
     return host or default_host, port
+
+
+def parse_listener(text: str) -> tuple[str, str, int]:
+    """``NAME=HOST:PORT`` or Kafka's ``NAME://HOST:PORT`` -> (name, host, port). Raises ConfigError."""
+    text = text.strip()
+    if "://" in text:
+        name, _, address = text.partition("://")
+    elif "=" in text:
+        name, _, address = text.partition("=")
+    else:
+        name, address = "PLAINTEXT", text  # a bare HOST:PORT is the default listener, as before names
+    name = name.strip()
+    if not _LISTENER_NAME.match(name):
+        raise ConfigError(f"listener name {name!r} must be letters, digits and '_'")
+    host, port = parse_host_port(address, default_host="0.0.0.0")
+    return name, host, port
+
+
+def parse_listener_list(value) -> tuple[tuple[str, str, int], ...]:
+    """A TOML value: Kafka's comma-separated ``"A://h:p,B://h:p"`` or a list of such strings."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    return tuple(parse_listener(str(item)) for item in items if str(item).strip())
 
 
 def _optional_ms(value) -> int | None:
@@ -217,6 +312,22 @@ _TOML_KEYS = {
     "offsets.retention.ms": ("offsets_retention_ms", int),
     "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms", int),
     "offsets.topic.num.partitions": ("offsets_topic_num_partitions", int),
+    "offsets.topic.replication.factor": ("offsets_topic_replication_factor", int),
+    "inter.broker.listener.name": ("inter_broker_listener", str),
+    "metadata": ("metadata", str),
+    "cluster.id": ("cluster_id", str),
+    "broker.session.timeout.ms": ("broker_session_timeout_ms", int),
+    "min.insync.replicas": ("min_insync_replicas", int),
+    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", int),
+    "unclean.leader.election.enable": ("unclean_leader_election", bool),
+    "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int),
+    "replica.fetch.max.bytes": ("replica_fetch_max_bytes", int),
+    "replica.fetch.response.max.bytes": ("replica_fetch_response_max_bytes", int),
+    "auto.leader.rebalance.enable": ("auto_leader_rebalance", bool),
+    "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_ms", lambda v: int(v) * 1000),
+    "leader.imbalance.check.interval.ms": ("leader_imbalance_check_interval_ms", int),
+    "replica.high.watermark.checkpoint.interval.ms": ("replica_high_watermark_checkpoint_interval_ms", int),
+    "metrics.listen": ("metrics_listen", lambda v: parse_host_port(str(v))),
 }
 
 
@@ -236,11 +347,21 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
     changes: dict = {}
     for key, value in table.items():
-        if key in ("listen", "listeners"):
+        if key == "listen":
             changes["listen_host"], changes["listen_port"] = parse_host_port(str(value).split("://")[-1])
             continue
-        if key in ("advertise", "advertised.listeners"):
+        if key == "advertise":
             changes["advertise_host"], changes["advertise_port"] = parse_host_port(str(value).split("://")[-1])
+            continue
+        if key in ("listeners", "advertised.listeners"):
+            try:
+                parsed = parse_listener_list(value)
+            except ConfigError as exc:
+                raise ConfigError(f"bad value for {key!r} in {path}: {exc}") from None
+            changes["listeners" if key == "listeners" else "advertised_listeners"] = parsed
+            if parsed and key == "listeners":
+                # The first listener is also the one-listener settings (the startup line, old readers).
+                changes["listen_host"], changes["listen_port"] = parsed[0][1], parsed[0][2]
             continue
         if key not in _TOML_KEYS:
             raise ConfigError(f"unknown setting {key!r} in {path}")
@@ -250,5 +371,9 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"bad value for {key!r} in {path}: {value!r}") from exc
     config = dataclasses.replace(base, **changes)
+    first = config.listener_specs()[0][0]
+    for name, host, port in config.advertised_listeners:
+        if name == first:
+            config = dataclasses.replace(config, advertise_host=host, advertise_port=port)
     config.validate()
     return config

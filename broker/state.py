@@ -1,29 +1,28 @@
 """The Broker state object: everything a request handler may reach through ``ctx.broker``.
 
-It owns the topic registry, the log manager, producer state, the long-poll notifier, the stats and the
-cluster identity, and it is where topic lifecycle is made crash-consistent:
+It is the composition root of one broker process: the configuration, the identity (``meta.properties``),
+the storage (``LogManager``), the hosted partitions (``ReplicaManager``), the cluster metadata backend
+(embedded single node, or etcd), producer state, the long-poll notifier, the stats, and the group
+coordinator once its startup hook ran. Topic lifecycle and leadership belong to the metadata backend; the
+partitions' rules to ``broker.partition``; this module wires them and orders start-up and shutdown:
 
-- create: partition logs first (worker thread: preallocation), then the registry file (tmp + fsync +
-  rename). A crash in between leaves log directories the registry does not list; startup deletes them,
-  and the client never saw the topic acknowledged.
-- delete: the registry file first, then the logs (renamed to ``*-delete`` and removed by storage). A crash in
-  between leaves the same kind of orphan, deleted the same way.
-- a data dir with logs but no ``topics.json`` (registry lost) adopts the logs as topics rather than
-  deleting data.
+1. ``startup()`` (blocking, before the event loop serves): identity, logs (recovery), producer state, the
+   embedded registry;
+2. ``start_cluster()`` (loop, once the listeners are bound, since registration names the endpoints): the
+   backend joins or loads the cluster and the replica manager applies its first image;
+3. the handlers' startup hooks (groups), then the listeners accept;
+4. shutdown: hooks, the backend leaves (its lease is revoked, so leadership moves at once), logs close.
 
 Cluster identity lives in ``<data_dir>/meta.properties`` (Kafka's file and keys: ``version``,
-``cluster.id``, ``node.id``), created on first start.
+``cluster.id``, ``node.id``), created on first start. In a cluster the cluster id comes from etcd, and a
+data dir whose ``meta.properties`` names another cluster refuses to start.
 
-Single node: every partition's leader is this node, the leader epoch is 0 forever (so KIP-320 clients never
-see it move, across restarts too), and the high watermark is the log end offset.
-
-Threading: methods are loop-thread unless marked blocking; blocking work (fsync, preallocation,
-unlinks, LogManager.shutdown) runs in worker threads.
+Threading: methods are loop-thread unless marked blocking; blocking work (fsync, preallocation, unlinks,
+LogManager.shutdown) runs in worker threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import logging
@@ -32,29 +31,26 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kio.schema.errors import ErrorCode
-
 from copyless.broker._files import write_atomically
+from copyless.broker.cluster.backend import NewTopic
+from copyless.broker.cluster.image import TopicInfo
 from copyless.broker.config import BrokerConfig
 from copyless.broker.handlers import HandlerTable, load_handlers
 from copyless.broker.notify import AppendNotifier
-from copyless.broker.producer_state import ProducerIdAllocator, ProducerStateManager
+from copyless.broker.producer_state import ProducerStateManager
+from copyless.broker.replica_manager import ReplicaManager
 from copyless.broker.stats import BrokerStats
-from copyless.broker.topics import Topic, TopicError, TopicRegistry, parse_topic_configs
+from copyless.broker.topics import parse_topic_configs
 
-__all__ = ["Broker", "LEADER_EPOCH"]
+__all__ = ["Broker", "META_FILE", "ClusterMismatchError"]
 
 log = logging.getLogger("copyless.broker")
 
-LEADER_EPOCH = 0
 META_FILE = "meta.properties"
 
 
-def _storage():
-    # Imported lazily so the pure layers (wire, handlers' decision code) import without the storage part.
-    import copyless.broker.storage as storage
-
-    return storage
+class ClusterMismatchError(ValueError):
+    """The data dir belongs to another cluster (its ``meta.properties`` names another cluster id)."""
 
 
 def producer_state_scan_start(partition_log) -> int:
@@ -71,16 +67,28 @@ def producer_state_scan_start(partition_log) -> int:
     return max(start, partition_log.log_start_offset)
 
 
+def read_meta(path: Path) -> dict[str, str]:
+    """``meta.properties`` as a dict ({} when missing). Blocking."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    return {key.strip(): value.strip() for key, _, value in
+            (line.partition("=") for line in text.splitlines() if "=" in line and not line.startswith("#"))}
+
+
 class Broker:
     """Shared state of one broker process.
 
     Attributes (the handler contract):
         config: BrokerConfig.
         node_id, cluster_id: identity for Metadata / FindCoordinator.
+        metadata: the MetadataBackend (``metadata.image`` is the current ClusterImage).
+        replicas: ReplicaManager (``replicas.leader(topic, partition, epoch) -> Partition``).
         log_manager: broker.storage.LogManager.
-        topics: TopicRegistry (``topics.get(name) -> Topic | None``).
-        producers: ProducerStateManager; producer_ids: ProducerIdAllocator.
-        appends: AppendNotifier (``notify((topic, partition))`` after an append wakes long-poll fetches).
+        producers: ProducerStateManager.
+        appends: AppendNotifier (long-poll wake-ups: a partition's high watermark moved, or its log end for
+            followers).
         stats: BrokerStats.
         handlers: HandlerTable (drives dispatch and ApiVersions).
         groups: set by the groups part's startup hook (None until then).
@@ -92,99 +100,129 @@ class Broker:
         self.node_id = config.node_id
         self.data_dir = Path(config.data_dir)
         self.cluster_id: str = ""
-        self.topics = TopicRegistry(self.data_dir)
         self.producers = ProducerStateManager()
-        self.producer_ids = ProducerIdAllocator(self.data_dir, config.producer_id_block_size)
         self.appends = AppendNotifier()
         self.stats = BrokerStats()
         self.handlers = handlers if handlers is not None else load_handlers()
         self.log_manager: Any = None
         self.groups: Any = None
         self.closing = False
-        self._creating: dict[str, asyncio.Future] = {}
-        self._deleting: dict[str, asyncio.Future] = {}
-        self._registry_lock: asyncio.Lock | None = None
-        self._producer_id_lock: asyncio.Lock | None = None
+        # name -> (host, port) of each bound listener (set by the server once it has bound them).
+        self.bound_listeners: dict[str, tuple[str, int]] = {}
+        self.metadata: Any = self._make_backend()
+        self.replicas = ReplicaManager(self, lease_valid=self.metadata.lease_valid)
 
-    # --- startup / shutdown ----------------------------------------------------------------------------
+    def _make_backend(self):
+        if self.config.metadata is None:
+            from copyless.broker.cluster.embedded import EmbeddedMetadata
+
+            return EmbeddedMetadata(self)
+        from copyless.broker.cluster.etcd_metadata import EtcdMetadata
+
+        return EtcdMetadata(self)
+
+    # --- configuration ---------------------------------------------------------------------------------------
 
     def default_log_config(self):
         """The broker-wide LogConfig (topic configs override it: ``log_config_for``)."""
         return self.config.log_config()
 
-    def log_config_for(self, topic: Topic):
+    def log_config_for(self, topic: TopicInfo | Any):
         """The topic's LogConfig: broker defaults with the topic's overrides."""
         overrides = parse_topic_configs(topic.configs)
         return dataclasses.replace(self.default_log_config(), **overrides)
 
+    def advertised_listeners(self) -> dict[str, tuple[str, int]]:
+        """Listener name -> the address clients are told, for every bound listener (before binding: the
+        configured addresses)."""
+        config = self.config
+        result = {}
+        for name, host, port in config.listener_specs():
+            bound_host, bound_port = self.bound_listeners.get(name, (host, port))
+            result[name] = config.advertised_for(name, bound_host, bound_port)
+        return result
+
+    # --- startup / shutdown ----------------------------------------------------------------------------------
+
     def startup(self) -> None:
-        """Load identity, topics and logs; reconcile them; rebuild producer state. Blocking: before serving."""
+        """Load identity and logs; rebuild producer state. Blocking: before serving.
+
+        Raises:
+            StorageError, ValueError (a corrupt registry or meta.properties), ClusterMismatchError.
+        """
         started = time.monotonic()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.cluster_id = self._load_or_create_meta()
-        self.topics.load()
-        storage = _storage()
+        if self.config.metadata is None:
+            self.cluster_id = self._load_or_create_meta()
+        from copyless.broker import storage
+
+        # Logs found at start-up load with their topic's settings where the backend knows them before
+        # connecting (the embedded registry); otherwise with the defaults until the first image applies them.
+        load_registry = getattr(self.metadata, "load_registry", None)
+        topic_configs = load_registry() if load_registry is not None else {}
         # The storage's own housekeeping thread applies flush.ms, retention and recovery-point checkpoints.
         self.log_manager = storage.LogManager(
             self.data_dir,
             default_config=self.default_log_config(),
-            topic_configs={topic.name: self.log_config_for(topic) for topic in self.topics},
+            topic_configs={name: self.log_config_for(topic) for name, topic in topic_configs.items()},
             retention_check_interval_ms=self.config.retention_check_interval_ms,
         )
         self.log_manager.startup()
-        self._reconcile_logs()
         producers = 0
         for (topic, partition), partition_log in self.log_manager.logs().items():
             producers += self.producers.rebuild(
                 topic, partition, partition_log.batch_headers(producer_state_scan_start(partition_log))
             )
-        self.producer_ids.load(floor=self.producers.max_producer_id() + 1)
+        self.replicas.load_topic_ids()
+        load = getattr(self.metadata, "load_blocking", None)
+        if load is not None:
+            load()
         log.info(
-            "broker state loaded: cluster_id=%s node_id=%d topics=%d partitions=%d producers=%d in %.0f ms",
-            self.cluster_id, self.node_id, len(self.topics), len(self.log_manager.logs()), producers,
-            (time.monotonic() - started) * 1000,
+            "broker state loaded: node_id=%d logs=%d producers=%d in %.0f ms",
+            self.node_id, len(self.log_manager.logs()), producers, (time.monotonic() - started) * 1000,
         )
 
     def _load_or_create_meta(self) -> str:
+        """The embedded node's cluster id: from ``meta.properties``, created on first start. Blocking."""
         path = self.data_dir / META_FILE
-        try:
-            properties = dict(
-                line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#")
-            )
-            cluster_id = properties["cluster.id"].strip()
+        properties = read_meta(path)
+        if properties:
+            cluster_id = properties.get("cluster.id", "")
+            if not cluster_id:
+                raise ValueError(f"{path} has no cluster.id")
             node_id = int(properties.get("node.id", self.node_id))
             if node_id != self.node_id:
                 log.warning("%s says node.id=%d; configured node.id=%d wins", path, node_id, self.node_id)
             return cluster_id
-        except FileNotFoundError:
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-            write_atomically(path, f"version=1\ncluster.id={cluster_id}\nnode.id={self.node_id}\n".encode())
-            return cluster_id
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        write_atomically(path, f"version=1\ncluster.id={cluster_id}\nnode.id={self.node_id}\n".encode())
+        return cluster_id
 
-    def _reconcile_logs(self) -> None:
-        """Make the registry and the log directories agree (see the module docstring)."""
-        existing = self.log_manager.logs()
-        adopted: dict[str, int] = {}
-        for (topic_name, partition), partition_log in list(existing.items()):
-            topic = self.topics.get(topic_name)
-            if topic is not None and partition < topic.partitions:
-                continue
-            if self.topics.loaded_from_disk:
-                log.warning("deleting %s-%d: not in the topic registry (interrupted create or delete)", topic_name, partition)
-                self.log_manager.delete_log(topic_name, partition)
-            else:
-                adopted[topic_name] = max(adopted.get(topic_name, 0), partition + 1)
-        for name, partitions in adopted.items():
-            log.warning("adopting topic %s with %d partitions from its log directories (no registry)", name, partitions)
-            self.topics.add(Topic(name=name, partitions=partitions, internal=name.startswith("__")))
-        for topic in self.topics:
-            config = self.log_config_for(topic)
-            for partition in range(topic.partitions):
-                if self.log_manager.get_log(topic.name, partition) is None:
-                    log.warning("recreating missing log %s-%d", topic.name, partition)
-                    self.log_manager.create_log(topic.name, partition, config)
-        if adopted or not self.topics.path.exists():
-            self.topics.persist()
+    def check_or_write_meta(self, cluster_id: str) -> None:
+        """A clustered broker's data dir must belong to ``cluster_id``: a new dir is stamped with it, a dir
+        of another cluster refuses (ClusterMismatchError). Blocking."""
+        path = self.data_dir / META_FILE
+        properties = read_meta(path)
+        existing = properties.get("cluster.id")
+        if existing and existing != cluster_id:
+            raise ClusterMismatchError(
+                f"the data dir {self.data_dir} belongs to cluster {existing}, but the cluster in etcd is "
+                f"{cluster_id}; refusing to start (point --data-dir at an empty directory to join this cluster)")
+        node_id = properties.get("node.id")
+        if node_id is not None and int(node_id) != self.node_id:
+            raise ClusterMismatchError(
+                f"the data dir {self.data_dir} belongs to node {node_id} of cluster {existing}, not node "
+                f"{self.node_id}; refusing to start")
+        if not existing:
+            write_atomically(path, f"version=1\ncluster.id={cluster_id}\nnode.id={self.node_id}\n".encode())
+        self.cluster_id = cluster_id
+
+    async def start_cluster(self) -> None:
+        """Join (or load) the cluster and apply its first image. Loop thread, once the listeners are bound."""
+        refresh = getattr(self.metadata, "refresh_endpoints", None)
+        if refresh is not None:
+            refresh()
+        await self.metadata.start()
 
     async def run_startup_hooks(self) -> None:
         for hook in self.handlers.startup_hooks:
@@ -197,171 +235,42 @@ class Broker:
             except Exception:
                 log.exception("shutdown hook %r failed", hook)
 
+    async def stop_cluster(self) -> None:
+        """Leave the cluster (the backend gives up its lease) and take every partition offline."""
+        try:
+            await self.metadata.stop()
+        except Exception:
+            log.exception("leaving the cluster failed")
+        self.replicas.close()
+
     def shutdown_logs(self) -> None:
         """Flush, checkpoint, write the clean-shutdown marker. Blocking: worker thread."""
         if self.log_manager is not None:
             self.log_manager.shutdown()
 
-    # --- partitions ----------------------------------------------------------------------------------------
+    # --- topics (the metadata backend decides; these are the handlers' entry points) --------------------------
 
-    def get_log(self, topic: str, partition: int):
-        """The PartitionLog, or None when the topic or partition does not exist (-> UNKNOWN_TOPIC_OR_PARTITION)."""
-        entry = self.topics.get(topic)
-        if entry is None or not 0 <= partition < entry.partitions:
-            return None
-        return self.log_manager.get_log(topic, partition)
-
-    def append_records(self, topic: str, partition: int, records, *, log_append_time_ms: int | None = None):
-        """Append already-validated batches and wake long-poll fetches. Loop thread, non-blocking.
-
-        For internal writers (e.g. committed offsets); client produce goes through the Produce handler,
-        which validates first. Raises StorageError; returns storage's AppendResult.
-        """
-        partition_log = self.get_log(topic, partition)
-        if partition_log is None:
-            raise TopicError(ErrorCode.unknown_topic_or_partition, f"{topic}-{partition} does not exist")
-        result = partition_log.append(records, leader_epoch=LEADER_EPOCH, log_append_time_ms=log_append_time_ms)
-        self.appends.notify((topic, partition))
-        return result
-
-    # --- topic lifecycle -------------------------------------------------------------------------------------
-
-    def _lock(self) -> asyncio.Lock:
-        if self._registry_lock is None:
-            self._registry_lock = asyncio.Lock()
-        return self._registry_lock
-
-    async def _persist_registry(self) -> None:
-        # The snapshot is taken under the lock so writes land in the order the changes were made.
-        async with self._lock():
-            contents = self.topics.snapshot()
-            await asyncio.to_thread(self.topics.persist, contents)
-
-    async def create_topic(
-        self,
-        name: str,
-        partitions: int | None = None,
-        configs: dict[str, str | None] | None = None,
-        *,
-        replication_factor: int | None = None,
-        internal: bool = False,
-        validate_only: bool = False,
-    ) -> Topic:
-        """Validate and create a topic (logs, then registry). Returns it when done.
-
-        Raises:
-            TopicError: with the Kafka error code (INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS,
-                INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG, KAFKA_STORAGE_ERROR).
-        """
-        if name in self._creating:
-            raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' is being created.")
-        pending_delete = self._deleting.get(name)
-        if pending_delete is not None:
-            # Recreating a topic whose logs are still being removed: wait, or the old logs would be reused.
-            await asyncio.shield(pending_delete)
-            if name in self._creating:
-                raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' is being created.")
-        self.topics.check_new(name, internal=internal)
-        configs = dict(configs or {})
-        parse_topic_configs(configs)
-        if partitions is None or partitions == -1:
-            partitions = self.config.num_partitions
-        if partitions < 1:
-            raise TopicError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
-        if partitions > 100_000:
-            raise TopicError(ErrorCode.invalid_partitions, f"Number of partitions {partitions} exceeds 100000.")
-        if replication_factor is not None and replication_factor not in (-1, 1):
-            raise TopicError(
-                ErrorCode.invalid_replication_factor,
-                f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
-                f"of {replication_factor} cannot be reached because only 1 broker(s) are registered.",
-            )
-        topic = Topic(name=name, partitions=partitions, configs={k: str(v) for k, v in configs.items()}, internal=internal)
-        log_config = self.log_config_for(topic)
-        if validate_only:
-            return topic
-        done = asyncio.get_running_loop().create_future()
-        self._creating[name] = done
-        try:
-            try:
-                await asyncio.to_thread(self._create_logs_blocking, topic, log_config)
-            except Exception as exc:
-                storage = _storage()
-                if isinstance(exc, storage.StorageError):
-                    raise TopicError(ErrorCode.kafka_storage_error, f"Cannot create logs for '{name}': {exc}") from exc
-                raise
-            self.topics.add(topic)
-            await self._persist_registry()
-            log.info("created topic %s with %d partition(s) configs=%s", name, partitions, dict(topic.configs) or "{}")
-            return topic
-        finally:
-            del self._creating[name]
-            if not done.done():
-                done.set_result(None)
-
-    def _create_logs_blocking(self, topic: Topic, log_config) -> None:
-        created = []
-        try:
-            for partition in range(topic.partitions):
-                if self.log_manager.get_log(topic.name, partition) is None:
-                    self.log_manager.create_log(topic.name, partition, log_config)
-                    created.append(partition)
-        except Exception:
-            for partition in created:
-                try:
-                    self.log_manager.delete_log(topic.name, partition)
-                except Exception:
-                    log.exception("cleanup of %s-%d failed", topic.name, partition)
-            raise
-
-    async def wait_created(self, name: str) -> None:
-        """Wait for an in-progress creation of ``name`` (if any) to finish."""
-        pending = self._creating.get(name)
-        if pending is not None:
-            await asyncio.shield(pending)
-
-    def is_creating(self, name: str) -> bool:
-        return name in self._creating
+    async def create_topic(self, name: str, partitions: int | None = None,
+                           configs: dict[str, str | None] | None = None, *, replication_factor: int | None = None,
+                           assignments: dict[int, list[int]] | None = None, internal: bool = False,
+                           validate_only: bool = False) -> TopicInfo:
+        """Create a topic through the metadata backend. Raises TopicError with the Kafka error code."""
+        new = NewTopic(name=name, partitions=-1 if partitions is None else partitions,
+                       replication_factor=-1 if replication_factor is None else replication_factor,
+                       configs=dict(configs or {}), assignments=assignments, internal=internal)
+        return await self.metadata.create_topic(new, validate_only=validate_only)
 
     async def delete_topic(self, name: str) -> None:
-        """Remove a topic: registry first, then its logs.
+        await self.metadata.delete_topic(name)
 
-        Raises:
-            TopicError: UNKNOWN_TOPIC_OR_PARTITION, or INVALID_TOPIC_EXCEPTION for an internal topic.
-        """
-        topic = self.topics.get(name)
-        if topic is None:
-            raise TopicError(ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition.")
-        if topic.internal:
-            raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is internal and cannot be deleted")
-        self.topics.remove(name)
-        done = asyncio.get_running_loop().create_future()
-        self._deleting[name] = done
-        try:
-            await self._persist_registry()
-            for partition in range(topic.partitions):
-                self.producers.remove_partition(name, partition)
-            # Long-poll fetches on the topic answer now; their next round sees UNKNOWN_TOPIC_OR_PARTITION.
-            self.appends.notify_topic(name)
-            await asyncio.to_thread(self._delete_logs_blocking, topic)
-        finally:
-            del self._deleting[name]
-            done.set_result(None)
-        log.info("deleted topic %s (%d partition(s))", name, topic.partitions)
+    def topic(self, name: str) -> TopicInfo | None:
+        return self.metadata.image.topic(name)
 
-    def _delete_logs_blocking(self, topic: Topic) -> None:
-        for partition in range(topic.partitions):
-            try:
-                self.log_manager.delete_log(topic.name, partition)
-            except Exception:
-                log.exception("deleting log %s-%d failed; it is deleted at the next startup", topic.name, partition)
+    def is_creating(self, name: str) -> bool:
+        return self.metadata.is_creating(name)
 
-    # --- producer ids ------------------------------------------------------------------------------------------
+    async def wait_created(self, name: str) -> None:
+        await self.metadata.wait_created(name)
 
     async def allocate_producer_id(self) -> int:
-        if self._producer_id_lock is None:
-            self._producer_id_lock = asyncio.Lock()
-        async with self._producer_id_lock:
-            if self.producer_ids.needs_block:
-                await asyncio.to_thread(self.producer_ids.reserve_block)
-            return self.producer_ids.next_id()
+        return await self.metadata.allocate_producer_id()

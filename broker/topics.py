@@ -25,17 +25,20 @@ import re
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
+from copyless.broker.errors import BrokerError
 
 __all__ = [
     "Topic",
     "TopicRegistry",
     "TopicError",
     "validate_topic_name",
+    "check_new_topic_name",
+    "REPLICATION_CONFIGS",
     "parse_topic_configs",
     "MAX_NAME_LENGTH",
     "REGISTRY_FILE",
@@ -47,13 +50,8 @@ _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
-class TopicError(Exception):
+class TopicError(BrokerError):
     """A topic operation is refused; ``code`` is the Kafka error code for the client."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def validate_topic_name(name: str | None) -> None:
@@ -76,6 +74,20 @@ def validate_topic_name(name: str | None) -> None:
 
 def _unify(name: str) -> str:
     return name.replace(".", "_")
+
+
+def check_new_topic_name(name: str, existing: Iterable[str], *, internal: bool = False) -> None:
+    """Raise TopicError when ``name`` cannot be created next to ``existing``: illegal, taken, or colliding
+    with a taken name once ``.`` is read as ``_``. O(topics)."""
+    validate_topic_name(name)
+    unified = _unify(name)
+    for other in existing:
+        if other == name:
+            raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        if _unify(other) == unified:
+            raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' collides with existing topic: {other}")
+    if name in INTERNAL_TOPICS and not internal:
+        raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is reserved for internal use")
 
 
 def _int_config(name: str, text: str, *, minimum: int, unlimited_ok: bool = False) -> int | None:
@@ -118,14 +130,12 @@ _FIXED_CONFIGS = {
     "cleanup.policy": {"delete"},
     "compression.type": {"producer"},
     "preallocate": {"true", "false"},
-    "unclean.leader.election.enable": {"true", "false"},
     "message.downconversion.enable": {"true", "false"},
     "remote.storage.enable": {"false"},
 }
 # Accepted and recorded, with no effect on a single node without compaction or tiering.
 _ACCEPTED_CONFIGS = frozenset(
     {
-        "min.insync.replicas",
         "delete.retention.ms",
         "min.compaction.lag.ms",
         "max.compaction.lag.ms",
@@ -143,6 +153,19 @@ _ACCEPTED_CONFIGS = frozenset(
 )
 
 
+def _boolean(name: str, text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}: must be true or false")
+    return text.lower() == "true"
+
+
+# Replication settings: topic configs that are not the log's (the partition and the controller read them).
+REPLICATION_CONFIGS = {
+    "min.insync.replicas": lambda n, v: _int_config(n, v, minimum=1),
+    "unclean.leader.election.enable": _boolean,
+}
+
+
 def parse_topic_configs(configs: Mapping[str, str | None]) -> dict:
     """Validate Kafka topic configs; return the LogConfig field overrides they imply.
 
@@ -156,6 +179,8 @@ def parse_topic_configs(configs: Mapping[str, str | None]) -> dict:
         if name in _LOG_CONFIGS:
             field_name, convert = _LOG_CONFIGS[name]
             overrides[field_name] = convert(name, value)
+        elif name in REPLICATION_CONFIGS:
+            REPLICATION_CONFIGS[name](name, value)
         elif name in _FIXED_CONFIGS:
             if value.lower() not in _FIXED_CONFIGS[name]:
                 allowed = ", ".join(sorted(_FIXED_CONFIGS[name]))
@@ -202,7 +227,6 @@ class TopicRegistry:
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / REGISTRY_FILE
         self._topics: dict[str, Topic] = {}
-        self._unified: dict[str, str] = {}
         self.loaded_from_disk = False
 
     # --- queries -----------------------------------------------------------------------------------------
@@ -226,29 +250,15 @@ class TopicRegistry:
 
     def check_new(self, name: str, *, internal: bool = False) -> None:
         """Raise TopicError when ``name`` cannot be created: illegal, existing, or colliding."""
-        validate_topic_name(name)
-        if name in self._topics:
-            raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
-        other = self._unified.get(_unify(name))
-        if other is not None:
-            raise TopicError(
-                ErrorCode.invalid_topic_exception,
-                f"Topic '{name}' collides with existing topic: {other}",
-            )
-        if name in INTERNAL_TOPICS and not internal:
-            raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is reserved for internal use")
+        check_new_topic_name(name, self._topics, internal=internal)
 
     # --- mutation ------------------------------------------------------------------------------------------
 
     def add(self, topic: Topic) -> None:
         self._topics[topic.name] = topic
-        self._unified[_unify(topic.name)] = topic.name
 
     def remove(self, name: str) -> Topic | None:
-        topic = self._topics.pop(name, None)
-        if topic is not None:
-            self._unified.pop(_unify(name), None)
-        return topic
+        return self._topics.pop(name, None)
 
     def replace(self, name: str, **changes) -> Topic:
         topic = replace(self._topics[name], **changes)
@@ -280,7 +290,6 @@ class TopicRegistry:
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"topic registry {self.path} is corrupt: {exc}") from exc
         self._topics.clear()
-        self._unified.clear()
         for topic in topics:
             self.add(topic)
         self.loaded_from_disk = True

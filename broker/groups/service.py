@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupSnapshot, GroupState, JoinResult, SyncResult
+from copyless.client.protocol.records import read_header as batch_header
 from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
     CommittedOffset,
@@ -42,6 +43,8 @@ log = logging.getLogger("copyless.groups")
 OFFSETS_SEGMENT_BYTES = 16 * 1024 * 1024
 # Startup replay reads the log in slices of this size (whole batches; the first one whole even if larger).
 LOAD_READ_BYTES = 1024 * 1024
+# How long an offset commit waits for its records to reach the ISR (Kafka: offsets.commit.timeout.ms).
+COMMIT_TIMEOUT_S = 5.0
 
 
 # A key of ``broker.appends`` that no partition uses: see GroupService._watch_shutdown.
@@ -82,7 +85,7 @@ class GroupService:
 
     async def start(self) -> None:
         """Create ``__consumer_offsets`` if needed, then load it in the background and start the timers."""
-        topic = self.broker.topics.get(OFFSETS_TOPIC)
+        topic = self.broker.topic(OFFSETS_TOPIC)
         if topic is None:
             # cleanup.policy stays "delete" with retention off: the log is never truncated under live offsets
             # (copyless has no compaction; see the README).
@@ -128,7 +131,8 @@ class GroupService:
 
     async def _load(self) -> None:
         started = time.monotonic()
-        logs = [self.broker.get_log(OFFSETS_TOPIC, p) for p in range(self.num_partitions)]
+        logs = [self.broker.replicas.get(OFFSETS_TOPIC, p) for p in range(self.num_partitions)]
+        logs = [partition.log if partition is not None else None for partition in logs]
         try:
             store = await asyncio.to_thread(_replay_logs, logs)
         except Exception:
@@ -230,24 +234,28 @@ class GroupService:
         if not commits:
             return
         records = self.store.commit_records(group_id, commits)
-        result, partition_log = self._append_records([(group_id, record) for record in records])
-        if partition_log is not None and partition_log.config.flush_mode == "sync":
-            await asyncio.wrap_future(partition_log.wait_flushed(result.last_offset + 1))
+        info, partition = self._append_records([(group_id, record) for record in records])
+        if partition is not None:
+            # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition).
+            await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+            if partition.config.flush_mode == "sync":
+                await asyncio.wrap_future(partition.log.wait_flushed(info.last_offset + 1))
 
     def _append_records(self, records: list[tuple[str, tuple[bytes, bytes | None]]]):
         """Append ``(group_id, (key, value))`` records, each to its group's partition; fold them into the view.
 
-        Loop thread; the append is a memcpy into the mapped segment. Returns the last (AppendResult, log).
+        Loop thread; the append is a memcpy into the mapped segment. Returns the last (AppendInfo, Partition).
         """
         by_partition: dict[int, list] = {}
         for group_id, record in records:
             by_partition.setdefault(partition_for(group_id, self.num_partitions), []).append(record)
         last = (None, None)
-        for partition, batch_records in by_partition.items():
+        for index, batch_records in by_partition.items():
             data = build_batches(batch_records, now_ms())
-            result = self.broker.append_records(OFFSETS_TOPIC, partition, data)
+            partition = self.broker.replicas.leader(OFFSETS_TOPIC, index)
+            info = partition.append_as_leader(data, batch_header(data), acks=-1)
             self.store.apply(batch_records)
-            last = (result, self.broker.get_log(OFFSETS_TOPIC, partition))
+            last = (info, partition)
         return last
 
     async def _expiry(self) -> None:

@@ -33,7 +33,7 @@ _TOPIC_FIELDS = {
     "max.message.bytes": "max_message_bytes",
     "message.timestamp.type": "message_timestamp_type",
 }
-_TOPIC_FIXED = {"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "1"}
+_TOPIC_FIXED = {"cleanup.policy": "delete", "compression.type": "producer"}
 # Broker config name -> BrokerConfig field.
 _BROKER_FIELDS = {
     "node.id": "node_id",
@@ -53,6 +53,12 @@ _BROKER_FIELDS = {
     "log.flush.interval.ms": "flush_ms",
     "log.message.timestamp.type": "message_timestamp_type",
     "log.retention.check.interval.ms": "retention_check_interval_ms",
+    "min.insync.replicas": "min_insync_replicas",
+    "unclean.leader.election.enable": "unclean_leader_election",
+    "replica.lag.time.max.ms": "replica_lag_time_max_ms",
+    "broker.session.timeout.ms": "broker_session_timeout_ms",
+    "offsets.topic.num.partitions": "offsets_topic_num_partitions",
+    "offsets.topic.replication.factor": "offsets_topic_replication_factor",
 }
 
 
@@ -72,7 +78,10 @@ def topic_configs(broker, topic) -> list[tuple[str, str, int, str]]:
     for name, field_name in _TOPIC_FIELDS.items():
         source = DYNAMIC_TOPIC_CONFIG if name in topic.configs else DEFAULT_CONFIG
         entries.append((name, _text(getattr(effective, field_name)), source, _text(getattr(defaults, field_name))))
-    for name, value in _TOPIC_FIXED.items():
+    config = broker.config
+    replication_defaults = {"min.insync.replicas": _text(config.min_insync_replicas),
+                            "unclean.leader.election.enable": _text(config.unclean_leader_election)}
+    for name, value in (*_TOPIC_FIXED.items(), *replication_defaults.items()):
         source = DYNAMIC_TOPIC_CONFIG if name in topic.configs else DEFAULT_CONFIG
         entries.append((name, topic.configs.get(name, value), source, value))
     return entries
@@ -95,7 +104,7 @@ async def handle(ctx: RequestContext, request):
         wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
         code, message, entries = ErrorCode.none, None, []
         if resource.resource_type == TOPIC:
-            topic = broker.topics.get(resource.resource_name)
+            topic = broker.topic(resource.resource_name)
             if topic is None:
                 code, message = ErrorCode.unknown_topic_or_partition, f"Topic '{resource.resource_name}' does not exist."
             else:

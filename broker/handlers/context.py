@@ -32,6 +32,7 @@ class RequestContext:
     client_id: str | None
     connection_id: int
     client_host: str
+    listener: str = "PLAINTEXT"  # the name of the listener the request arrived on (Metadata answers with its addresses)
 
 
 @dataclass(slots=True)

@@ -11,15 +11,19 @@ Per request (``ReplicaManager.fetchMessages`` / ``readFromLog``, KIP-74):
   client drops the partial trailing batch and downloads it again with its next fetch;
 - the answer waits until ``min_bytes`` of records are available or ``max_wait_ms`` passes, woken by appends
   through ``broker.appends`` (no polling); any partition error answers at once;
-- unknown partition -> UNKNOWN_TOPIC_OR_PARTITION (3); offset outside [log_start, LEO] ->
-  OFFSET_OUT_OF_RANGE (1) with the log's bounds, and clients reset per ``auto.offset.reset``;
-  ``current_leader_epoch`` (v9+) above 0 -> UNKNOWN_LEADER_EPOCH (75);
+- unknown partition -> UNKNOWN_TOPIC_OR_PARTITION (3); a partition this broker does not lead ->
+  NOT_LEADER_OR_FOLLOWER (6); ``current_leader_epoch`` (v9+) older than the leader's -> FENCED_LEADER_EPOCH
+  (74), newer -> UNKNOWN_LEADER_EPOCH (75) (KIP-320); offset outside [log_start, LEO] -> OFFSET_OUT_OF_RANGE
+  (1) with the log's bounds, and clients reset per ``auto.offset.reset``;
+- a consumer reads below the high watermark; a follower (``replica_id`` >= 0) reads up to the log end, and
+  its fetch offset tells the leader its log end offset (which moves the ISR and the high watermark). A
+  consumer's long poll wakes when the high watermark moves, a follower's when the log end does;
 - ``session_id`` is always 0 (no fetch sessions): kafka-python's "create session" request gets a full
   response and it stays on full fetches.
 
-The records are never read into Python: ``PartitionLog.read`` returns a pinned FileSlice and
-``encode_fetch_response`` places it between the encoded fields; the shell sends it with sendfile and
-releases it.
+The records are never read into Python, for consumers and followers alike: the partition's read returns a
+pinned FileSlice and ``encode_fetch_response`` places it between the encoded fields; the shell sends it
+with sendfile and releases it.
 """
 
 from __future__ import annotations
@@ -29,26 +33,25 @@ import time
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.errors import error_for
 from copyless.broker.handlers.context import EncodedResponse, RequestContext
-from copyless.broker.state import LEADER_EPOCH
+from copyless.broker.storage.errors import OffsetOutOfRangeError
 from copyless.broker.wire.fetch_response import MAX_VERSION, MIN_VERSION, FetchPartitionResult, encode_fetch_response
 
 API_KEY = 1
 
 
-def _storage():
-    import copyless.broker.storage as storage
-
-    return storage
-
-
 def read_partitions(broker, request, response_max_bytes: int):
     """One pass over the requested partitions. Loop thread.
+
+    A follower's fetch (``replica_id`` >= 0) reads up to the log end and first records the fetch offset as
+    that follower's log end offset; a consumer's reads below the high watermark.
 
     Returns:
         (topics, total_record_bytes, has_error) where topics is [(name, [FetchPartitionResult])].
     """
-    storage = _storage()
+    replicas = broker.replicas
+    replica_id = getattr(request, "replica_id", -1)
     topics = []
     remaining = response_max_bytes
     min_one_message = True
@@ -59,47 +62,40 @@ def read_partitions(broker, request, response_max_bytes: int):
         results = []
         topics.append((name, results))
         for fetch_partition in fetch_topic.partitions:
-            partition = fetch_partition.partition
-            result = FetchPartitionResult(partition)
+            result = FetchPartitionResult(fetch_partition.partition)
             results.append(result)
-            partition_log = broker.get_log(name, partition)
-            if partition_log is None:
-                result.error_code = ErrorCode.unknown_topic_or_partition
-                has_error = True
-                continue
-            if getattr(fetch_partition, "current_leader_epoch", -1) > LEADER_EPOCH:
-                result.error_code = ErrorCode.unknown_leader_epoch
-                has_error = True
-                continue
+            partition = None
             offset = fetch_partition.fetch_offset
-            limit = max(0, min(fetch_partition.partition_max_bytes, remaining))
             try:
-                if limit == 0 and not min_one_message:
+                partition = replicas.leader(name, fetch_partition.partition,
+                                            getattr(fetch_partition, "current_leader_epoch", -1))
+                limit = max(0, min(fetch_partition.partition_max_bytes, remaining))
+                if replica_id >= 0:
+                    read = partition.read_for_follower(replica_id, offset, limit, min_one_message=min_one_message)
+                elif limit == 0 and not min_one_message:
                     # Budget spent: report positions only, but still check the offset as Kafka does.
-                    start, end = partition_log.log_start_offset, partition_log.log_end_offset
+                    start, end = partition.log_start_offset, partition.log_end_offset
                     if not start <= offset <= end:
-                        raise storage.OffsetOutOfRangeError(offset, start, end)
-                    result.high_watermark = partition_log.high_watermark
-                    result.log_start_offset = start
+                        raise OffsetOutOfRangeError(offset, start, end)
+                    read = None
                 else:
-                    read = partition_log.read(offset, limit, min_one_message=min_one_message)
-                    result.high_watermark = read.high_watermark
-                    result.log_start_offset = read.log_start_offset
-                    if read.slice is not None and read.slice.length > 0:
+                    read = partition.read_for_consumer(offset, limit, min_one_message=min_one_message)
+                result.high_watermark = partition.high_watermark
+                result.log_start_offset = partition.log_start_offset
+                if read is not None and read.slice is not None:
+                    if read.slice.length > 0:
                         result.records = read.slice
                         size = read.slice.length
                         total += size
                         remaining -= size
                         min_one_message = False
-                    elif read.slice is not None:
+                    else:
                         read.slice.release()
-            except storage.OffsetOutOfRangeError:
-                result.error_code = ErrorCode.offset_out_of_range
-                result.high_watermark = partition_log.high_watermark
-                result.log_start_offset = partition_log.log_start_offset
-                has_error = True
-            except storage.StorageError:
-                result.error_code = ErrorCode.kafka_storage_error
+            except Exception as exc:
+                result.error_code, _message = error_for(exc)
+                if partition is not None and result.error_code == ErrorCode.offset_out_of_range:
+                    result.high_watermark = partition.high_watermark
+                    result.log_start_offset = partition.log_start_offset
                 has_error = True
             result.last_stable_offset = result.high_watermark
     return topics, total, has_error
@@ -119,7 +115,11 @@ async def handle(ctx: RequestContext, request):
     max_wait_s = max(request.max_wait.total_seconds(), 0.0)
     min_bytes = request.min_bytes
     response_max_bytes = max(0, min(request.max_bytes, broker.config.fetch_max_bytes))
-    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    # Consumers wait for a partition's high watermark to move; followers for its log end.
+    if getattr(request, "replica_id", -1) >= 0:
+        keys = [(t.topic, p.partition, "log_end") for t in request.topics for p in t.partitions]
+    else:
+        keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
     deadline = loop.time() + max_wait_s
     while True:
         started = time.perf_counter()

@@ -167,7 +167,7 @@ async def offset_commit(ctx: RequestContext, request):
             key = (topic.name, partition.partition_index)
             if error != ErrorCode.none:
                 errors[key] = error
-            elif broker.get_log(topic.name, partition.partition_index) is None:
+            elif not _partition_exists(broker, topic.name, partition.partition_index):
                 errors[key] = ErrorCode.unknown_topic_or_partition
             elif partition.committed_metadata is not None and \
                     len(partition.committed_metadata.encode("utf-8")) > MAX_METADATA_BYTES:
@@ -192,6 +192,11 @@ async def offset_commit(ctx: RequestContext, request):
         for topic in request.topics
     )
     return build(module.OffsetCommitResponse, throttle_time=NO_THROTTLE, topics=topics)
+
+
+def _partition_exists(broker, topic: str, partition: int) -> bool:
+    info = broker.metadata.image.topic(topic)
+    return info is not None and 0 <= partition < info.partitions
 
 
 async def offset_fetch(ctx: RequestContext, request):

@@ -1,18 +1,22 @@
-"""OffsetForLeaderEpoch (23) v2-3: the end offset of a leader epoch (KIP-320 log truncation checks).
+"""OffsetForLeaderEpoch (23) v2-3: where a leader epoch ends (KIP-101/279 truncation, KIP-320 validation).
 
-The leader epoch is 0 forever on this single node, across restarts, so the answers are:
-requested epoch 0 -> (epoch 0, log end offset); any other epoch -> (-1, -1), Kafka's UNDEFINED_EPOCH_OFFSET
-for an epoch the log never had; ``current_leader_epoch`` above 0 -> UNKNOWN_LEADER_EPOCH (75); unknown
-partition -> UNKNOWN_TOPIC_OR_PARTITION (3). librdkafka sends v2 when a metadata epoch moves, which never
-happens here, but consumers resuming with a committed epoch still validate against it.
+Asked of the partition's leader: for the requested epoch, the largest epoch at or below it that the
+leader's log has, and the offset where that epoch ends (the next epoch's start offset, or the log end for
+the latest epoch); (-1, -1), Kafka's UNDEFINED_EPOCH_OFFSET, when the log has no epoch at or below it.
+A follower that starts following a new leader truncates to ``min(its own end of that epoch, this answer)``;
+a consumer resuming from a committed epoch checks its position the same way.
+
+Errors: unknown partition -> UNKNOWN_TOPIC_OR_PARTITION (3); not the leader -> NOT_LEADER_OR_FOLLOWER (6);
+``current_leader_epoch`` older / newer than the leader's -> FENCED_LEADER_EPOCH (74) / UNKNOWN_LEADER_EPOCH
+(75). On a single node the epoch is 0 forever: epoch 0 ends at the log end.
 """
 
 from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.errors import error_for
 from copyless.broker.handlers.context import RequestContext
-from copyless.broker.state import LEADER_EPOCH
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 API_KEY = 23
@@ -26,15 +30,14 @@ async def handle(ctx: RequestContext, request):
         partitions = []
         for item in topic.partitions:
             code, epoch, end_offset = ErrorCode.none, -1, -1
-            partition_log = broker.get_log(topic.topic, item.partition)
-            if partition_log is None:
-                code = ErrorCode.unknown_topic_or_partition
-            elif item.current_leader_epoch > LEADER_EPOCH:
-                code = ErrorCode.unknown_leader_epoch
-            elif item.leader_epoch == LEADER_EPOCH:
-                epoch, end_offset = LEADER_EPOCH, partition_log.log_end_offset
+            try:
+                partition = broker.replicas.leader(topic.topic, item.partition, item.current_leader_epoch)
+                epoch, end_offset = partition.end_offset_for_epoch(item.leader_epoch)
+            except Exception as exc:
+                code, _message = error_for(exc)
             partitions.append(
-                build(module.EpochEndOffset, error_code=code, partition=item.partition, leader_epoch=epoch, end_offset=end_offset)
+                build(module.EpochEndOffset, error_code=code, partition=item.partition, leader_epoch=epoch,
+                      end_offset=end_offset)
             )
         topics.append(module.OffsetForLeaderTopicResult(topic=topic.topic, partitions=tuple(partitions)))
     return build(module.OffsetForLeaderEpochResponse, throttle_time=NO_THROTTLE, topics=tuple(topics))

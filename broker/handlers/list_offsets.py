@@ -1,13 +1,15 @@
 """ListOffsets (2) v1-5: earliest (-2), latest (-1) and first offset at or after a timestamp.
 
 - -1 -> the high watermark (= log end offset on a single node; also the last stable offset, as there are
-  no open transactions), timestamp -1;
+  no open transactions), timestamp -1; OFFSET_NOT_AVAILABLE (78) while a new leader's high watermark is
+  below its epoch's start offset;
 - -2 -> the log start offset, timestamp -1;
 - t >= 0 -> the first record whose timestamp is >= t, resolved per record as Kafka's
   ``FileRecords.searchForTimestamp`` does (storage's ``offset_for_timestamp``), with that record's
   timestamp; none -> offset -1, timestamp -1;
-- leader epoch (v4+) is 0 for a found offset; unknown partition -> UNKNOWN_TOPIC_OR_PARTITION (3);
-  ``current_leader_epoch`` above 0 -> UNKNOWN_LEADER_EPOCH (75); any other negative timestamp (-3, max
+- leader epoch (v4+) is the partition's for a found offset; unknown partition -> UNKNOWN_TOPIC_OR_PARTITION
+  (3); not the leader -> NOT_LEADER_OR_FOLLOWER (6); ``current_leader_epoch`` older / newer than the
+  leader's -> FENCED_LEADER_EPOCH (74) / UNKNOWN_LEADER_EPOCH (75); any other negative timestamp (-3, max
   timestamp, is a v7+ query) -> INVALID_REQUEST (42); a lookup that lands on a batch whose records do not
   decode (produce checks headers and CRCs only) -> CORRUPT_MESSAGE (2).
 
@@ -22,10 +24,9 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.errors import OffsetNotAvailable, error_for
 from copyless.broker.handlers.context import RequestContext
-from copyless.broker.state import LEADER_EPOCH
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
-from copyless.client.protocol.records import InvalidBatchError
 
 log = logging.getLogger("copyless.list_offsets")
 
@@ -42,32 +43,33 @@ async def handle(ctx: RequestContext, request):
         partitions = []
         for item in list_topic.partitions:
             code, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
-            partition_log = broker.get_log(list_topic.name, item.partition_index)
-            if partition_log is None:
-                code = ErrorCode.unknown_topic_or_partition
-            elif getattr(item, "current_leader_epoch", -1) > LEADER_EPOCH:
-                code = ErrorCode.unknown_leader_epoch
-            elif item.timestamp == LATEST:
-                offset, epoch = partition_log.high_watermark, LEADER_EPOCH
-            elif item.timestamp == EARLIEST:
-                offset, epoch = partition_log.log_start_offset, LEADER_EPOCH
-            elif item.timestamp >= 0:
-                try:
-                    found = partition_log.offset_for_timestamp(item.timestamp)
-                except _storage_error():
-                    code, found = ErrorCode.kafka_storage_error, None
-                except InvalidBatchError as exc:
+            try:
+                partition = broker.replicas.leader(list_topic.name, item.partition_index,
+                                                   getattr(item, "current_leader_epoch", -1))
+                if item.timestamp == LATEST:
+                    if partition.high_watermark < partition.epoch_start_offset:
+                        # A new leader whose high watermark has not reached its epoch's start yet: the
+                        # latest offset it would give could still grow backwards (KIP-207).
+                        raise OffsetNotAvailable(f"{list_topic.name}-{item.partition_index}: the new leader's high "
+                                                 f"watermark has not reached its epoch start yet")
+                    offset, epoch = partition.high_watermark, partition.leader_epoch
+                elif item.timestamp == EARLIEST:
+                    offset, epoch = partition.log_start_offset, partition.leader_epoch
+                elif item.timestamp >= 0:
+                    found = partition.offset_for_timestamp(item.timestamp)
+                    if found is not None:
+                        offset, timestamp = found
+                        epoch = partition.leader_epoch
+                else:
+                    code = ErrorCode.invalid_request
+            except Exception as exc:
+                code, message = error_for(exc)
+                if code == ErrorCode.corrupt_message:
                     # Produce validates batch headers and CRCs but never decodes records, so a producer can
                     # store a batch whose records do not parse; its partition stays readable, and a lookup
                     # that lands on it says so instead of failing the connection.
-                    log.warning("timestamp lookup in %s-%d hit an undecodable batch: %s",
-                                list_topic.name, item.partition_index, exc)
-                    code, found = ErrorCode.corrupt_message, None
-                if found is not None:
-                    offset, timestamp = found
-                    epoch = LEADER_EPOCH
-            else:
-                code = ErrorCode.invalid_request
+                    log.warning("timestamp lookup in %s-%d: %s", list_topic.name, item.partition_index, message)
+                offset, timestamp, epoch = -1, -1, -1
             partitions.append(
                 build(
                     module.ListOffsetsPartitionResponse,
@@ -81,12 +83,6 @@ async def handle(ctx: RequestContext, request):
             )
         topics.append(module.ListOffsetsTopicResponse(name=list_topic.name, partitions=tuple(partitions)))
     return build(module.ListOffsetsResponse, throttle_time=NO_THROTTLE, topics=tuple(topics))
-
-
-def _storage_error():
-    import copyless.broker.storage as storage
-
-    return storage.StorageError
 
 
 HANDLERS = {API_KEY: (MIN_VERSION, MAX_VERSION, handle)}

@@ -8,8 +8,14 @@ Rules (``KafkaApis.getTopicMetadata``, traps T7, T11, T12 in the protocol notes)
   allows it (``allow_auto_topic_creation`` from v4; implicitly true before) and its name is legal; that
   round answers LEADER_NOT_AVAILABLE (5) and the client's retry finds it. Otherwise
   UNKNOWN_TOPIC_OR_PARTITION (3), or INVALID_TOPIC_EXCEPTION (17) for an illegal name.
-- ``controller_id`` (v1+) is this node: kafka-python's admin client loops while it is -1.
-- leader epoch (v7+) is 0 forever; single node: replicas = isr = [node_id].
+- brokers: every live broker, at the advertised address of the listener this request arrived on (named
+  listeners: containers reach each other by service name while the host uses published ports);
+- ``controller_id`` (v1+): the controller (a single node is its own; kafka-python's admin client loops
+  while it is -1);
+- per partition: leader, leader epoch (v7+), replicas, ISR and offline replicas (v5+) from the metadata
+  image, which only moves forward, so a broker never reports an older leader epoch than it did before
+  (librdkafka drops such answers). A leader that is not live, or this broker while its lease may have
+  expired, is reported as -1 with LEADER_NOT_AVAILABLE; clients retry with fresh metadata.
 - internal topics (``__consumer_offsets``) carry ``is_internal`` (v1+) and are left out of v0 all-topics
   answers, which cannot mark them.
 """
@@ -21,7 +27,6 @@ import logging
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.context import RequestContext
-from copyless.broker.state import LEADER_EPOCH
 from copyless.broker.topics import TopicError, validate_topic_name
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
@@ -41,9 +46,9 @@ async def handle(ctx: RequestContext, request):
     all_topics = requested is None or (version == 0 and len(requested) == 0)
     allow_auto_create = getattr(request, "allow_auto_topic_creation", True)
 
+    image = broker.metadata.image
     if all_topics:
-        names = [t.name for t in broker.topics if not (version == 0 and t.internal)]
-        names.sort()
+        names = sorted(t.name for t in image.topics.values() if not (version == 0 and t.internal))
     else:
         names = []
         for item in requested:
@@ -53,57 +58,73 @@ async def handle(ctx: RequestContext, request):
 
     topics = []
     for name in names:
-        topic = broker.topics.get(name)
-        if topic is None and broker.is_creating(name):
+        info = broker.metadata.image.topic(name)
+        if info is None and broker.is_creating(name):
             await broker.wait_created(name)
             topics.append(_topic_error(module, name, ErrorCode.leader_not_available))
             continue
-        if topic is None:
+        if info is None:
             topics.append(await _missing_topic(ctx, module, name, all_topics, allow_auto_create))
             continue
-        partitions = tuple(
-            build(
-                module.MetadataResponsePartition,
-                error_code=ErrorCode.none,
-                partition_index=partition,
-                leader_id=broker.node_id,
-                leader_epoch=LEADER_EPOCH,
-                replica_nodes=(broker.node_id,),
-                isr_nodes=(broker.node_id,),
-                offline_replicas=(),
-            )
-            for partition in range(topic.partitions)
-        )
         topics.append(
             build(
                 module.MetadataResponseTopic,
                 error_code=ErrorCode.none,
                 name=name,
-                is_internal=topic.internal,
-                partitions=partitions,
+                is_internal=info.internal,
+                partitions=_partitions(broker, module, broker.metadata.image, info),
                 topic_authorized_operations=_AUTHORIZED_OPERATIONS_OMITTED,
             )
         )
 
-    config = broker.config
-    brokers = (
-        build(
-            module.MetadataResponseBroker,
-            node_id=broker.node_id,
-            host=config.advertised_host,
-            port=config.advertised_port,
-            rack=None,
-        ),
-    )
+    image = broker.metadata.image
+    brokers = []
+    for node_id in sorted(image.brokers):
+        endpoint = image.brokers[node_id].endpoints.get(ctx.listener)
+        if endpoint is None:
+            continue  # a broker without this listener is not reachable by this client (Kafka omits it)
+        brokers.append(build(module.MetadataResponseBroker, node_id=node_id, host=endpoint[0], port=endpoint[1],
+                             rack=image.brokers[node_id].rack))
     return build(
         module.MetadataResponse,
         throttle_time=NO_THROTTLE,
-        brokers=brokers,
-        cluster_id=broker.cluster_id,
-        controller_id=broker.node_id,
+        brokers=tuple(brokers),
+        cluster_id=image.cluster_id or broker.cluster_id,
+        controller_id=image.controller_id,
         topics=tuple(topics),
         cluster_authorized_operations=_AUTHORIZED_OPERATIONS_OMITTED,
     )
+
+
+def _partitions(broker, module, image, info) -> tuple:
+    """Each partition's leader, epoch, replicas and ISR as the image says, with Kafka's cache rules: a leader
+    that is not a live broker is reported as -1 with LEADER_NOT_AVAILABLE (5), the epoch kept; so is this
+    broker, for the partitions it leads, while its metadata lease may have expired (a cut-off broker must
+    not present itself as leader)."""
+    live = image.brokers
+    lease_valid = broker.metadata.lease_valid()
+    partitions = []
+    for index in range(info.partitions):
+        state = image.partition_state(info.name, index)
+        replicas = info.assignment[index]
+        if state is None:
+            leader, epoch, isr = -1, -1, ()
+        else:
+            leader, epoch, isr = state.leader, state.leader_epoch, state.isr
+        code = ErrorCode.none
+        if leader not in live or (leader == broker.node_id and not lease_valid):
+            leader, code = -1, ErrorCode.leader_not_available
+        partitions.append(build(
+            module.MetadataResponsePartition,
+            error_code=code,
+            partition_index=index,
+            leader_id=leader,
+            leader_epoch=epoch,
+            replica_nodes=tuple(replicas),
+            isr_nodes=tuple(isr),
+            offline_replicas=tuple(r for r in replicas if r not in live),
+        ))
+    return tuple(partitions)
 
 
 def _topic_error(module, name: str, code: ErrorCode):

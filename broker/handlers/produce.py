@@ -12,14 +12,18 @@ Validation is Kafka's header-only pass (``UnifiedLog.analyzeAndValidateRecords``
     zstd only from Produce v7 ........................................... UNSUPPORTED_COMPRESSION_TYPE (76)
     acks in {-1, 0, 1} .................................................. INVALID_REQUIRED_ACKS (21)
     unknown topic or partition (never auto-created) .................... UNKNOWN_TOPIC_OR_PARTITION (3)
+    this broker does not lead the partition ............................ NOT_LEADER_OR_FOLLOWER (6)
+    acks=all and the ISR below min.insync.replicas ..................... NOT_ENOUGH_REPLICAS (19)
     disk full / I/O error on append .................................... KAFKA_STORAGE_ERROR (56)
 
-Records are never decoded or recompressed: the batch bytes go to ``PartitionLog.append``, which rewrites
-baseOffset and partitionLeaderEpoch in place (and maxTimestamp + CRC for LogAppendTime topics).
+Records are never decoded or recompressed: the batch bytes go to ``Partition.append_as_leader``, whose log
+rewrites baseOffset and partitionLeaderEpoch in place (and maxTimestamp + CRC for LogAppendTime topics).
 
 acks: 0 writes no response at all, and any error closes the connection (``KafkaApis`` does the same, so the
-producer notices); 1 answers after the append; -1 (all) on a single node is the same as 1, except under
-the ``sync`` flush mode where it also waits for the fdatasync that covers the batch (group commit).
+producer notices); 1 answers after the leader's append; -1 (all) answers once the partition's high
+watermark passes the batch (every in-sync replica has it; on a single node at once), with
+NOT_ENOUGH_REPLICAS_AFTER_APPEND (20), REQUEST_TIMED_OUT (7) or NOT_LEADER_OR_FOLLOWER as Kafka answers, and
+under the ``sync`` flush mode also after the fdatasync that covers it (group commit).
 
 Produce v0-2 (message format v0/v1) are advertised only for librdkafka < 2.11.1 (KAFKA-18659, trap T1) and
 closed on arrival by the request decoder, as Kafka 4 does.
@@ -33,8 +37,8 @@ import time
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
-from copyless.broker.state import LEADER_EPOCH
 from copyless.broker.wire.produce_response import encode_produce_response
 from copyless.client.protocol.records import (
     CODEC_ZSTD,
@@ -51,11 +55,8 @@ MIN_VERSION, MAX_VERSION = 0, 8
 _MAX_CODEC = CODEC_ZSTD
 
 
-class ProduceError(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class ProduceError(BrokerError):
+    """A produce-path check failed; ``code`` is what the client gets."""
 
 
 _CORRUPT_REASONS = frozenset({"truncated header", "bad length", "truncated batch", "bad crc"})
@@ -116,18 +117,17 @@ async def handle(ctx: RequestContext, request):
     acks = request.acks
     stats = broker.stats
     results: list[tuple[str, list]] = []  # topic -> [(partition, code, base_offset, log_append_ms, log_start, message)]
-    flush_waits: list = []
+    waits: list = []  # (entry, partition, required offset): acks=all, and the sync flush mode
     first_error: str | None = None
 
     for topic_data in request.topic_data:
         name = topic_data.name
         partition_results = []
         results.append((name, partition_results))
-        topic = broker.topics.get(name)
         for partition_data in topic_data.partition_data:
-            partition = partition_data.index
+            index = partition_data.index
             code, message, base_offset, append_ms, log_start = ErrorCode.none, None, -1, -1, -1
-            flush_future = None
+            required = None
             try:
                 if acks not in (-1, 0, 1):
                     raise ProduceError(ErrorCode.invalid_required_acks, f"Invalid required acks {acks}")
@@ -135,12 +135,8 @@ async def handle(ctx: RequestContext, request):
                     raise ProduceError(
                         ErrorCode.transactional_id_authorization_failed, "Transactions are not supported by this broker"
                     )
-                partition_log = broker.get_log(name, partition) if topic is not None else None
-                if partition_log is None:
-                    raise ProduceError(
-                        ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition."
-                    )
-                config = partition_log.config
+                partition = broker.replicas.leader(name, index)
+                config = partition.config
                 header = validate_produce_records(
                     partition_data.records, api_version=version, max_message_bytes=config.max_message_bytes
                 )
@@ -150,67 +146,48 @@ async def handle(ctx: RequestContext, request):
                         ErrorCode.record_list_too_large,
                         f"The record batch size {header.size} exceeds the topic's segment.bytes {config.segment_bytes}",
                     )
-                check = broker.producers.check(name, partition, header)
-                if check.error != ErrorCode.none:
-                    raise ProduceError(check.error, check.message or check.error.name)
-                if check.duplicate_of is not None:
-                    # A retry of an acknowledged batch: same answer, nothing appended.
-                    base_offset = check.duplicate_of.first_offset
-                    log_start = partition_log.log_start_offset
+                append_time = int(time.time() * 1000) if config.message_timestamp_type == "LogAppendTime" else None
+                info = partition.append_as_leader(partition_data.records, header, acks=acks,
+                                                  log_append_time_ms=append_time)
+                base_offset, log_start = info.base_offset, info.log_start_offset
+                append_ms = info.log_append_time_ms
+                if info.duplicate:
                     stats.produce_duplicates += 1
-                    if acks == -1 and config.flush_mode == "sync":
-                        # The original may still be waiting for its fdatasync: ack the retry no earlier.
-                        flush_future = partition_log.wait_flushed(check.duplicate_of.last_offset + 1)
                 else:
-                    append_time = int(time.time() * 1000) if config.message_timestamp_type == "LogAppendTime" else None
-                    try:
-                        result = partition_log.append(
-                            partition_data.records, leader_epoch=LEADER_EPOCH, log_append_time_ms=append_time
-                        )
-                    except _storage_error() as exc:
-                        raise ProduceError(ErrorCode.kafka_storage_error, f"Append failed: {exc}") from None
-                    broker.producers.update(name, partition, header, result.base_offset)
-                    broker.appends.notify((name, partition))
-                    base_offset = result.base_offset
-                    append_ms = result.log_append_time_ms if result.log_append_time_ms is not None else -1
-                    log_start = result.log_start_offset
                     stats.produce_batches += 1
                     stats.produce_records += header.records_count
                     stats.produce_bytes += header.size
-                    if acks == -1 and config.flush_mode == "sync":
-                        flush_future = partition_log.wait_flushed(result.last_offset + 1)
-            except ProduceError as exc:
-                code, message = exc.code, exc.message
+                if acks == -1:
+                    # A retry of an acknowledged batch waits too: the original may not be replicated yet.
+                    required = (partition, info.last_offset + 1)
+            except Exception as exc:
+                code, message = error_for(exc)
                 stats.produce_errors += 1
                 if first_error is None:
-                    first_error = f"{name}-{partition}: {exc.code.name}: {exc.message}"
-            entry = [partition, int(code), base_offset, append_ms, log_start, message]
+                    first_error = f"{name}-{index}: {code.name}: {message}"
+            entry = [index, int(code), base_offset, append_ms, log_start, message]
             partition_results.append(entry)
-            if flush_future is not None:
-                flush_waits.append((entry, flush_future))
+            if required is not None:
+                waits.append((entry, *required))
 
-    # acks=all under the sync flush mode: one fdatasync per partition covers every batch it reaches. The
-    # request's timeout bounds the wait, as Kafka's DelayedProduce does (REQUEST_TIMED_OUT; the batch stays
-    # appended and a retry is deduplicated for idempotent producers).
-    deadline = asyncio.get_running_loop().time() + max(request.timeout.total_seconds(), 0.0)
-    for entry, future in flush_waits:
-        try:
-            if future.done():
-                future.result()
-            else:
-                remaining_s = max(deadline - asyncio.get_running_loop().time(), 0.0)
-                # asyncio.timeout, not wait_for, which on 3.11 drops a cancellation (shutdown) that
-                # arrives in the same step as the flush.
-                async with asyncio.timeout(remaining_s):
-                    await asyncio.shield(asyncio.wrap_future(future))
-        except TimeoutError:
-            entry[1], entry[5] = int(ErrorCode.request_timed_out), "Timed out waiting for the flush"
-            if first_error is None:
-                first_error = f"partition {entry[0]}: flush not done within the request timeout"
-        except Exception as exc:  # the fdatasync failed: the batch is not durable
-            entry[1], entry[5] = int(ErrorCode.kafka_storage_error), f"Flush failed: {exc}"
-            if first_error is None:
-                first_error = f"partition {entry[0]}: flush failed: {exc}"
+    # acks=all: each partition's write completes once its high watermark passes the batch (the ISR has it),
+    # and, under the sync flush mode, once an fdatasync covers it (group commit). The request's timeout
+    # bounds the wait, as Kafka's DelayedProduce does (REQUEST_TIMED_OUT; the batch stays appended and a retry
+    # is deduplicated for idempotent producers).
+    if waits:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.timeout.total_seconds(), 0.0)
+        for entry, partition, required_offset in waits:
+            try:
+                await partition.wait_replicated(required_offset, deadline - loop.time())
+                if partition.config.flush_mode == "sync":
+                    await _wait_flushed(partition, required_offset, deadline - loop.time())
+            except Exception as exc:
+                code, message = error_for(exc)
+                entry[1], entry[5] = int(code), message
+                stats.produce_errors += 1
+                if first_error is None:
+                    first_error = f"partition {entry[0]}: {code.name}: {message}"
 
     if acks == 0:
         if first_error is not None:
@@ -223,10 +200,20 @@ async def handle(ctx: RequestContext, request):
     return EncodedResponse([encoded])
 
 
-def _storage_error():
-    import copyless.broker.storage as storage
-
-    return storage.StorageError
+async def _wait_flushed(partition, required_offset: int, timeout_s: float) -> None:
+    """The sync flush mode: wait for the fdatasync that covers ``required_offset``. Raises RequestTimedOut,
+    or the StorageError of a failed fdatasync (the batch is not durable)."""
+    future = partition.log.wait_flushed(required_offset)
+    if future.done():
+        future.result()
+        return
+    try:
+        # asyncio.timeout, not wait_for, which on 3.11 drops a cancellation (shutdown) that arrives in the
+        # same step as the flush.
+        async with asyncio.timeout(max(timeout_s, 0.0)):
+            await asyncio.shield(asyncio.wrap_future(future))
+    except TimeoutError:
+        raise RequestTimedOut("Timed out waiting for the flush") from None
 
 
 HANDLERS = {API_KEY: (MIN_VERSION, MAX_VERSION, handle)}

@@ -47,7 +47,7 @@ def _recv_view() -> memoryview:
 
 
 class Connection:
-    def __init__(self, server, sock: socket.socket, address, connection_id: int) -> None:
+    def __init__(self, server, sock: socket.socket, address, connection_id: int, listener: str = "PLAINTEXT") -> None:
         self.server = server
         self.broker = server.broker
         self.sock = sock
@@ -55,6 +55,7 @@ class Connection:
         self.client_host = address[0] if isinstance(address, tuple) else str(address)
         self.peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
         self.connection_id = connection_id
+        self.listener = listener
         self.frames = FrameBuffer(self.broker.config.max_request_bytes)
         self.busy = False
         self.client_id: str | None = None
@@ -158,6 +159,7 @@ class Connection:
             client_id=header.client_id,
             connection_id=self.connection_id,
             client_host=self.client_host,
+            listener=self.listener,
         )
         handler = broker.handlers.handler(header.api_key)
         try:

@@ -3,12 +3,16 @@
 Lifecycle:
 
 1. ``Broker.startup()`` (blocking, before the loop runs): identity, topics, logs, recovery, producer state.
-2. ``Server.start()``: handler startup hooks (groups), bind + listen, print the startup line
-   ``copyless listening on HOST:PORT ...`` on stdout (tests read the port from it).
-3. Accept loop: every connection is a raw non-blocking socket (TCP_NODELAY) served by its own task.
+2. ``Server.start()``: bind every listener (``--listener NAME=HOST:PORT``, or the one ``--listen``), join the
+   cluster (the registration names the bound endpoints; the first metadata image is applied), run the
+   handler startup hooks (groups), print the startup line ``copyless listening on HOST:PORT ...`` on stdout
+   (tests read the port from it), accept.
+3. Accept loops, one per listener: every connection is a raw non-blocking socket (TCP_NODELAY) served by
+   its own task, and knows its listener (Metadata answers with that listener's advertised addresses).
 4. ``Server.shutdown()`` on SIGTERM/SIGINT: stop accepting; answer parked long-poll fetches now; let every
    in-flight request finish (bounded by ``shutdown_timeout_s``); close connections; run handler shutdown
-   hooks; ``LogManager.shutdown()`` in a worker thread (flush, checkpoint, clean-shutdown marker).
+   hooks; leave the cluster (the lease is revoked, so the partitions this broker led move at once);
+   ``LogManager.shutdown()`` in a worker thread (flush, checkpoint, clean-shutdown marker).
 
 Counters: ``broker.stats``; SIGUSR1 and shutdown print them as one ``stats-json {...}`` line on stdout.
 Periodic work: the stats log line every ``stats_interval_s``, the idle reaper and the loop-lag probe. Flush
@@ -47,11 +51,12 @@ class Server:
         self.loop_name = loop_name
         self.closing = False
         self.listen_socket: socket.socket | None = None
+        self.listen_sockets: dict[str, socket.socket] = {}
         self.bound_host = ""
         self.bound_port = 0
         self.connections: dict[int, tuple[Connection, asyncio.Task]] = {}
         self._next_connection_id = 0
-        self._accept_task: asyncio.Task | None = None
+        self._accept_tasks: list[asyncio.Task] = []
         self._periodic: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
         self._last_accept_warning = 0.0
@@ -59,26 +64,44 @@ class Server:
     # --- start -----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.broker.run_startup_hooks()
-        family = socket.AF_INET6 if ":" in self.config.listen_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.listen_host, self.config.listen_port))
-        sock.listen(LISTEN_BACKLOG)
-        sock.setblocking(False)
-        self.listen_socket = sock
-        self.bound_host, self.bound_port = sock.getsockname()[:2]
+        """Bind every listener, join the cluster (registration names the bound endpoints), run the handlers'
+        startup hooks, then accept. Raises OSError when a listener cannot bind."""
+        config = self.config
+        for name, host, port in config.listener_specs():
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(LISTEN_BACKLOG)
+            except OSError:
+                sock.close()
+                self._close_listeners()
+                raise
+            sock.setblocking(False)
+            self.listen_sockets[name] = sock
+            bound_host, bound_port = sock.getsockname()[:2]
+            if host in ("0.0.0.0", "::", ""):
+                # A wildcard address is not one a client can connect to; Kafka advertises the host's name then.
+                bound_host = socket.getfqdn()
+            self.broker.bound_listeners[name] = (bound_host, bound_port)
+        first = next(iter(self.listen_sockets.values()))
+        self.listen_socket = first
+        self.bound_host, self.bound_port = first.getsockname()[:2]
         changes = {}
-        if self.config.listen_port == 0:
+        if self.config.listen_port == 0 and not self.config.listeners:
             # Port 0: advertise the port the kernel chose (unless an advertised port was configured).
             changes["listen_port"] = self.bound_port
-        if self.config.advertise_host is None and self.config.listen_host in ("0.0.0.0", "::", ""):
-            # A wildcard address is not one a client can connect to; Kafka advertises the host's name then.
+        if self.config.advertise_host is None and self.config.listen_host in ("0.0.0.0", "::", "") \
+                and not self.config.listeners:
             changes["advertise_host"] = socket.getfqdn()
         if changes:
             self.broker.config = dataclasses.replace(self.broker.config, **changes)
             self.config = self.broker.config
-        self._accept_task = asyncio.create_task(self._accept_loop(), name="copyless-accept")
+        await self.broker.start_cluster()
+        await self.broker.run_startup_hooks()
+        for name, sock in self.listen_sockets.items():
+            self._accept_tasks.append(asyncio.create_task(self._accept_loop(name, sock), name=f"copyless-accept-{name}"))
         if self.config.stats_interval_s > 0:
             self._periodic.append(asyncio.create_task(self._stats_loop(), name="copyless-stats"))
         if self.config.connections_max_idle_ms:
@@ -86,8 +109,20 @@ class Server:
         self._periodic.append(asyncio.create_task(self._lag_probe(), name="copyless-loop-lag"))
         self._announce()
 
+    def _close_listeners(self) -> None:
+        for sock in self.listen_sockets.values():
+            try:
+                sock.close()
+            except OSError:
+                pass
+
     def _announce(self) -> None:
         config = self.broker.config
+        listeners = " ".join(
+            f"{name}={host}:{port}->{advertised[0]}:{advertised[1]}"
+            for name, (host, port), advertised in (
+                (name, sock.getsockname()[:2], self.broker.advertised_listeners()[name])
+                for name, sock in self.listen_sockets.items()))
         line = (
             f"copyless listening on {self.bound_host}:{self.bound_port} "
             f"advertised={config.advertised_host}:{config.advertised_port} "
@@ -96,19 +131,20 @@ class Server:
             f"socket_send_buffer_bytes={config.socket_send_buffer_bytes} "
             f"retention_ms={config.retention_ms} max_message_bytes={config.message_max_bytes} "
             f"auto_create_topics={config.auto_create_topics} num_partitions={config.num_partitions} "
-            f"node_id={self.broker.node_id} cluster_id={self.broker.cluster_id}"
+            f"node_id={self.broker.node_id} cluster_id={self.broker.cluster_id} "
+            f"metadata={config.metadata or 'embedded'} listeners={listeners}"
         )
         print(line, flush=True)
         log.info("%s", line)
 
     # --- accept --------------------------------------------------------------------------------------------------
 
-    async def _accept_loop(self) -> None:
+    async def _accept_loop(self, listener: str, listen_socket: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         stats = self.broker.stats
         while not self.closing:
             try:
-                sock, address = await loop.sock_accept(self.listen_socket)
+                sock, address = await loop.sock_accept(listen_socket)
             except asyncio.CancelledError:
                 return
             except OSError as exc:
@@ -127,7 +163,7 @@ class Server:
             self._tune(sock)
             self._next_connection_id += 1
             connection_id = self._next_connection_id
-            connection = Connection(self, sock, address, connection_id)
+            connection = Connection(self, sock, address, connection_id, listener)
             stats.connections_accepted += 1
             stats.connections_open += 1
             task = asyncio.create_task(connection.run(), name=f"copyless-conn-{connection_id}")
@@ -192,10 +228,9 @@ class Server:
         self.closing = True
         self.broker.closing = True
         log.info("shutting down: %d connection(s) open", len(self.connections))
-        if self._accept_task is not None:
-            self._accept_task.cancel()
-        if self.listen_socket is not None:
-            self.listen_socket.close()
+        for task in self._accept_tasks:
+            task.cancel()
+        self._close_listeners()
         for task in self._periodic:
             task.cancel()
         # Parked long-poll fetches answer now with what they have.
@@ -212,6 +247,7 @@ class Server:
                 log.warning("%d request(s) did not finish within %.0f s; cancelled", len(pending), self.config.shutdown_timeout_s)
                 await asyncio.wait(pending, timeout=5)
         await self.broker.run_shutdown_hooks()
+        await self.broker.stop_cluster()
         await asyncio.to_thread(self.broker.shutdown_logs)
         log.info("%s", self.broker.stats.log_line())
         print("stats-json " + json.dumps(self.broker.stats.snapshot(), sort_keys=True), flush=True)

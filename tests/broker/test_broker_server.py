@@ -162,7 +162,7 @@ def test_produce_errors(live_broker):
     assert code_of(build_batch([b"s" * 100]), topic="tiny-segments") == ErrorCode.none
     assert code_of(build_batch([b"s" * 5000]), topic="tiny-segments") == ErrorCode.record_list_too_large
     # Unknown topics are never auto-created by produce.
-    assert live_broker.broker.topics.get("missing") is None
+    assert live_broker.broker.topic("missing") is None
     assert fetch(client, "errs", {0: 0}).responses[0].partitions[0].high_watermark == 1
 
 
@@ -312,7 +312,7 @@ def test_topics_persist_create_delete(inproc_factory):
     names = {t.name: len(t.partitions) for t in client.request(metadata_v1.MetadataRequest(topics=None)).topics
              if not t.is_internal}
     assert names == {"keep": 3}
-    assert again.broker.get_log("keep", 0).config.retention_ms == 3600_000
+    assert again.broker.replicas.get("keep", 0).log.config.retention_ms == 3600_000
     assert values_of(fetch(client, "keep", {2: 0}).responses[0].partitions[0].records) == [b"persisted"]
 
 
@@ -356,7 +356,7 @@ def test_sync_flush_mode_acks_all_waits_for_fdatasync(inproc_factory):
         item = produce(client, "durable", {0: build_batch([b"d%d" % n] * 10)}, acks=-1).responses[0].partition_responses[0]
         assert item.error_code == ErrorCode.none
         # Acknowledged under the sync mode means on disk.
-        assert live.broker.get_log("durable", 0).flushed_offset >= item.base_offset + 10
+        assert live.broker.replicas.get("durable", 0).log.flushed_offset >= item.base_offset + 10
 
 
 def test_log_append_time_topic(live_broker):
@@ -425,15 +425,15 @@ def test_create_topics_validate_only_defaults_and_assignments(live_broker):
 
     plain = dict(replication_factor=-1, assignments=(), configs=())
     assert create(create_v4.CreatableTopic(name="dry", num_partitions=3, **plain), validate_only=True).error_code == ErrorCode.none
-    assert live_broker.broker.topics.get("dry") is None  # validated, not created
+    assert live_broker.broker.topic("dry") is None  # validated, not created
     assert create(create_v4.CreatableTopic(name="dflt", num_partitions=-1, **plain)).error_code == ErrorCode.none
-    assert live_broker.broker.topics.get("dflt").partitions == 1  # num.partitions
+    assert live_broker.broker.topic("dflt").partitions == 1  # num.partitions
     replicated = create(create_v4.CreatableTopic(name="rf3", num_partitions=1, replication_factor=3, assignments=(), configs=()))
     assert replicated.error_code == ErrorCode.invalid_replication_factor and "1 broker" in replicated.error_message
     assigned = create(create_v4.CreatableTopic(name="manual", num_partitions=-1, replication_factor=-1, configs=(), assignments=(
         create_v4.CreatableReplicaAssignment(partition_index=0, broker_ids=(0,)),
         create_v4.CreatableReplicaAssignment(partition_index=1, broker_ids=(0,)))))
-    assert assigned.error_code == ErrorCode.none and live_broker.broker.topics.get("manual").partitions == 2
+    assert assigned.error_code == ErrorCode.none and live_broker.broker.topic("manual").partitions == 2
     elsewhere = create(create_v4.CreatableTopic(name="elsewhere", num_partitions=-1, replication_factor=-1, configs=(),
                                                 assignments=(create_v4.CreatableReplicaAssignment(partition_index=0, broker_ids=(7,)),)))
     assert elsewhere.error_code == ErrorCode.invalid_replica_assignment
@@ -444,7 +444,7 @@ def test_create_topics_validate_only_defaults_and_assignments(live_broker):
     live_broker.call(create_internal)
     internal = client.request(DeleteTopicsRequest(topic_names=("__internal_state",), timeout=1000 * MS)).responses[0]
     assert internal.error_code == ErrorCode.invalid_topic_exception
-    assert live_broker.broker.topics.get("__internal_state").internal
+    assert live_broker.broker.topic("__internal_state").internal
 
 
 def test_describe_configs(live_broker):
@@ -523,14 +523,14 @@ def test_producer_state_rebuilt_from_recent_segments_only(inproc_factory):
         assert produce(client, "segs", {0: batch}, acks=-1).responses[0].partition_responses[0].base_offset == n
     live.stop()
     again = inproc_factory("asyncio")
-    partition_log = again.broker.get_log("segs", 0)
+    partition_log = again.broker.replicas.get("segs", 0).log
     bases = partition_log.segment_base_offsets()
     assert len(bases) >= 4 and producer_state_scan_start(partition_log) == bases[-2] > 0
     client = again.client()
     # The last batch (in the newest segments) is still recognised as a retry after the restart.
     retry = produce(client, "segs", {0: batches[-1]}, acks=-1).responses[0].partition_responses[0]
     assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 29)
-    assert again.broker.get_log("segs", 0).log_end_offset == 30
+    assert again.broker.replicas.get("segs", 0).log.log_end_offset == 30
 
 
 def test_registry_reconciles_with_log_directories(inproc_factory, tmp_path):
@@ -548,13 +548,13 @@ def test_registry_reconciles_with_log_directories(inproc_factory, tmp_path):
     data["topics"] = [t for t in data["topics"] if t["name"] != "orphan"]
     registry.write_text(json.dumps(data))
     again = inproc_factory("uvloop")
-    assert again.broker.topics.get("orphan") is None and again.broker.log_manager.get_log("orphan", 0) is None
+    assert again.broker.topic("orphan") is None and again.broker.log_manager.get_log("orphan", 0) is None
     assert not (tmp_path / "data" / "orphan-0").exists()
     again.stop()
     # A lost registry file adopts the log directories instead of deleting data.
     registry.unlink()
     third = inproc_factory("asyncio")
-    kept = third.broker.topics.get("kept")
+    kept = third.broker.topic("kept")
     assert kept is not None and kept.partitions == 2
     assert values_of(fetch(third.client(), "kept", {1: 0}).responses[0].partitions[0].records) == [b"k"]
     assert registry.exists()
@@ -575,7 +575,7 @@ def test_delete_then_recreate_at_once_starts_empty(live_broker):
     assert client.receive(19, 4)[1].topics[0].error_code == ErrorCode.none
     partition = fetch(client, "again", {0: 0}).responses[0].partitions[0]
     assert partition.high_watermark == 0 and partition.records in (b"", None)
-    assert live_broker.broker.topics.get("again").partitions == 1
+    assert live_broker.broker.topic("again").partitions == 1
 
 
 def test_concurrent_delete_and_create_leave_a_consistent_topic(live_broker):
@@ -587,10 +587,10 @@ def test_concurrent_delete_and_create_leave_a_consistent_topic(live_broker):
         created = create_topic(creator, "race", 1)
         assert deleter.receive(20, 3)[1].responses[0].error_code == ErrorCode.none
         assert created.error_code in (ErrorCode.none, ErrorCode.topic_already_exists)
-        topic = live_broker.broker.topics.get("race")
+        topic = live_broker.broker.topic("race")
         if created.error_code == ErrorCode.none:
             # Created after the delete: a fresh, empty, writable log.
-            assert topic.partitions == 1 and live_broker.broker.get_log("race", 0) is not None
+            assert topic.partitions == 1 and live_broker.broker.replicas.get("race", 0).log is not None
             item = produce(creator, "race", {0: build_batch([b"new"])}).responses[0].partition_responses[0]
             assert (item.error_code, item.base_offset) == (ErrorCode.none, 0)
             deleter.request(DeleteTopicsRequest(topic_names=("race",), timeout=1000 * MS))

@@ -1,0 +1,501 @@
+"""Partition: one (topic, partition) replica on this broker: its log, its role and everything replication
+decides about it.
+
+Owns, per partition: the role (leader, follower, or none while this broker hosts the log but the partition
+has no usable state), the leader epoch and leader id, the replica list, the in-sync replica set (ISR), the
+high watermark, the leader's view of each follower (log end offset, last caught-up time), the acks=all
+requests waiting for the high watermark, and the checks every request handler needs. Handlers never touch
+a ``PartitionLog``: they go through a Partition.
+
+It does not own: where the state comes from (the metadata backend: ``topics.json`` on a single node, etcd
+in a cluster), writing ISR changes (``ReplicaManager`` sends the change this module proposes and reports the
+outcome back), fetching from a leader (``broker.replication.fetcher``), or bytes on disk (storage).
+
+Rules (Kafka's, ``Partition.scala`` and KIPs 101, 279, 320, 497):
+
+- Leader epoch fencing (KIP-320), for Produce, Fetch, ListOffsets and OffsetForLeaderEpoch: a request's
+  ``current_leader_epoch`` of -1 skips the check; lower than ours is FENCED_LEADER_EPOCH (74), higher is
+  UNKNOWN_LEADER_EPOCH (75): the client knows of an epoch we have not seen yet. A request for a partition
+  this broker does not lead is NOT_LEADER_OR_FOLLOWER (6).
+- The high watermark is the smallest log end offset over the ISR, counting a follower being added while its
+  change is in flight (KIP-497's "maximal ISR"), and never moves back. Consumers read below it,
+  ListOffsets(latest) answers it, long polls wake when it moves (not on append), acks=all completes when it
+  passes the batch.
+- A follower is caught up when its fetch reached the leader's log end offset; its last caught-up time moves
+  to this fetch's time then, or to the previous fetch's time if that one reached the log end as it was
+  then. The ISR shrinks by the followers not caught up within ``replica.lag.time.max.ms``; it grows by a
+  follower whose fetch offset reached both the high watermark and this epoch's start offset.
+- acks=all: below ``min.insync.replicas`` in the ISR, NOT_ENOUGH_REPLICAS (19) before appending; once the
+  high watermark passes the batch, NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) if the ISR fell below the minimum
+  meanwhile, else success; leadership lost while waiting: NOT_LEADER_OR_FOLLOWER.
+
+Safety (why a leader that has been replaced cannot acknowledge a lost write, the argument for the ISR rule):
+the controller elects a new leader only from the ISR it has recorded, and the ISR a leader uses for its high
+watermark is the recorded one plus followers being added, never minus followers being removed until the
+removal is recorded by a conditional write that the controller's own change makes fail. So while a replaced
+leader still believes it leads, every member of the recorded ISR, the new leader among them, counts in its
+high watermark. The new leader stopped fetching from it when it learned of its election, so the old
+leader's high watermark can no longer pass what the new leader holds: whatever the old leader acknowledges
+after that is below that point, and therefore in the new leader's log, which a new leader never truncates.
+A broker also refuses writes once its metadata lease may have expired (``lease_valid``), which bounds how
+long a cut-off leader keeps answering at all.
+
+Loop thread only. Blocking work (log creation, truncation) is the caller's, on a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+from kio.schema.errors import ErrorCode
+
+from copyless.broker.errors import (
+    BrokerError,
+    FencedLeaderEpoch,
+    NotEnoughReplicas,
+    NotEnoughReplicasAfterAppend,
+    NotLeaderOrFollower,
+    RequestTimedOut,
+    UnknownLeaderEpoch,
+)
+
+__all__ = ["Partition", "Role", "PartitionState", "AppendInfo", "ReplicaView", "NO_EPOCH_CHECK"]
+
+log = logging.getLogger("copyless.partition")
+
+NO_EPOCH_CHECK = -1
+NO_LEADER = -1
+
+
+class Role(enum.Enum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What the metadata says about one partition: Kafka's ``LeaderAndIsr`` plus the assignment.
+
+    ``version`` is the state's version in the metadata store (etcd's mod_revision of the partition key):
+    the token an ISR change must present, so a change made on an outdated state is refused.
+    """
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...]
+    version: int = 0
+
+
+class AppendInfo(NamedTuple):
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int  # -1: CreateTime
+    log_start_offset: int
+    duplicate: bool
+
+
+@dataclass
+class ReplicaView:
+    """The leader's view of one follower (Kafka's ``Replica`` state)."""
+
+    log_end_offset: int = -1
+    last_caught_up_ms: float = 0.0
+    last_fetch_leader_log_end_offset: int = -1
+    last_fetch_ms: float = 0.0
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+class Partition:
+    """One partition replica. See the module docstring for the rules; loop thread only."""
+
+    def __init__(self, topic: str, partition: int, log_: Any, *, node_id: int, producers: Any, notifier: Any,
+                 lease_valid: Callable[[], bool] = lambda: True, clock: Callable[[], float] = _now_ms) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.log = log_
+        self.node_id = node_id
+        self._producers = producers
+        self._notifier = notifier
+        self._lease_valid = lease_valid
+        self._clock = clock
+        self.role = Role.NONE
+        self.leader_id = NO_LEADER
+        self.leader_epoch = -1
+        self.replicas: tuple[int, ...] = ()
+        self.isr: tuple[int, ...] = ()
+        self.state_version = -1
+        # Where this broker's leadership of the current epoch began: followers join the ISR only once they
+        # reached it (KIP-101), and ListOffsets(latest) waits for the high watermark to reach it.
+        self.epoch_start_offset = 0
+        self.high_watermark = min(getattr(log_, "high_watermark", 0), log_.log_end_offset)
+        self.min_insync_replicas = 1
+        self.replica_lag_time_max_ms = 30_000
+        self.configs: Any = None  # the topic configs last applied (the replica manager's bookkeeping)
+        self.followers: dict[int, ReplicaView] = {}
+        # An ISR change sent to the metadata store and not answered yet (KIP-497's pending state).
+        self.pending_isr: tuple[int, ...] | None = None
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []  # (required offset, sequence, future)
+        self._waiter_sequence = 0
+        self.key = (topic, partition)
+        # Long-poll keys: consumers wait for the high watermark, followers for the log end.
+        self.follower_key = (topic, partition, "log_end")
+
+    def __repr__(self) -> str:
+        return (f"Partition({self.topic}-{self.partition}, {self.role.value}, epoch={self.leader_epoch}, "
+                f"leader={self.leader_id}, isr={list(self.isr)}, hw={self.high_watermark}, "
+                f"leo={self.log.log_end_offset})")
+
+    # --- properties -------------------------------------------------------------------------------------------
+
+    @property
+    def config(self):
+        """The log's LogConfig (the topic's settings)."""
+        return self.log.config
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    @property
+    def maximal_isr(self) -> tuple[int, ...]:
+        """The committed ISR plus any member a pending change adds (KIP-497): what the high watermark uses."""
+        if self.pending_isr is None:
+            return self.isr
+        return tuple(dict.fromkeys((*self.isr, *self.pending_isr)))
+
+    @property
+    def under_replicated(self) -> bool:
+        return self.is_leader and len(self.isr) < len(self.replicas)
+
+    # --- checks -----------------------------------------------------------------------------------------------
+
+    def check_epoch(self, current_leader_epoch: int) -> None:
+        """KIP-320 fencing. Raises FencedLeaderEpoch / UnknownLeaderEpoch."""
+        if current_leader_epoch == NO_EPOCH_CHECK or current_leader_epoch == self.leader_epoch:
+            return
+        if current_leader_epoch < self.leader_epoch:
+            raise FencedLeaderEpoch(
+                f"{self.topic}-{self.partition}: request epoch {current_leader_epoch} is older than the "
+                f"leader epoch {self.leader_epoch}")
+        raise UnknownLeaderEpoch(
+            f"{self.topic}-{self.partition}: request epoch {current_leader_epoch} is newer than the leader "
+            f"epoch {self.leader_epoch} this broker knows")
+
+    def check_leader(self, current_leader_epoch: int = NO_EPOCH_CHECK) -> None:
+        """This broker leads the partition for the request's epoch, and may act on it (its metadata lease is
+        valid). Raises NotLeaderOrFollower, FencedLeaderEpoch, UnknownLeaderEpoch."""
+        self.check_epoch(current_leader_epoch)
+        if self.role is not Role.LEADER:
+            raise NotLeaderOrFollower(f"this broker (node {self.node_id}) is not the leader of "
+                                      f"{self.topic}-{self.partition} (leader: {self.leader_id})")
+        if not self._lease_valid():
+            raise NotLeaderOrFollower(f"node {self.node_id} may have lost its metadata lease; it refuses to act "
+                                      f"as leader of {self.topic}-{self.partition} until it registers again")
+
+    # --- the leader's append path ------------------------------------------------------------------------------
+
+    def append_as_leader(self, records, header, *, acks: int, log_append_time_ms: int | None = None) -> AppendInfo:
+        """Validate against producer state, append, update producer state, move the high watermark and wake
+        whoever waits. The one append path: client produce and the internal writers (committed offsets) both
+        come here. Loop thread, non-blocking.
+
+        Args:
+            records: one or more whole v2 batches (already validated by the caller when they come from a
+                client). ``header`` is the first batch's header (producer id and sequence checks use it).
+            acks: the producer's acks (-1 checks ``min.insync.replicas`` before appending).
+
+        Raises:
+            BrokerError subclasses (not leader, not enough replicas, sequence errors), StorageError.
+        """
+        self.check_leader()
+        if acks == -1 and len(self.isr) < self.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"{self.topic}-{self.partition}: the ISR {list(self.isr)} has fewer members than "
+                f"min.insync.replicas={self.min_insync_replicas}")
+        check = self._producers.check(self.topic, self.partition, header)
+        if check.error != ErrorCode.none:
+            raise BrokerError(check.error, check.message or check.error.name)
+        if check.duplicate_of is not None:
+            # A retry of a batch already appended: the same answer, nothing appended.
+            original = check.duplicate_of
+            return AppendInfo(original.first_offset, original.last_offset, -1, self.log.log_start_offset, True)
+        result = self.log.append(records, leader_epoch=self.leader_epoch, log_append_time_ms=log_append_time_ms)
+        self._producers.update(self.topic, self.partition, header, result.base_offset)
+        self._notifier.notify(self.follower_key)
+        self.maybe_advance_high_watermark()
+        return AppendInfo(result.base_offset, result.last_offset, result.log_append_time_ms,
+                          result.log_start_offset, False)
+
+    async def wait_replicated(self, required_offset: int, timeout_s: float) -> None:
+        """Wait until the high watermark reaches ``required_offset`` (acks=all; Kafka's DelayedProduce).
+
+        A waiting request costs one future in a heap keyed by offset; the high watermark's moves resolve them.
+
+        Raises:
+            NotEnoughReplicasAfterAppend, NotLeaderOrFollower, RequestTimedOut.
+        """
+        if self.high_watermark < required_offset:
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            self._waiter_sequence += 1
+            heapq.heappush(self._waiters, (required_offset, self._waiter_sequence, future))
+            try:
+                async with asyncio.timeout(max(timeout_s, 0.0)):
+                    await future
+            except TimeoutError:
+                raise RequestTimedOut(
+                    f"{self.topic}-{self.partition}: offset {required_offset - 1} not replicated to the ISR "
+                    f"within the request timeout (high watermark {self.high_watermark})") from None
+            finally:
+                if not future.done():
+                    future.cancel()
+        if self.role is not Role.LEADER:
+            raise NotLeaderOrFollower(f"{self.topic}-{self.partition}: leadership moved while the write waited "
+                                      f"for replication")
+        if len(self.isr) < self.min_insync_replicas:
+            raise NotEnoughReplicasAfterAppend(
+                f"{self.topic}-{self.partition}: written, but the ISR {list(self.isr)} shrank below "
+                f"min.insync.replicas={self.min_insync_replicas}")
+
+    def _complete_waiters(self) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= self.high_watermark:
+            _offset, _sequence, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_waiters(self) -> None:
+        """Leadership lost: every waiting acks=all request answers now (``wait_replicated`` sees the role)."""
+        waiters, self._waiters = self._waiters, []
+        for _offset, _sequence, future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    # --- the high watermark -----------------------------------------------------------------------------------
+
+    def maybe_advance_high_watermark(self) -> bool:
+        """Leader: move the high watermark to the smallest log end over the maximal ISR. True if it moved."""
+        if self.role is not Role.LEADER:
+            return False
+        new_high_watermark = self.log.log_end_offset
+        for replica in self.maximal_isr:
+            if replica == self.node_id:
+                continue
+            view = self.followers.get(replica)
+            new_high_watermark = min(new_high_watermark, view.log_end_offset if view is not None else -1)
+        return self._set_high_watermark(new_high_watermark)
+
+    def _set_high_watermark(self, value: int) -> bool:
+        if value <= self.high_watermark:
+            return False
+        self.high_watermark = value
+        if hasattr(self.log, "set_high_watermark"):
+            self.log.set_high_watermark(value)
+        self._notifier.notify(self.key)
+        self._complete_waiters()
+        return True
+
+    def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
+        """Follower: the leader's high watermark from a fetch response, capped at our own log end."""
+        return self._set_high_watermark(min(leader_high_watermark, self.log.log_end_offset))
+
+    # --- reads ------------------------------------------------------------------------------------------------
+
+    def read_for_consumer(self, offset: int, max_bytes: int, *, min_one_message: bool):
+        """Records from ``offset`` below the high watermark (a pinned FileSlice; see storage ``read``).
+
+        An offset between the high watermark and the log end reads nothing (Kafka answers such a fetch with
+        no records, not an error); past the log end it is OFFSET_OUT_OF_RANGE (raised by storage).
+        """
+        return self._read(offset, max_bytes, min_one_message, self.high_watermark)
+
+    def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, *, min_one_message: bool):
+        """Records from ``offset`` up to the log end, for follower ``replica_id``'s fetch; first records the
+        fetch offset as that follower's log end (which may grow the ISR and move the high watermark)."""
+        self.update_follower_fetch_state(replica_id, offset)
+        return self._read(offset, max_bytes, min_one_message, None)
+
+    def _read(self, offset: int, max_bytes: int, min_one_message: bool, max_offset: int | None):
+        log_ = self.log
+        if max_offset is None or max_offset >= log_.log_end_offset:
+            return log_.read(offset, max_bytes, min_one_message=min_one_message)
+        return log_.read(offset, max_bytes, min_one_message=min_one_message, max_offset=max_offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``timestamp_ms`` below the high watermark, or
+        None. Raises StorageError, InvalidBatchError (a stored batch that does not decode)."""
+        found = self.log.offset_for_timestamp(timestamp_ms)
+        if found is None or found[0] >= self.high_watermark:
+            return None
+        return found
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (the largest epoch <= ``leader_epoch`` this log has, the offset where it
+        ends: the next epoch's start, or the log end for the latest), or (-1, -1) when the log has no epoch
+        at or below it (KIP-101, KIP-279)."""
+        cache = getattr(self.log, "leader_epochs", None)
+        if cache is None:  # MERGE: storage's LeaderEpochCache replaces this
+            return (leader_epoch, self.log.log_end_offset) if leader_epoch == self.leader_epoch else (-1, -1)
+        return cache.end_offset_for(leader_epoch, self.log.log_end_offset)
+
+    # --- followers, as the leader sees them -------------------------------------------------------------------
+
+    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int) -> None:
+        """Kafka's ``Replica.updateFetchState``: the fetch offset is the follower's log end offset.
+
+        Raises:
+            NotLeaderOrFollower: ``replica_id`` is not an assigned replica of this partition.
+        """
+        view = self.followers.get(replica_id)
+        if view is None:
+            raise NotLeaderOrFollower(f"node {replica_id} is not a replica of {self.topic}-{self.partition}")
+        now = self._clock()
+        leader_end = self.log.log_end_offset
+        if fetch_offset >= leader_end:
+            view.last_caught_up_ms = max(view.last_caught_up_ms, now)
+        elif fetch_offset >= view.last_fetch_leader_log_end_offset:
+            view.last_caught_up_ms = max(view.last_caught_up_ms, view.last_fetch_ms)
+        view.log_end_offset = fetch_offset
+        view.last_fetch_leader_log_end_offset = leader_end
+        view.last_fetch_ms = now
+        self.maybe_advance_high_watermark()
+
+    def isr_expansion(self) -> tuple[int, ...] | None:
+        """The ISR with every follower that has caught up to the high watermark and this epoch's start,
+        or None when there is nothing to add (or a change is already in flight)."""
+        if self.role is not Role.LEADER or self.pending_isr is not None:
+            return None
+        joining = [replica for replica, view in self.followers.items()
+                   if replica not in self.isr and view.log_end_offset >= self.high_watermark
+                   and view.log_end_offset >= self.epoch_start_offset]
+        return (*self.isr, *sorted(joining)) if joining else None
+
+    def isr_shrink(self) -> tuple[int, ...] | None:
+        """The ISR without the followers that have not caught up within ``replica.lag.time.max.ms``, or None."""
+        if self.role is not Role.LEADER or self.pending_isr is not None:
+            return None
+        now = self._clock()
+        lagging = {replica for replica in self.isr if replica != self.node_id and
+                   now - self.followers.get(replica, ReplicaView()).last_caught_up_ms > self.replica_lag_time_max_ms}
+        if not lagging:
+            return None
+        return tuple(replica for replica in self.isr if replica not in lagging)
+
+    def begin_isr_change(self, proposed: tuple[int, ...]) -> None:
+        """An ISR change was sent to the metadata store; until it is answered the high watermark counts the
+        union of both sets."""
+        self.pending_isr = proposed
+
+    def end_isr_change(self, state: PartitionState | None) -> None:
+        """The store's answer: the new state, or None when the change was refused (the state moved: the
+        next metadata update brings it)."""
+        self.pending_isr = None
+        if state is not None and state.leader_epoch == self.leader_epoch and state.version > self.state_version:
+            self._apply_isr(state)
+
+    def _apply_isr(self, state: PartitionState) -> None:
+        if state.isr != self.isr:
+            log.info("%s-%d: ISR %s -> %s (epoch %d)", self.topic, self.partition, list(self.isr), list(state.isr),
+                     state.leader_epoch)
+        self.isr = state.isr
+        self.state_version = state.version
+        self.maybe_advance_high_watermark()
+        self._complete_waiters()
+
+    # --- role changes -------------------------------------------------------------------------------------------
+
+    def make_leader(self, state: PartitionState, *, epoch_start_offset: int | None = None) -> bool:
+        """Become (or stay) leader with ``state``. Returns True when the leader epoch changed.
+
+        A new epoch starts at the current log end: followers must reach it before they join the ISR.
+        The high watermark stays where it is (it never moves back) and advances as followers fetch.
+        """
+        new_epoch = state.leader_epoch != self.leader_epoch or self.role is not Role.LEADER
+        self.replicas = state.replicas
+        self.leader_id = self.node_id
+        if new_epoch:
+            self.leader_epoch = state.leader_epoch
+            self.epoch_start_offset = self.log.log_end_offset if epoch_start_offset is None else epoch_start_offset
+            now = self._clock()
+            # Followers start unknown; one already in the ISR is given the benefit of a fresh start (Kafka
+            # resets lastCaughtUpTime to now on leadership), so it is not shrunk before its first fetch.
+            self.followers = {replica: ReplicaView(last_caught_up_ms=now if replica in state.isr else 0.0)
+                              for replica in state.replicas if replica != self.node_id}
+            self.pending_isr = None
+            self.role = Role.LEADER
+            log.info("%s-%d: leader at epoch %d from offset %d, ISR %s", self.topic, self.partition,
+                     state.leader_epoch, self.epoch_start_offset, list(state.isr))
+        else:
+            for replica in state.replicas:
+                if replica != self.node_id and replica not in self.followers:
+                    self.followers[replica] = ReplicaView()
+            for replica in list(self.followers):
+                if replica not in state.replicas:
+                    del self.followers[replica]
+        self.isr = state.isr
+        self.state_version = state.version
+        self.maybe_advance_high_watermark()
+        self._complete_waiters()
+        return new_epoch
+
+    def make_follower(self, state: PartitionState) -> bool:
+        """Become (or stay) a follower of ``state.leader``. Returns True when the leader or epoch changed
+        (the fetcher must then truncate by epoch before it fetches)."""
+        changed = (self.role is not Role.FOLLOWER or state.leader_epoch != self.leader_epoch
+                   or state.leader != self.leader_id)
+        was_leader = self.role is Role.LEADER
+        self.role = Role.FOLLOWER if state.leader >= 0 else Role.NONE
+        self.leader_id = state.leader
+        self.leader_epoch = state.leader_epoch
+        self.replicas = state.replicas
+        self.isr = state.isr
+        self.state_version = state.version
+        self.followers = {}
+        self.pending_isr = None
+        if was_leader:
+            log.info("%s-%d: no longer leader (epoch %d, new leader %d)", self.topic, self.partition,
+                     state.leader_epoch, state.leader)
+            self._fail_waiters()
+        return changed
+
+    def make_offline(self) -> None:
+        """The partition is closing or being deleted here: waiting writes answer NOT_LEADER_OR_FOLLOWER."""
+        was_leader = self.role is Role.LEADER
+        self.role = Role.NONE
+        self.leader_id = NO_LEADER
+        self.followers = {}
+        self.pending_isr = None
+        if was_leader:
+            self._fail_waiters()
+        self._notifier.notify(self.key)
+        self._notifier.notify(self.follower_key)
+
+    # --- the follower's append path ----------------------------------------------------------------------------
+
+    def append_as_follower(self, records) -> int:
+        """Append the leader's batches as they are (offsets, epochs and timestamps kept, CRC checked by
+        storage) and rebuild producer state from their headers, so a follower that becomes leader
+        deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread."""
+        result = self.log.append_as_follower(records)
+        for base_offset, header in result.headers:
+            self._producers.update(self.topic, self.partition, header, base_offset)
+        return self.log.log_end_offset

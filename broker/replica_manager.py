@@ -1,0 +1,295 @@
+"""ReplicaManager: the partitions this broker hosts, kept in step with the cluster metadata.
+
+Owns the ``Partition`` objects (one per hosted (topic, partition)), and applying a ``ClusterImage`` to them:
+
+1. logs whose topic is gone from the image, or whose topic id differs (the topic was deleted and created
+   again under the same name), or that are no longer assigned here, are deleted;
+2. partitions assigned here without a log get one (created on a worker thread), with a
+   ``partition.metadata`` file naming the topic id (Kafka's file, KIP-516);
+3. every hosted partition takes its state: leader (``make_leader``), follower (``make_follower``, and the
+   fetcher manager is told), or none.
+
+Images are applied one at a time, in revision order, by one task; a newer image that arrives while one is
+being applied replaces any image still queued (applying the newest covers the older ones). Deleting a log
+happens only on the word of a complete image (a backend publishes no other kind), so a broker never deletes
+data because its own view is stale.
+
+A leadership recorded before this broker registered (the state's version below this broker's epoch) is not
+taken: that state names the process this one replaced, whose followers' progress this process never saw;
+the controller elects anew and the new state arrives with the next image (Kafka's broker-epoch check,
+KIP-380).
+
+Loop thread, except the marked blocking helpers (worker threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from copyless.broker._files import write_atomically
+from copyless.broker.cluster.image import ClusterImage, TopicInfo
+from copyless.broker.errors import NotLeaderOrFollower, UnknownTopicOrPartition
+from copyless.broker.partition import NO_EPOCH_CHECK, Partition, PartitionState, Role
+
+__all__ = ["ReplicaManager", "PARTITION_METADATA_FILE", "read_topic_id"]
+
+log = logging.getLogger("copyless.replicas")
+
+PARTITION_METADATA_FILE = "partition.metadata"
+
+
+def read_topic_id(directory: Path) -> uuid.UUID | None:
+    """The topic id in ``directory/partition.metadata`` (None when the file is missing or unreadable: a data
+    dir written before topic ids were recorded). Blocking."""
+    try:
+        text = (Path(directory) / PARTITION_METADATA_FILE).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id":
+            try:
+                return uuid.UUID(value.strip())
+            except ValueError:
+                return None
+    return None
+
+
+def write_topic_id(directory: Path, topic_id: uuid.UUID) -> None:
+    """Write ``partition.metadata`` (tmp + fsync + rename). Blocking."""
+    write_atomically(Path(directory) / PARTITION_METADATA_FILE, f"version: 0\ntopic_id: {topic_id}\n".encode())
+
+
+class ReplicaManager:
+    """The hosted partitions. ``broker`` provides ``node_id``, ``log_manager``, ``producers``, ``appends``
+    (the long-poll notifier), ``config`` and ``log_config_for(topic_info)``."""
+
+    def __init__(self, broker: Any, *, lease_valid: Callable[[], bool] = lambda: True) -> None:
+        self.broker = broker
+        self.node_id = broker.node_id
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.image = ClusterImage()
+        self.applied_revision = -1
+        # This process's registration epoch: leadership recorded before it is not taken (module docstring).
+        self.broker_epoch = 0
+        self._lease_valid = lease_valid
+        self._pending: ClusterImage | None = None
+        self._applying: asyncio.Task | None = None
+        self._revision_waiters: list[tuple[int, asyncio.Future]] = []
+        self._topic_ids: dict[tuple[str, int], uuid.UUID | None] = {}
+        # Called with (partition, changed) whenever a hosted partition becomes or stays a follower, and with
+        # (partition, None) when it stops being one: the fetcher manager's hook.
+        self.on_follower: Callable[[Partition, bool | None], None] = lambda partition, changed: None
+        self.on_leader: Callable[[Partition, bool], None] = lambda partition, changed: None
+        self.closing = False
+
+    # --- lookups (loop thread) -------------------------------------------------------------------------------
+
+    def get(self, topic: str, partition: int) -> Partition | None:
+        return self.partitions.get((topic, partition))
+
+    def partition_or_error(self, topic: str, partition: int) -> Partition:
+        """The hosted partition. Raises UnknownTopicOrPartition when the topic or partition does not exist,
+        NotLeaderOrFollower when it exists but has no replica here."""
+        found = self.partitions.get((topic, partition))
+        if found is not None:
+            return found
+        info = self.image.topic(topic)
+        if info is None or not 0 <= partition < info.partitions:
+            raise UnknownTopicOrPartition(f"{topic}-{partition} does not exist")
+        raise NotLeaderOrFollower(f"{topic}-{partition} has no replica on node {self.node_id}")
+
+    def leader(self, topic: str, partition: int, current_leader_epoch: int = NO_EPOCH_CHECK) -> Partition:
+        """The partition, if this broker leads it for ``current_leader_epoch``. Raises as
+        ``partition_or_error`` and ``Partition.check_leader``."""
+        found = self.partition_or_error(topic, partition)
+        found.check_leader(current_leader_epoch)
+        return found
+
+    def leading(self) -> Iterable[Partition]:
+        return (p for p in self.partitions.values() if p.role is Role.LEADER)
+
+    # --- startup (blocking) -------------------------------------------------------------------------------------
+
+    def load_topic_ids(self) -> None:
+        """Read every loaded log's ``partition.metadata``. Blocking: start-up, before serving."""
+        for key, partition_log in self.broker.log_manager.logs().items():
+            self._topic_ids[key] = read_topic_id(partition_log.directory)
+
+    def local_topic_id(self, topic: str, partition: int) -> uuid.UUID | None:
+        return self._topic_ids.get((topic, partition))
+
+    def create_logs_blocking(self, topic: TopicInfo, partitions: Iterable[int]) -> list[int]:
+        """Create the logs of ``partitions`` of ``topic`` that do not exist yet, each with its
+        ``partition.metadata``. Returns the partitions created. Blocking (worker thread).
+
+        Raises:
+            StorageError: a log could not be created; the ones created by this call are removed again.
+        """
+        log_manager = self.broker.log_manager
+        config = self.broker.log_config_for(topic)
+        created: list[int] = []
+        try:
+            for partition in partitions:
+                if log_manager.get_log(topic.name, partition) is not None:
+                    if self._topic_ids.get((topic.name, partition)) is None:
+                        write_topic_id(log_manager.get_log(topic.name, partition).directory, topic.topic_id)
+                        self._topic_ids[(topic.name, partition)] = topic.topic_id
+                    continue
+                partition_log = log_manager.create_log(topic.name, partition, config)
+                created.append(partition)
+                write_topic_id(partition_log.directory, topic.topic_id)
+                self._topic_ids[(topic.name, partition)] = topic.topic_id
+        except Exception:
+            for partition in created:
+                try:
+                    log_manager.delete_log(topic.name, partition)
+                except Exception:
+                    log.exception("cleanup of %s-%d failed", topic.name, partition)
+                self._topic_ids.pop((topic.name, partition), None)
+            raise
+        return created
+
+    def _delete_logs_blocking(self, keys: list[tuple[str, int]]) -> None:
+        for topic, partition in keys:
+            try:
+                self.broker.log_manager.delete_log(topic, partition)
+            except Exception:
+                log.exception("deleting log %s-%d failed; it is deleted at the next startup", topic, partition)
+
+    # --- applying images (loop thread) --------------------------------------------------------------------------
+
+    def publish(self, image: ClusterImage) -> None:
+        """A backend has a new image: apply it (after any image being applied now)."""
+        self._pending = image
+        if self._applying is None or self._applying.done():
+            self._applying = asyncio.get_running_loop().create_task(self._apply_pending(), name="copyless-replicas")
+
+    async def wait_applied(self, revision: int) -> None:
+        """Until an image of at least ``revision`` has been applied."""
+        if self.applied_revision >= revision:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._revision_waiters.append((revision, future))
+        await future
+
+    async def _apply_pending(self) -> None:
+        while self._pending is not None and not self.closing:
+            image, self._pending = self._pending, None
+            try:
+                await self.apply(image)
+            except Exception:
+                log.exception("applying metadata revision %d failed; the next image retries", image.revision)
+            self.applied_revision = max(self.applied_revision, image.revision)
+            waiters, self._revision_waiters = self._revision_waiters, []
+            for revision, future in waiters:
+                if revision <= self.applied_revision:
+                    if not future.done():
+                        future.set_result(None)
+                else:
+                    self._revision_waiters.append((revision, future))
+
+    async def apply(self, image: ClusterImage) -> None:
+        """Bring the hosted partitions in line with ``image`` (module docstring, steps 1-3)."""
+        self.image = image
+        node_id = self.node_id
+        wanted: dict[tuple[str, int], TopicInfo] = {}
+        for topic, partition, info in image.hosted_by(node_id):
+            wanted[(topic, partition)] = info
+        # 1. Deletions: by the image's word only.
+        doomed = []
+        for key in list(self.broker.log_manager.logs()):
+            info = wanted.get(key)
+            local_id = self._topic_ids.get(key)
+            if info is None or (local_id is not None and local_id != info.topic_id):
+                doomed.append(key)
+        if doomed:
+            for key in doomed:
+                partition = self.partitions.pop(key, None)
+                if partition is not None:
+                    partition.make_offline()
+                    self.on_follower(partition, None)
+                self.broker.producers.remove_partition(*key)
+                self._topic_ids.pop(key, None)
+                log.info("deleting the local log of %s-%d (%s)", key[0], key[1],
+                         "topic deleted" if key[0] not in image.topics else
+                         "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
+            await asyncio.to_thread(self._delete_logs_blocking, doomed)
+        # 2. Creations.
+        missing: dict[str, list[int]] = {}
+        for (topic, partition), info in wanted.items():
+            if self.broker.log_manager.get_log(topic, partition) is None or self._topic_ids.get((topic, partition)) is None:
+                missing.setdefault(topic, []).append(partition)
+        for topic, partitions in missing.items():
+            try:
+                await asyncio.to_thread(self.create_logs_blocking, image.topics[topic], partitions)
+            except Exception:
+                log.exception("cannot create the logs of %s %s; they are retried with the next image", topic, partitions)
+        # 3. States.
+        for key, info in wanted.items():
+            partition_log = self.broker.log_manager.get_log(*key)
+            if partition_log is None:
+                continue
+            partition = self.partitions.get(key)
+            if partition is None:
+                partition = Partition(key[0], key[1], partition_log, node_id=node_id,
+                                      producers=self.broker.producers, notifier=self.broker.appends,
+                                      lease_valid=self._lease_valid)
+                self.partitions[key] = partition
+            self._configure(partition, info)
+            state = image.partition_state(*key)
+            if state is None:
+                continue
+            self._apply_state(partition, state)
+
+    def _configure(self, partition: Partition, info: TopicInfo) -> None:
+        config = self.broker.config
+        if partition.configs is not info.configs:
+            # The topic's settings (new, or altered): the log takes them for what follows (new segments,
+            # flush and retention policies), as Kafka applies topic config changes live.
+            log_config = self.broker.log_config_for(info)
+            if partition.log.config != log_config:
+                partition.log.config = log_config
+            partition.configs = info.configs
+        partition.replica_lag_time_max_ms = config.replica_lag_time_max_ms
+        text = info.configs.get("min.insync.replicas")
+        partition.min_insync_replicas = int(text) if text is not None else config.min_insync_replicas
+
+    def _apply_state(self, partition: Partition, state: PartitionState) -> None:
+        if state.leader_epoch < partition.leader_epoch:
+            return  # an older state than the one applied: images never go back, but be safe
+        if state.leader == self.node_id:
+            if state.version < self.broker_epoch:
+                # Recorded before this process registered: not ours to take (module docstring).
+                partition.make_follower(PartitionState(-1, state.leader_epoch, state.isr, state.replicas,
+                                                       state.version))
+                self.on_follower(partition, None)
+                return
+            if partition.role is Role.LEADER and state.leader_epoch == partition.leader_epoch:
+                if state.version > partition.state_version:
+                    partition.make_leader(state)
+                return
+            was_follower = partition.role is Role.FOLLOWER
+            changed = partition.make_leader(state)
+            if was_follower:
+                self.on_follower(partition, None)
+            self.on_leader(partition, changed)
+            return
+        changed = partition.make_follower(state)
+        self.on_follower(partition, changed if state.leader >= 0 else None)
+
+    # --- shutdown -------------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shutdown: every partition goes offline (waiting acks=all writes answer NOT_LEADER_OR_FOLLOWER)."""
+        self.closing = True
+        for partition in self.partitions.values():
+            partition.make_offline()
+        for _revision, future in self._revision_waiters:
+            if not future.done():
+                future.cancel()
+        self._revision_waiters.clear()
