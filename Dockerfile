@@ -1,22 +1,23 @@
-# A single-node copyless broker.
+# The copyless broker image. Built by cluster/build-images.sh, which makes the base (Debian bookworm from
+# debootstrap, loaded with `docker import`: python3, python3-venv, etcd) and assembles the build context:
 #
-# The base image is a build argument, and dependencies can come from a local wheelhouse, so the image also
-# builds on machines with no container registry or no direct package index access:
-#   pip wheel . -w wheelhouse            # on the host: copyless and its dependencies as wheels
-#   docker-compose build                 # installs from ./wheelhouse when it holds wheels, else from the index
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+#   wheelhouse/*.whl    copyless and every dependency as wheels for CPython 3.11 (no package index is used)
+#   copyless-health     cluster/health.py, the ApiVersions probe behind the compose healthchecks
+#
+# By hand: cluster/build-images.sh prints the image names; there is no registry base to pull.
+ARG BASE_IMAGE=copyless-base:bookworm
 FROM ${BASE_IMAGE}
-WORKDIR /opt/copyless
-COPY . /src
-# A virtualenv keeps the install independent of the base image's Python packaging policy (PEP 668).
+# A virtualenv keeps the install apart from Debian's Python packaging (PEP 668).
+COPY wheelhouse /tmp/wheelhouse
 RUN python3 -m venv /opt/venv \
-    && if ls /src/wheelhouse/*.whl >/dev/null 2>&1; then \
-           /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /src/wheelhouse copyless; \
-       else \
-           /opt/venv/bin/pip install --no-cache-dir /src; \
-       fi \
-    && rm -rf /src && mkdir -p /var/lib/copyless
-ENV PATH=/opt/venv/bin:$PATH
+    && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheelhouse copyless \
+    && rm -rf /tmp/wheelhouse \
+    && mkdir -p /var/lib/copyless \
+    && /opt/venv/bin/copyless serve --help >/dev/null
+COPY copyless-health /usr/local/bin/copyless-health
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
 EXPOSE 9092
 VOLUME /var/lib/copyless
-ENTRYPOINT ["copyless", "serve", "--data-dir", "/var/lib/copyless", "--listen", "0.0.0.0:9092"]
+# The broker is PID 1 and handles SIGTERM itself (flush, checkpoints, clean-shutdown marker).
+ENTRYPOINT ["copyless"]
+CMD ["serve", "--data-dir", "/var/lib/copyless", "--listen", "0.0.0.0:9092"]

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Brings up the copyless cluster (three brokers, three etcd nodes) and waits until every container is healthy.
+# Builds the images first when they are missing or out of date (cluster/build-images.sh: no registry needed).
+#
+#   cluster/up.sh [--single] [--timeout SECONDS]
+#
+# --single starts the one-broker docker-compose.single.yml instead. Brokers answer on the host at
+# 127.0.0.1:19092, 19093, 19094 (COPYLESS_BROKER{1,2,3}_PORT), the single broker at 127.0.0.1:9092
+# (COPYLESS_PORT). Exits non-zero, with the failing containers' last log lines, if a container exits or is not
+# healthy in time (default 120 s). cluster/down.sh stops it.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+SINGLE=()
+TIMEOUT_S=120
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --single) SINGLE=(--single) ;;
+        --timeout) TIMEOUT_S=$2; shift ;;
+        -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "up: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+compose() { "$HERE/compose.sh" "${SINGLE[@]}" "$@"; }
+
+"$HERE/build-images.sh" >/dev/null
+# A failed `up` (an etcd node never healthy, say) is reported below with the containers' logs.
+compose up --detach --remove-orphans || echo "up: compose up failed; looking at the containers" >&2
+
+# `up` returns once the containers are started (and, through depends_on, once etcd is healthy); the brokers'
+# own healthchecks are waited for here. A container that exited, is unhealthy or keeps restarting has failed.
+STATE_FORMAT='{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} {{.RestartCount}}'
+mapfile -t pending < <(compose config --services)
+deadline=$((SECONDS + TIMEOUT_S))
+while [ ${#pending[@]} -gt 0 ]; do
+    waiting=()
+    failed=()
+    for service in "${pending[@]}"; do
+        id=$(compose ps -q "$service")
+        state="missing none 0"
+        [ -z "$id" ] || state=$(docker inspect --format "$STATE_FORMAT" "$id")
+        read -r status health restarts <<<"$state"
+        case "$status/$health" in
+            running/healthy | running/none) ;;
+            exited/* | dead/* | missing/* | */unhealthy) failed+=("$service") ;;
+            *) if [ "$restarts" -ge 3 ]; then failed+=("$service"); else waiting+=("$service"); fi ;;
+        esac
+    done
+    if [ ${#failed[@]} -gt 0 ] || { [ ${#waiting[@]} -gt 0 ] && [ $SECONDS -ge $deadline ]; }; then
+        for service in "${failed[@]}" "${waiting[@]}"; do
+            echo "up: $service is not healthy; its last log lines:" >&2
+            compose logs --no-color --tail 20 "$service" >&2 || true
+        done
+        exit 1
+    fi
+    pending=("${waiting[@]}")
+    [ ${#pending[@]} -eq 0 ] || sleep 1
+done
+
+if [ ${#SINGLE[@]} -gt 0 ]; then
+    echo "copyless is up: bootstrap 127.0.0.1:${COPYLESS_PORT:-9092}"
+else
+    printf 'copyless cluster is up: bootstrap 127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\n' \
+        "${COPYLESS_BROKER1_PORT:-19092}" "${COPYLESS_BROKER2_PORT:-19093}" "${COPYLESS_BROKER3_PORT:-19094}"
+fi
