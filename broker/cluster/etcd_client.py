@@ -96,6 +96,15 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+def _reraise_if_ours() -> None:
+    """A CancelledError out of a grpc call is either this task being cancelled (re-raise it) or the call's
+    channel closed under it by ``_rotate`` (grpc reports that as a cancelled future): the caller then turns
+    it into EtcdUnavailable, so a rotation never kills the task that happened to be waiting."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _kv(message) -> KeyValue:
     return KeyValue(message.key, message.value, message.create_revision, message.mod_revision, message.lease)
 
@@ -142,6 +151,9 @@ class EtcdClient:
         self._channel = None
         self._kv = self._lease = self._watch = None
         self.closed = False
+        # Set when a call found the member unusable: a watch stream on the old channel may hang rather than
+        # fail (a paused member keeps its TCP connection), so watches restart on the next endpoint then.
+        self._rotated = asyncio.Event()
 
     @property
     def endpoint(self) -> str:
@@ -169,6 +181,7 @@ class EtcdClient:
         if channel is not None:
             asyncio.get_running_loop().create_task(channel.close())
         self._index = (self._index + 1) % len(self.endpoints)
+        self._rotated.set()
         log.info("etcd %s failed (%s); next endpoint: %s", old, error, self.endpoint)
 
     async def _unary(self, method: str, request, stub_index: int = 0, timeout_s: float | None = None):
@@ -180,6 +193,9 @@ class EtcdClient:
                 self._rotate(exc.code())
                 raise EtcdUnavailable(f"etcd {method} failed: {exc.code().name}: {exc.details()}") from None
             raise
+        except asyncio.CancelledError:
+            _reraise_if_ours()
+            raise EtcdUnavailable(f"etcd {method} cancelled: its channel was closed") from None
 
     # --- key-value ----------------------------------------------------------------------------------------
 
@@ -223,6 +239,9 @@ class EtcdClient:
                 self._rotate(exc.code())
                 raise EtcdUnavailable(f"etcd keepalive failed: {exc.code().name}") from None
             raise
+        except asyncio.CancelledError:
+            _reraise_if_ours()
+            raise EtcdUnavailable("etcd keepalive cancelled: its channel was closed") from None
         return 0
 
     async def revoke(self, lease_id: int) -> None:
@@ -244,9 +263,23 @@ class EtcdClient:
         stub = self._stubs()[2]
         request = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
             key=prefix, range_end=prefix_end(prefix), start_revision=start_revision, progress_notify=True))
+        self._rotated.clear()
         stream = stub.Watch(iter([request]))
+        responses = stream.__aiter__()
+        rotated = asyncio.ensure_future(self._rotated.wait())
         try:
-            async for response in stream:
+            while True:
+                following = asyncio.ensure_future(responses.__anext__())
+                await asyncio.wait({following, rotated}, return_when=asyncio.FIRST_COMPLETED)
+                if rotated.done() or following.cancelled():
+                    # Closing the old channel cancels this stream's read (grpc surfaces it as a cancelled
+                    # future, not an RPC error): either way the watch resumes on the next endpoint.
+                    following.cancel()
+                    raise EtcdUnavailable("the etcd member was replaced while watching")
+                try:
+                    response = following.result()
+                except StopAsyncIteration:
+                    raise EtcdUnavailable("etcd watch stream ended") from None
                 if response.compact_revision:
                     raise WatchCompacted(response.compact_revision)
                 if response.canceled:
@@ -259,8 +292,8 @@ class EtcdClient:
             self._rotate(exc.code())
             raise EtcdUnavailable(f"etcd watch ended: {exc.code().name}: {exc.details()}") from None
         finally:
+            rotated.cancel()
             stream.cancel()
-        raise EtcdUnavailable("etcd watch stream ended")
 
     async def close(self) -> None:
         self.closed = True

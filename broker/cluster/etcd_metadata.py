@@ -237,6 +237,8 @@ class EtcdMetadata(MetadataBackend):
             self.stats["registrations"] += 1
             log.info("node %d registered: broker epoch %d, lease %x (%d s)", self.node_id, self.broker_epoch,
                      lease_id, ttl)
+            # The watch may have shown the controller gone while this broker had no valid lease to stand with.
+            self._maybe_campaign()
             return
 
     async def _keepalive(self) -> None:
@@ -256,6 +258,9 @@ class EtcdMetadata(MetadataBackend):
                 continue
             if ttl > 0:
                 self._lease_deadline = sent + ttl
+                # A backstop for elections: an image without a controller is also re-checked here, so a
+                # watch event that arrived while the lease was not valid is not the only chance to stand.
+                self._maybe_campaign()
                 continue
             # The lease is gone: etcd expired it while this broker could not reach it.
             log.warning("node %d lost its lease (broker epoch %d); every partition it led has moved; "

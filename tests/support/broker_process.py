@@ -144,7 +144,7 @@ class BrokerProcess:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             text = self.log_since(log_offset)
-            found = find_address(text)
+            found = find_address(text, exact_only=True)
             if found is not None:
                 return found
             if self.process.poll() is not None:
@@ -282,9 +282,11 @@ class BrokerProcess:
 _LISTENING_RE = re.compile(r"listening on " + _ADDRESS_RE.pattern)
 
 
-def find_address(text: str) -> tuple[str, int] | None:
+def find_address(text: str, *, exact_only: bool = False) -> tuple[str, int] | None:
     """The bound address from the broker's output: the ``listening on HOST:PORT`` line when there is one,
-    else the first HOST:PORT on a line that talks about listening/serving and is not an error report."""
+    else (unless ``exact_only``) the first HOST:PORT on a line that talks about listening/serving and is
+    not an error report. A clustered broker logs etcd's address before it listens, so waiting for a broker
+    to come up takes only the exact line."""
     candidates: list[tuple[int, str, int]] = []
     for line in text.splitlines():
         if line.startswith("==== start:"):
@@ -292,6 +294,8 @@ def find_address(text: str) -> tuple[str, int] | None:
         exact = _LISTENING_RE.search(line)
         if exact is not None and 0 < int(exact.group("port")) <= 65535:
             candidates.append((0, exact.group("host"), int(exact.group("port"))))
+            continue
+        if exact_only:
             continue
         lowered = line.lower()
         # "ERROR ... cannot serve on 127.0.0.1:9092: Address already in use" names no bound address. Only

@@ -1,0 +1,100 @@
+"""The controller: elected through etcd, replaced when its lease expires, and fenced so a deposed controller
+can never write (issue: cluster metadata in etcd, "One controller")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from copyless.broker.cluster import etcd_client as etcd
+from copyless.broker.cluster.controller import Controller
+from copyless.broker.cluster.keys import Layout
+from copyless.broker.config import BrokerConfig
+from tests.support.etcd import unique_root
+from tests.support.polling import wait_until
+
+
+def test_another_broker_takes_over_when_the_controller_is_killed(cluster_factory):
+    cluster = cluster_factory(3)
+    old = cluster.metadata().controller_id
+    cluster.brokers[old].kill()
+
+    def new_controller():
+        try:
+            controller = cluster.metadata().controller_id
+        except OSError:
+            return None
+        return controller if controller not in (-1, old) else None
+
+    # The old controller's lease (2 s) must expire first; the rest is one watch event and one transaction.
+    new = wait_until(new_controller, what="a new controller after kill -9 of the old one", timeout_s=15)
+    assert new in cluster.brokers and new != old
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic("after-failover", 2, 1)], operation_timeout=20)["after-failover"].result(30)
+    leaders = cluster.wait_for_leaders("after-failover", 2)
+    assert {p.leader for p in leaders.values()} <= {b for b in cluster.brokers if b != old}
+    assert new_controller() == new  # and it stayed the controller
+
+
+class _Metadata(types.SimpleNamespace):
+    """What Controller needs of its backend, for driving two controllers by hand against a real etcd."""
+
+    def lease_valid(self) -> bool:
+        return True
+
+
+async def _stale_controller_write(endpoint: str) -> dict:
+    root = unique_root()
+    layout = Layout(root, "cluster")
+    client = etcd.EtcdClient(etcd.parse_endpoints(endpoint))
+    outcome = {}
+    try:
+        lease_a, _ttl = await client.grant(2)
+        config = BrokerConfig(auto_leader_rebalance=False)
+        a = Controller(_Metadata(node_id=1, client=client, layout=layout, lease_id=lease_a,
+                                 broker=types.SimpleNamespace(config=config), image=None))
+        a._run = a._rebalance = lambda: asyncio.sleep(0)  # drive its writes by hand
+        assert await a.campaign()
+        state_key = layout.partition("t", 0)
+        written = await a._write([etcd.created(state_key, 0)],
+                                 [etcd.put(state_key, json.dumps({"leader": 1, "leader_epoch": 0, "isr": [1, 2],
+                                                                  "controller_epoch": a.epoch}).encode())])
+        outcome["first write"] = written.succeeded
+        # A loses its lease (its controller key goes with it) and B is elected: the epoch moves on.
+        await client.revoke(lease_a)
+        lease_b, _ttl = await client.grant(2)
+        b = Controller(_Metadata(node_id=2, client=client, layout=layout, lease_id=lease_b,
+                                 broker=types.SimpleNamespace(config=config), image=None))
+        b._run = b._rebalance = lambda: asyncio.sleep(0)
+        outcome["b elected"] = await b.campaign()
+        outcome["epochs"] = (a.epoch, b.epoch)
+        # A does not know yet: its next write carries its old token and must be refused.
+        current, _ = await client.get(state_key)
+        stale = await a._write([etcd.modified(state_key, current.mod_revision)],
+                               [etcd.put(state_key, b'{"leader": 1, "leader_epoch": 1, "isr": [1], "controller_epoch": 1}')])
+        outcome["stale write"] = stale.succeeded
+        outcome["a still active"] = a.active
+        after, _ = await client.get(state_key)
+        outcome["state unchanged"] = after.mod_revision == current.mod_revision
+        # B's own write goes through.
+        fresh = await b._write([etcd.modified(state_key, current.mod_revision)],
+                               [etcd.put(state_key, b'{"leader": 2, "leader_epoch": 1, "isr": [2], "controller_epoch": 2}')])
+        outcome["b write"] = fresh.succeeded
+        await client.revoke(lease_b)
+        await client.txn([], [etcd.delete_prefix(f"/{root}/".encode())])
+    finally:
+        await client.close()
+    return outcome
+
+
+def test_a_deposed_controllers_write_is_refused_by_etcd(etcd_server):
+    outcome = asyncio.run(_stale_controller_write(etcd_server.endpoint))
+    assert outcome["first write"] is True
+    assert outcome["b elected"] is True and outcome["epochs"] == (1, 2)
+    assert outcome["stale write"] is False, "a controller whose epoch moved on wrote to etcd"
+    assert outcome["state unchanged"] is True
+    assert outcome["a still active"] is False, "the refused controller did not resign"
+    assert outcome["b write"] is True
