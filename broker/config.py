@@ -109,7 +109,10 @@ class BrokerConfig:
     # Consumer groups (read by broker.groups; Kafka's names and defaults).
     group_min_session_timeout_ms: int = 6000              # group.min.session.timeout.ms
     group_max_session_timeout_ms: int = 1800000           # group.max.session.timeout.ms
-    group_initial_rebalance_delay_ms: int = 3000          # group.initial.rebalance.delay.ms
+    # group.initial.rebalance.delay.ms: Kafka's default is 3 s (a group's first members wait for the rest to
+    # join); its quickstart sets 0 for development, as the embedded single node does here. None: the mode's
+    # default (0 single node, 3000 in a cluster; see ``initial_rebalance_delay``).
+    group_initial_rebalance_delay_ms: int | None = None
     group_max_size: int | None = None                     # group.max.size (-1 = unlimited)
     offsets_retention_ms: int = 7 * 24 * _HOUR_MS         # offsets.retention.minutes
     offsets_retention_check_interval_ms: int = 600000     # offsets.retention.check.interval.ms
@@ -149,6 +152,13 @@ class BrokerConfig:
     @property
     def clustered(self) -> bool:
         return self.metadata is not None
+
+    @property
+    def initial_rebalance_delay(self) -> int:
+        """``group.initial.rebalance.delay.ms``, or its default for this mode."""
+        if self.group_initial_rebalance_delay_ms is not None:
+            return self.group_initial_rebalance_delay_ms
+        return 3000 if self.clustered else 0
 
     @property
     def offsets_partitions(self) -> int:

@@ -72,7 +72,7 @@ def group_config_from(config: Any) -> GroupConfig:
     return GroupConfig(
         min_session_timeout_ms=getattr(config, "group_min_session_timeout_ms", 6_000),
         max_session_timeout_ms=getattr(config, "group_max_session_timeout_ms", 1_800_000),
-        initial_rebalance_delay_ms=getattr(config, "group_initial_rebalance_delay_ms", 3_000),
+        initial_rebalance_delay_ms=config.initial_rebalance_delay,
         max_size=getattr(config, "group_max_size", None),
     )
 

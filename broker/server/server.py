@@ -117,25 +117,25 @@ class Server:
                 pass
 
     def _announce(self) -> None:
+        """The startup line on stdout (short: where to connect and how to stop), and every setting that
+        shapes behaviour in the log."""
         config = self.broker.config
+        advertised = self.broker.advertised_listeners()
         listeners = " ".join(
-            f"{name}={host}:{port}->{advertised[0]}:{advertised[1]}"
-            for name, (host, port), advertised in (
-                (name, sock.getsockname()[:2], self.broker.advertised_listeners()[name])
-                for name, sock in self.listen_sockets.items()))
-        line = (
-            f"copyless listening on {self.bound_host}:{self.bound_port} "
-            f"advertised={config.advertised_host}:{config.advertised_port} "
-            f"data_dir={config.data_dir} loop={self.loop_name} sendfile={'on' if self.use_sendfile else 'off'} "
-            f"flush_mode={config.flush_mode} segment_bytes={config.segment_bytes} "
-            f"socket_send_buffer_bytes={config.socket_send_buffer_bytes} "
-            f"retention_ms={config.retention_ms} max_message_bytes={config.message_max_bytes} "
-            f"auto_create_topics={config.auto_create_topics} num_partitions={config.num_partitions} "
-            f"node_id={self.broker.node_id} cluster_id={self.broker.cluster_id} "
-            f"metadata={config.metadata or 'embedded'} listeners={listeners}"
-        )
-        print(line, flush=True)
-        log.info("%s", line)
+            f"{name}={host}:{port}->{advertised[name][0]}:{advertised[name][1]}"
+            for name, (host, port) in ((name, sock.getsockname()[:2]) for name, sock in self.listen_sockets.items()))
+        mode = f"cluster {self.broker.cluster_id} via {config.metadata}" if config.clustered else "single node"
+        print(f"copyless listening on {self.bound_host}:{self.bound_port} (node {self.broker.node_id}, {mode}, "
+              f"data in {config.data_dir}); Ctrl-C or SIGTERM stops it cleanly", flush=True)
+        log.info(
+            "serving: listeners=%s advertised=%s:%d data_dir=%s loop=%s sendfile=%s flush_mode=%s segment_bytes=%d "
+            "socket_send_buffer_bytes=%d retention_ms=%s max_message_bytes=%d auto_create_topics=%s num_partitions=%d "
+            "node_id=%d cluster_id=%s metadata=%s",
+            listeners, config.advertised_host, config.advertised_port, config.data_dir, self.loop_name,
+            "on" if self.use_sendfile else "off", config.flush_mode, config.segment_bytes,
+            config.socket_send_buffer_bytes, config.retention_ms, config.message_max_bytes,
+            config.auto_create_topics, config.num_partitions, self.broker.node_id, self.broker.cluster_id,
+            config.metadata or "embedded")
 
     # --- accept --------------------------------------------------------------------------------------------------
 
