@@ -64,6 +64,10 @@ class BrokerProcess:
     port: int = 0
     process: subprocess.Popen | None = None
     exit_codes: list[int] = field(default_factory=list)
+    # A prefix for the command, e.g. ``ip netns exec NAME`` to run the broker on a host of a NetLab.
+    wrapper: tuple[str, ...] = ()
+    # The address to listen on (port 0 picks one); a broker in a network namespace listens on its host's.
+    listen_host: str = "127.0.0.1"
 
     @property
     def bootstrap(self) -> str:
@@ -81,7 +85,8 @@ class BrokerProcess:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def command(self, listen: str) -> list[str]:
-        cmd = [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(self.data_dir), "--listen", listen]
+        cmd = [*self.wrapper, sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(self.data_dir),
+               "--listen", listen]
         if self.loop:
             cmd += ["--loop", self.loop]
         if not self.sendfile:
@@ -119,7 +124,7 @@ class BrokerProcess:
         if self.config and "--config" not in self.extra_args:
             self.write_config()
         log_file = open(self.log_path, "ab", buffering=0)
-        log_file.write(f"\n==== start: {' '.join(self.command(f'127.0.0.1:{port}'))}\n".encode())
+        log_file.write(f"\n==== start: {' '.join(self.command(f'{self.listen_host}:{port}'))}\n".encode())
         log_offset = self.log_path.stat().st_size
         env = python_env(PYTHONUNBUFFERED="1")
         # Brokers under test run the production storage defaults, even when tests/storage (which switches
@@ -127,7 +132,7 @@ class BrokerProcess:
         env.pop("COPYLESS_ALLOCATION_STEP_BYTES", None)
         env.pop("COPYLESS_WARM_AHEAD_BYTES", None)
         self.process = subprocess.Popen(
-            self.command(f"127.0.0.1:{port}"),
+            self.command(f"{self.listen_host}:{port}"),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

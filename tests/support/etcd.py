@@ -38,10 +38,13 @@ def free_port() -> int:
 class EtcdProcess:
     """One etcd member on loopback. ``endpoint`` is ``127.0.0.1:PORT``."""
 
-    def __init__(self, workdir: Path, name: str = "n1") -> None:
+    def __init__(self, workdir: Path, name: str = "n1", *, host: str = "127.0.0.1",
+                 wrapper: tuple[str, ...] = ()) -> None:
         require_etcd()
         self.workdir = Path(workdir)
         self.name = name
+        self.host = host
+        self.wrapper = wrapper  # e.g. ``ip netns exec NAME``: etcd on a host of a NetLab
         self.client_port = free_port()
         self.peer_port = free_port()
         self.process: subprocess.Popen | None = None
@@ -49,7 +52,7 @@ class EtcdProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     def url(self, root: str | None = None) -> str:
         """The broker's ``--metadata`` value; ``root`` defaults to a fresh one (a private cluster)."""
@@ -57,11 +60,11 @@ class EtcdProcess:
 
     def start(self) -> "EtcdProcess":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        client = f"http://{self.host}:{self.client_port}"
         log = open(self.log_path, "ab", buffering=0)
         self.process = subprocess.Popen(
-            [ETCD, "--name", self.name, "--data-dir", str(self.workdir / f"data-{self.name}"),
+            [*self.wrapper, ETCD, "--name", self.name, "--data-dir", str(self.workdir / f"data-{self.name}"),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"{self.name}={peer}", "--log-level", "warn"],
