@@ -88,6 +88,7 @@ class ReplicaManager:
         # and (partition, False) when it stops: the group coordinator follows its offsets partitions so.
         self.leadership_listeners: list[Callable[[Partition, bool], None]] = []
         self.closing = False
+        self.stats = {"isr_shrinks": 0, "isr_expands": 0, "isr_changes_refused": 0, "truncations": 0}
 
     # --- lookups (loop thread) -------------------------------------------------------------------------------
 
@@ -338,8 +339,13 @@ class ReplicaManager:
         except Exception as exc:
             log.warning("%s-%d: ISR change not written: %s", partition.topic, partition.partition, exc)
         if new_state is None:
+            self.stats["isr_changes_refused"] += 1
             log.info("%s-%d: ISR change %s refused (the partition's state moved on); waiting for the new state",
                      partition.topic, partition.partition, list(proposed))
+        elif len(proposed) < len(state.isr):
+            self.stats["isr_shrinks"] += 1
+        else:
+            self.stats["isr_expands"] += 1
         partition.end_isr_change(new_state)
 
     async def maintain_isr(self) -> None:
@@ -375,6 +381,7 @@ class ReplicaManager:
         return list(partition.log.batch_headers(producer_state_scan_start(partition.log)))
 
     def _after_truncation(self, partition: Partition, headers: list) -> None:
+        self.stats["truncations"] += 1
         self.broker.producers.rebuild(partition.topic, partition.partition, headers)
         partition.high_watermark = min(partition.high_watermark, partition.log.log_end_offset)
 

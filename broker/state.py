@@ -265,6 +265,24 @@ class Broker:
         if self.log_manager is not None:
             self.log_manager.shutdown()
 
+    def stats_snapshot(self) -> dict:
+        """The counters of ``stats-json``: the broker's, plus the cluster's (etcd calls by kind, the
+        controller's and the replica fetchers' counters) when it runs in one."""
+        snapshot = self.stats.snapshot()
+        if self.config.clustered:
+            metadata = self.metadata
+            snapshot["cluster"] = {
+                "broker_epoch": metadata.broker_epoch,
+                "lease_valid": metadata.lease_valid(),
+                "controller": metadata.is_controller,
+                "metadata": dict(metadata.stats),
+                "etcd_calls": dict(metadata.client.calls),
+                "controller_stats": dict(metadata.controller.stats),
+                "fetchers": {str(leader): dict(f.stats) for leader, f in self.fetchers.fetchers.items()},
+                "isr_changes": dict(self.replicas.stats),
+            }
+        return snapshot
+
     # --- topics (the metadata backend decides; these are the handlers' entry points) --------------------------
 
     async def create_topic(self, name: str, partitions: int | None = None,

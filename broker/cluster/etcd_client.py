@@ -154,6 +154,9 @@ class EtcdClient:
         # Set when a call found the member unusable: a watch stream on the old channel may hang rather than
         # fail (a paused member keeps its TCP connection), so watches restart on the next endpoint then.
         self._rotated = asyncio.Event()
+        # Calls made, by method (Range, Txn, Put, LeaseGrant, LeaseKeepAlive, LeaseRevoke, Watch): the
+        # stats line shows them, so a reader can check what the hot paths cost in etcd round trips.
+        self.calls: dict[str, int] = {}
 
     @property
     def endpoint(self) -> str:
@@ -186,6 +189,7 @@ class EtcdClient:
 
     async def _unary(self, method: str, request, stub_index: int = 0, timeout_s: float | None = None):
         stub = self._stubs()[stub_index]
+        self.calls[method] = self.calls.get(method, 0) + 1
         try:
             return await getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
         except rpc.AioRpcError as exc:
@@ -230,6 +234,7 @@ class EtcdClient:
     async def keepalive(self, lease_id: int, timeout_s: float | None = None) -> int:
         """Refresh a lease; returns its TTL in seconds (0 or less: the lease is gone)."""
         stub = self._stubs()[1]
+        self.calls["LeaseKeepAlive"] = self.calls.get("LeaseKeepAlive", 0) + 1
         try:
             async for reply in stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
                                                     timeout=timeout_s or self.timeout_s):
@@ -261,6 +266,7 @@ class EtcdClient:
         revision, so an idle watcher's revision still moves.
         """
         stub = self._stubs()[2]
+        self.calls["Watch"] = self.calls.get("Watch", 0) + 1
         request = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
             key=prefix, range_end=prefix_end(prefix), start_revision=start_revision, progress_notify=True))
         self._rotated.clear()

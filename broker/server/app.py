@@ -84,7 +84,7 @@ def raise_open_files_limit() -> tuple[int, int]:
 
 
 def _log_stats_json(broker: Broker) -> None:
-    line = "stats-json " + json.dumps(broker.stats.snapshot(), sort_keys=True)
+    line = "stats-json " + json.dumps(broker.stats_snapshot(), sort_keys=True)
     print(line, flush=True)
     log.info("%s", line)
 

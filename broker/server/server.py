@@ -254,7 +254,7 @@ class Server:
         await self.broker.stop_cluster()
         await asyncio.to_thread(self.broker.shutdown_logs)
         log.info("%s", self.broker.stats.log_line())
-        print("stats-json " + json.dumps(self.broker.stats.snapshot(), sort_keys=True), flush=True)
+        print("stats-json " + json.dumps(self.broker.stats_snapshot(), sort_keys=True), flush=True)
         log.info("shutdown complete in %.0f ms (clean-shutdown marker written)", (time.monotonic() - started) * 1000)
         self._stopped.set()
 
