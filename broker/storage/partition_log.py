@@ -35,7 +35,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from copyless.client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_batches, iter_record_timestamps
+from copyless.client.protocol.records import (
+    LOG_OVERHEAD,
+    BatchHeader,
+    InvalidBatchError,
+    iter_batches,
+    iter_record_timestamps,
+    validate_batch,
+)
 
 from . import filenames
 from . import segment as segment_module
@@ -43,12 +50,12 @@ from ._failpoints import failpoint
 from .background import Background
 from .checkpoint import fsync_directory
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
+from .errors import OffsetOutOfRangeError, StorageError, UnexpectedAppendOffsetError, free_bytes, storage_error_from
 from .file_slice import FileSlice
 from .leader_epoch_cache import LeaderEpochCache
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
 
-__all__ = ["PartitionLog", "AppendResult", "ReadResult", "LoadStats"]
+__all__ = ["PartitionLog", "AppendResult", "FollowerAppend", "ReadResult", "LoadStats"]
 
 log = logging.getLogger("copyless.storage")
 
@@ -91,6 +98,12 @@ class AppendResult(NamedTuple):
     last_offset: int
     log_append_time_ms: int  # -1 for CreateTime
     log_start_offset: int
+
+
+class FollowerAppend(NamedTuple):
+    first_offset: int
+    last_offset: int  # first_offset - 1 when nothing was appended
+    headers: list[tuple[int, BatchHeader]]  # (base offset, header) of each appended batch
 
 
 class ReadResult(NamedTuple):
@@ -274,6 +287,55 @@ class PartitionLog:
             self._request_flush(None)
         return AppendResult(base_offset, next_offset - 1,
                             -1 if log_append_time_ms is None else log_append_time_ms, self.log_start_offset)
+
+    def append_as_follower(self, records) -> FollowerAppend:
+        """Append the leader's batches as they are: offsets, leader epochs and timestamps kept, nothing
+        assigned. Loop thread, non-blocking; the same single copy into the map as ``append``.
+
+        Every batch is checked first (framing, magic, CRC-32C, count), so a corrupt fetch appends nothing. A
+        trailing partial batch is left out (the next fetch starts at the new log end), as Kafka's follower
+        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset.
+
+        Returns:
+            FollowerAppend: the offsets appended and each batch's header (producer state is rebuilt from them).
+        Raises:
+            UnexpectedAppendOffsetError: the first batch does not start at ``log_end_offset``.
+            InvalidBatchError: a batch is corrupt, or the batches' offsets do not follow on one another.
+            StorageError: as ``append`` (nothing appended, the log stays consistent).
+        """
+        if self._closed:
+            raise StorageError("log is closed", path=self.directory)
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        total = len(view)
+        headers: list[tuple[int, BatchHeader]] = []
+        position = 0
+        next_offset = self.log_end_offset
+        while position < total:
+            try:
+                header = validate_batch(view, position, limit=total)
+            except InvalidBatchError as exc:
+                if exc.reason in ("truncated header", "truncated batch"):
+                    break  # a fetch cut at its byte limit: the rest comes with the next one
+                raise
+            if not headers and header.base_offset != next_offset:
+                raise UnexpectedAppendOffsetError(header.base_offset, next_offset, f"{self.topic}-{self.partition}")
+            if header.base_offset != next_offset:
+                raise InvalidBatchError("bad offsets", f"batch at {header.base_offset} after offset {next_offset - 1}")
+            headers.append((header.base_offset, header))
+            next_offset = header.next_offset
+            position += header.size
+        first_offset = self.log_end_offset
+        if not headers:
+            return FollowerAppend(first_offset, first_offset - 1, headers)
+        cache = self.leader_epochs
+        for base_offset, header in headers:
+            if header.partition_leader_epoch != cache.latest_epoch():
+                cache.assign(header.partition_leader_epoch, base_offset)
+        result = self.append(view[:position], leader_epoch=None)
+        assert result.base_offset == first_offset and result.last_offset == next_offset - 1, (result, next_offset)
+        return FollowerAppend(first_offset, next_offset - 1, headers)
 
     def _append_split(self, view, batches, leader_epoch, log_append_time_ms, now) -> int:
         """More bytes than one whole segment: append in runs, rolling between them. A StorageError part-way
