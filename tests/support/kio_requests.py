@@ -39,9 +39,9 @@ def create_topic(client, name: str, partitions: int = 1, configs=()):
     return response.topics[0]
 
 
-def produce(client, topic: str, records_by_partition: dict, acks: int = 1, module=produce_v8):
+def produce(client, topic: str, records_by_partition: dict, acks: int = 1, module=produce_v8, timeout_ms: int = 5000):
     request = module.ProduceRequest(
-        transactional_id=None, acks=acks, timeout=5000 * MS,
+        transactional_id=None, acks=acks, timeout=timeout_ms * MS,
         topic_data=(
             module.TopicProduceData(
                 name=topic,
