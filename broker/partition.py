@@ -340,6 +340,26 @@ class Partition:
             return log_.read(offset, max_bytes, min_one_message=min_one_message)
         return log_.read(offset, max_bytes, min_one_message=min_one_message, max_offset=max_offset)
 
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords on the leader: move the log start offset up to ``offset`` (-1: the high watermark),
+        so the records below it are no longer served and their whole segments are retired. Returns the new
+        log start offset (the low watermark). Loop thread.
+
+        Kafka's rule: only records every ISR member has (below the high watermark) may be deleted.
+
+        Raises:
+            NotLeaderOrFollower, BrokerError(OFFSET_OUT_OF_RANGE) (negative, or past the high watermark),
+            StorageError.
+        """
+        self.check_leader()
+        if offset == -1:
+            offset = self.high_watermark
+        if offset < 0 or offset > self.high_watermark:
+            raise BrokerError(ErrorCode.offset_out_of_range,
+                              f"{self.topic}-{self.partition}: cannot delete records before offset {offset}: it is "
+                              f"not in [0, {self.high_watermark}] (the high watermark)")
+        return self.log.delete_records_before(offset)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp_ms`` below the high watermark, or
         None. Raises StorageError, InvalidBatchError (a stored batch that does not decode)."""
