@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ._failpoints import failpoint
 
-__all__ = ["write_checkpoint", "read_checkpoint", "fsync_directory", "write_marker", "remove_marker"]
+__all__ = ["write_checkpoint", "read_checkpoint", "parse_checkpoint", "fsync_directory", "write_marker", "remove_marker"]
 
 log = logging.getLogger("copyless.storage")
 _VERSION = 0
@@ -64,12 +64,12 @@ def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
     fsync_directory(path.parent)
 
 
-def read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
-    """The entries of ``path``; {} when missing or malformed (logged)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
+def parse_checkpoint(text: str) -> dict[tuple[str, int], int]:
+    """The entries of a checkpoint file's text. Pure.
+
+    Raises:
+        ValueError: not this format (wrong version, a line that does not parse, fewer entries than counted).
+    """
     try:
         lines = text.splitlines()
         if int(lines[0]) != _VERSION:
@@ -82,7 +82,19 @@ def read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
         if len(entries) != count:
             raise ValueError(f"{len(entries)} entries, header says {count}")
         return entries
-    except (ValueError, IndexError) as exc:
+    except IndexError as exc:
+        raise ValueError(f"truncated: {exc}") from None
+
+
+def read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    """The entries of ``path``; {} when missing or malformed (logged)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    try:
+        return parse_checkpoint(text)
+    except ValueError as exc:
         log.warning("ignoring malformed checkpoint %s: %s", path, exc)
         return {}
 
