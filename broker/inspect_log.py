@@ -15,8 +15,9 @@ is reported (a torn write or corruption), as is every batch whose CRC does not m
 
 The data dir check adds, per partition: segments contiguous (each one's base offset the previous one's next
 offset, the first batch of each at its file's base offset), ``partition.metadata`` readable; and for the dir:
-``meta.properties``, ``topics.json`` (the partitions it lists against the directories), the
-recovery-point checkpoint (readable, each offset within its log). Findings are ERROR (exit status 1) or
+``meta.properties``, ``topics.json`` (the partitions it lists against the directories), the recovery-point,
+high-watermark and log-start-offset checkpoints (readable, each offset within its log) and each partition's
+``leader-epoch-checkpoint`` (readable, increasing). Findings are ERROR (exit status 1) or
 WARNING (a state the broker handles itself at start-up: a log not in ``topics.json``, a prepared segment
 holding batches, a running broker writing the dir meanwhile).
 
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from copyless.broker.storage import filenames, index_search
-from copyless.broker.storage.checkpoint import parse_checkpoint
+from copyless.broker.storage.checkpoint import read_checkpoint, read_entries
 from copyless.broker.storage.segment import scan_headers
 from copyless.client.protocol.records import BatchHeader, InvalidBatchError, validate_batch
 
@@ -258,6 +259,16 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
                 report.findings.append(Finding(WARNING, str(entry), f"a prepared segment holding "
                                                f"{len(prepared.batches)} batch(es) (offsets from "
                                                f"{prepared.batches[0].header.base_offset}): start-up adopts it"))
+    epochs = directory / filenames.LEADER_EPOCH_CHECKPOINT
+    if epochs.exists():
+        try:
+            lines = read_entries(epochs) or []
+            pairs = [tuple(int(part) for part in line.split()) for line in lines]
+            if any(len(pair) != 2 for pair in pairs) or any(
+                    not (a[0] < b[0] and a[1] <= b[1]) for a, b in zip(pairs, pairs[1:])):
+                raise ValueError(f"entries {pairs} are not (epoch, start offset) pairs in increasing order")
+        except (ValueError, UnicodeDecodeError) as exc:
+            report.findings.append(Finding(ERROR, str(epochs), f"unreadable: {exc}"))
     metadata = directory / "partition.metadata"
     if metadata.exists():
         text = metadata.read_text(errors="replace")
@@ -313,19 +324,30 @@ def check_data_dir(data_dir: Path) -> tuple[list[PartitionReport], list[Finding]
             report.findings.append(Finding(WARNING, str(entry), "not in topics.json (an interrupted create or "
                                            "delete, or a cluster broker's dir): start-up deletes it"))
         partitions.append(report)
-    checkpoint = data_dir / filenames.RECOVERY_POINT_CHECKPOINT
-    if checkpoint.exists():
+    # Each per-dir checkpoint names, per partition, an offset that must lie within its log.
+    ends = {(p.topic, p.partition): p.log_end_offset for p in partitions}
+    starts = {(p.topic, p.partition): p.log_start_offset for p in partitions}
+    for name, what in ((filenames.RECOVERY_POINT_CHECKPOINT, "recovery point"),
+                       (filenames.HIGH_WATERMARK_CHECKPOINT, "high watermark"),
+                       (filenames.LOG_START_OFFSET_CHECKPOINT, "log start offset")):
+        checkpoint = data_dir / name
+        if not checkpoint.exists():
+            continue
         try:
-            points = parse_checkpoint(checkpoint.read_text())
+            read_entries(checkpoint)  # strict: raises what read_checkpoint would only log
+            points = read_checkpoint(checkpoint)
         except (ValueError, UnicodeDecodeError) as exc:
             findings.append(Finding(ERROR, str(checkpoint), f"unreadable: {exc}"))
-            points = {}
-        ends = {(p.topic, p.partition): p.log_end_offset for p in partitions}
+            continue
         for key, offset in sorted(points.items()):
             end = ends.get(key)
-            if key in ends and end is not None and offset > end:
-                findings.append(Finding(ERROR, str(checkpoint), f"{key[0]}-{key[1]}: recovery point {offset} is "
-                                        f"past the log end offset {end}"))
+            if end is not None and offset > end:
+                findings.append(Finding(ERROR, str(checkpoint), f"{key[0]}-{key[1]}: {what} {offset} is past the "
+                                        f"log end offset {end}"))
+            elif name == filenames.LOG_START_OFFSET_CHECKPOINT and key in starts and starts[key] is not None \
+                    and offset < starts[key]:
+                findings.append(Finding(ERROR, str(checkpoint), f"{key[0]}-{key[1]}: log start offset {offset} is "
+                                        f"below the first segment's base offset {starts[key]}"))
     return partitions, findings
 
 

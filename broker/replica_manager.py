@@ -389,7 +389,8 @@ class ReplicaManager:
     def _after_truncation(self, partition: Partition, headers: list) -> None:
         self.stats["truncations"] += 1
         self.broker.producers.rebuild(partition.topic, partition.partition, headers)
-        partition.high_watermark = min(partition.high_watermark, partition.log.log_end_offset)
+        # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).
+        partition.high_watermark = partition.log.high_watermark
 
     # --- shutdown -------------------------------------------------------------------------------------------------
 

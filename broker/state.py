@@ -193,6 +193,7 @@ class Broker:
             default_config=self.default_log_config(),
             topic_configs={name: self.log_config_for(topic) for name, topic in topic_configs.items()},
             retention_check_interval_ms=self.config.retention_check_interval_ms,
+            offsets_checkpoint_interval_ms=self.config.replica_high_watermark_checkpoint_interval_ms,
         )
         self.log_manager.startup()
         producers = 0
