@@ -280,24 +280,26 @@ def broker_service(node_id: int) -> str:
 
 
 class Timeline:
-    """Events with their time relative to the kill, printed as they happen."""
+    """Events with their time relative to the kill; printed in time order (``hold`` keeps an event back until
+    ``show``, for events detected in another order than they happened)."""
 
     def __init__(self) -> None:
         self.kill_at: float | None = None
         self.events: list[tuple[str, float, str]] = []  # (name, seconds after the kill, text)
+        self._held: list[tuple[str, float, str]] = []
 
-    def now(self) -> float:
+    def add(self, name: str, text: str, at: float | None = None, *, hold: bool = False) -> None:
         assert self.kill_at is not None
-        return time.monotonic() - self.kill_at
+        event = (name, (time.monotonic() if at is None else at) - self.kill_at, text)
+        self.events.append(event)
+        self._held.append(event)
+        if not hold:
+            self.show()
 
-    def add(self, name: str, text: str, at: float | None = None) -> float:
-        seconds = self.now() if at is None else at - self.kill_at
-        self.events.append((name, seconds, text))
-        print(f"  {seconds:+8.3f} s  {text}", flush=True)
-        return seconds
-
-    def seconds(self, name: str) -> float | None:
-        return next((s for n, s, _ in self.events if n == name), None)
+    def show(self) -> None:
+        for _, seconds, text in sorted(self._held, key=lambda event: event[1]):
+            print(f"  {seconds:+8.3f} s  {text}", flush=True)
+        self._held.clear()
 
 
 @dataclass
@@ -417,9 +419,11 @@ async def failover(args, compose: Compose, run: Run, timeline: Timeline) -> int:
           f"(epoch {old_state['leader_epoch']}, ISR {list(before[0].isr)})")
     print("timeline (seconds from the kill):", flush=True)
 
+    # Time 0 is when `docker kill` returned: the broker is dead by then, so no acknowledgement after it can
+    # come from the old leader (one sent while the command ran, ~0.1 s here, would otherwise count).
+    await compose.kill(victim_service)
     kill_at = time.monotonic()
     run.kill_at = timeline.kill_at = kill_at
-    await compose.kill(victim_service)
     timeline.add("kill", f"docker kill {victim_service} (broker {victim}, leader of partition 0)", at=kill_at)
 
     async def new_leader():
@@ -429,13 +433,15 @@ async def failover(args, compose: Compose, run: Run, timeline: Timeline) -> int:
     elected = await wait_for(new_leader, NEW_LEADER_TIMEOUT_S, "a new leader for partition 0")
     elected_at = time.monotonic()
     state = await compose.partition_state(topic, 0)
+    # Shown with the first write after the kill: the poll may see the new leader after that write's ack.
     timeline.add("new_leader", f"partition 0: new leader broker {elected.leader}, epoch {state['leader_epoch']}, "
-                               f"ISR {list(elected.isr)}", at=elected_at)
+                               f"ISR {list(elected.isr)}", at=elected_at, hold=True)
 
     try:
         async with asyncio.timeout(FIRST_WRITE_TIMEOUT_S):
             await run.first_ack_after_kill.wait()
     except TimeoutError:
+        timeline.show()
         raise DemoError(f"no write to partition 0 acknowledged within {FIRST_WRITE_TIMEOUT_S:.0f} s of the kill") \
             from None
     first = min((a for a in run.acknowledged if a.partition == 0 and run.ack_times[a.sequence] > kill_at),
