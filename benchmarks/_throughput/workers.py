@@ -51,6 +51,8 @@ class Workload:
     read_seconds: float = 0.0           # ... or, when set, until this long (at most read_passes times)
     topic: str = ""
     label: str = ""
+    replication_factor: int = 1         # a cluster's topics: replicas per partition ...
+    topic_configs: tuple[tuple[str, str], ...] = ()  # ... and topic settings (min.insync.replicas)
 
 
 @dataclass
