@@ -522,7 +522,7 @@ def _delete_files_at_once(admin) -> None:
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     entry = ConfigEntry("log.segment.delete.delay.ms", "0", incremental_operation=AlterConfigOpType.SET)
-    resources = [ConfigResource(ResourceType.BROKER, str(b), incremental_configs=[entry])
-                 for b in admin.list_topics(timeout=30).brokers]
-    for future in admin.incremental_alter_configs(resources, request_timeout=30).values():
-        future.result(60)
+    for broker in admin.list_topics(timeout=30).brokers:  # librdkafka takes one broker resource per call
+        resource = ConfigResource(ResourceType.BROKER, str(broker), incremental_configs=[entry])
+        for future in admin.incremental_alter_configs([resource], request_timeout=30).values():
+            future.result(60)
