@@ -12,9 +12,16 @@ tuple they read, pinning a segment before touching its fd.
 
 Positions and offsets::
 
-    log_start_offset <= flushed_offset <= high_watermark == log_end_offset     (single node)
+    log_start_offset <= high_watermark <= log_end_offset
+    log_start_offset <= flushed_offset <= log_end_offset
     recovery_point = flushed_offset, held back to the base of a rolled segment until its seal (trim + index
                      fdatasync) is done: recovery rescans from the segment holding it.
+
+The high watermark is replication's (the partition layer sets it: on a single node, to the log end after
+each append); the log keeps it so it survives a restart (the data dir's ``high-watermark-checkpoint``,
+written by LogManager) and reports it with each read. ``leader_epochs`` (leader_epoch_cache.py) records the
+leader epoch of each stretch of the log; its file covers every batch below the recovery point: each flush
+and seal writes it (when it changed) before the recovery point moves.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from .checkpoint import fsync_directory
 from .config import LogConfig
 from .errors import OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
 from .file_slice import FileSlice
+from .leader_epoch_cache import LeaderEpochCache
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
 
 __all__ = ["PartitionLog", "AppendResult", "ReadResult", "LoadStats"]
@@ -117,6 +125,15 @@ class PartitionLog:
         self.log_start_offset = segments[0].base_offset
         self.log_end_offset = self._active.next_offset
         self.flushed_offset = self.log_end_offset
+        # Replication's committed end (set_high_watermark, loop thread); load() restores the checkpointed one.
+        self.high_watermark = self.log_end_offset
+        self.leader_epochs = LeaderEpochCache(directory / filenames.LEADER_EPOCH_CHECKPOINT,
+                                              schedule_flush=self._submit_flush)
+        # LogManager's writer of the data dir's offset checkpoints (blocking): truncation and DeleteRecords
+        # call it before they return, so their new offsets survive a crash. None: a log outside a manager.
+        self.checkpoint_offsets = None
+        self._truncations = 0  # bumped by each truncation: a flush that raced one does not move flushed_offset
+        self._pending_log_start: int | None = None  # a full truncation's new start, checkpointed before it cuts
         # (log_end_offset, active segment, its committed position): one tuple, replaced atomically after each
         # append, so a flush thread reads a consistent snapshot without a lock.
         self._commit_point = (self.log_end_offset, self._active, self._active.committed_position)
@@ -147,9 +164,21 @@ class PartitionLog:
     # --- properties ----------------------------------------------------------------------------------------
 
     @property
-    def high_watermark(self) -> int:
-        """Committed end; a single node commits on append, so it equals log_end_offset."""
-        return self.log_end_offset
+    def log_start_offset_to_checkpoint(self) -> int:
+        """The log start offset the data dir's checkpoint must hold: the new start of a full truncation in
+        progress (written before its segments go), else the log start offset."""
+        pending = self._pending_log_start
+        return self.log_start_offset if pending is None else pending
+
+    def set_high_watermark(self, value: int) -> None:
+        """Record replication's high watermark (loop thread, O(1)); LogManager checkpoints it in the
+        background."""
+        self.high_watermark = value
+
+    def _submit_flush(self, function) -> None:
+        """Queue ``function`` on a flush thread (the epoch cache's background writes: off the io thread, whose
+        FIFO of seals and renames they would delay). Raises RuntimeError once the executors are shut down."""
+        self._background.flush.submit(function)
 
     @property
     def recovery_point(self) -> int:
@@ -176,12 +205,13 @@ class PartitionLog:
 
     # --- append (loop thread) -------------------------------------------------------------------------------
 
-    def append(self, records, *, leader_epoch: int = 0, log_append_time_ms: int | None = None) -> AppendResult:
+    def append(self, records, *, leader_epoch: int | None = 0, log_append_time_ms: int | None = None) -> AppendResult:
         """Append one or more complete, validated v2 batches; assign their offsets. Loop thread, non-blocking.
 
         The batches are copied into the active segment's map and their baseOffset (and leader epoch; with
         ``log_append_time_ms``, the LogAppendTime timestamp and CRC) rewritten there. Records are never
-        decoded.
+        decoded. A ``leader_epoch`` newer than the epoch cache's latest is recorded as starting at the first
+        batch; None keeps each batch's epoch as it is (the follower path, which records them itself).
 
         Raises:
             StorageError: a needed roll could not create a segment (ENOSPC, ...); nothing was appended, the
@@ -212,6 +242,11 @@ class PartitionLog:
         if self._should_roll(active, total, record_count, now):
             active = self._roll(now)
         base_offset = self.log_end_offset
+        if leader_epoch is not None and leader_epoch != self.leader_epochs.latest_epoch():
+            # Before the copy: an append that fails part-way (a roll on a full disk) leaves whole batches of
+            # this epoch behind, which the entry must cover; an entry at the log end with nothing after it
+            # is harmless (a new leader records one before its first append).
+            self.leader_epochs.assign(leader_epoch, base_offset)
         if total <= active.room_bytes:
             self._ensure_allocated(active, active.written_position + total, now)
             next_offset = active.append_run(view, batches, base_offset, leader_epoch, log_append_time_ms)
@@ -513,6 +548,7 @@ class PartitionLog:
                 segment.seal_finish()
                 fsync_directory(self.directory)
                 self._directory_durable = True
+            self.leader_epochs.flush()  # before the recovery point passes this segment (module docstring)
         except (OSError, BufferError) as exc:
             # BufferError: something still exports the map (a memoryview), so it cannot be unmapped and the
             # file must not be trimmed under it. The segment stays readable through its fd; it is left out
@@ -580,10 +616,10 @@ class PartitionLog:
         """
         if self._closed:
             raise StorageError("log is closed", path=self.directory)
-        high_watermark = self.log_end_offset
+        high_watermark = self.high_watermark
         self._check_offset(fetch_offset)
         log_start_offset = self.log_start_offset
-        if fetch_offset == high_watermark or (max_offset is not None and fetch_offset >= max_offset):
+        if fetch_offset == self.log_end_offset or (max_offset is not None and fetch_offset >= max_offset):
             return ReadResult(None, high_watermark, log_start_offset)
         segments, bases = self._segments, self._bases
         slot = max(0, bisect.bisect_right(bases, fetch_offset) - 1)
@@ -718,8 +754,12 @@ class PartitionLog:
                     return
                 self._flush_requested = False
             log_end_offset, active, committed_position = self._commit_point
+            truncations = self._truncations
             try:
                 self._flush_segments(log_end_offset, active, committed_position)
+                # The recovery point moves with the flushed offset: the epochs of what lies below it must be
+                # in the file first (a write only when they changed, which is rare).
+                self.leader_epochs.flush()
             except OSError as exc:
                 error = storage_error_from(exc, "fdatasync", self.directory)
                 log.error("%s-%d: %s", self.topic, self.partition, error)
@@ -730,7 +770,8 @@ class PartitionLog:
                 return
             self.stats["flushes"] += 1
             self._last_flush_ms = now_ms()
-            self._advance_flushed(log_end_offset)
+            if truncations == self._truncations:  # else what it synced was cut meanwhile
+                self._advance_flushed(log_end_offset)
 
     def _flush_segments(self, log_end_offset: int, active: Segment, committed_position: int) -> None:
         with self._io_lock:
@@ -816,6 +857,8 @@ class PartitionLog:
                 return 0
             doomed = segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[count].base_offset)
+            # Never below the log start (Kafka moves it the same way when the start passes it).
+            self.high_watermark = max(self.high_watermark, self.log_start_offset)
             failpoint("retention.after_log_start")
             self._segments = segments[count:]
             self._bases = self._bases[count:]
@@ -859,14 +902,37 @@ class PartitionLog:
 
     @classmethod
     def load(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background, *,
-             clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
+             clean: bool, recovery_point: int, high_watermark: int | None = None) -> tuple["PartitionLog", LoadStats]:
         """Open an existing log directory (blocking, start-up).
 
         Clean: trust files and indexes (cheap sanity checks; a segment failing them is recovered). Unclean:
         rescan every segment from the one holding ``recovery_point``, truncating at the first torn or corrupt
         batch, removing later segments and rebuilding indexes; then fdatasync what was recovered so the
-        recovery point can be the log end.
+        recovery point can be the log end. The leader epoch cache is loaded and made to agree with the log
+        (its file's entries past the log end dropped, the batches from the recovery point scanned again), and
+        the checkpointed ``high_watermark`` restored (None: the log start), clamped to the log.
         """
+        log_, stats = cls._load_segments(topic, partition, directory, config, background, clean=clean,
+                                         recovery_point=recovery_point)
+        log_._restore_replication_state(rescan_from=None if clean else recovery_point,
+                                        high_watermark=high_watermark)
+        return log_, stats
+
+    def _restore_replication_state(self, *, rescan_from: int | None, high_watermark: int | None) -> None:
+        """Start-up, after the segments are loaded: the epoch cache and the high watermark. Blocking."""
+        cache = self.leader_epochs
+        cache.restore(self.batch_headers, log_start_offset=self.log_start_offset,
+                      log_end_offset=self.log_end_offset, rescan_from=rescan_from)
+        if self.log_end_offset == self.log_start_offset:
+            cache.clear()
+        # Written now: the recovery point written after an unclean start-up is the log end.
+        cache.flush()
+        start, end = self.log_start_offset, self.log_end_offset
+        self.high_watermark = min(max(start if high_watermark is None else high_watermark, start), end)
+
+    @classmethod
+    def _load_segments(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
+                       *, clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
         started = time.perf_counter()
         bases = cls._clean_directory(directory)
         if not bases:
@@ -1004,6 +1070,12 @@ class PartitionLog:
                     os.fdatasync(segment.fd)
                     segment.flushed_position = segment.committed_position
             fsync_directory(self.directory)
+        try:
+            self.leader_epochs.flush()
+        except OSError as exc:
+            # The file then lags the log: start-up notices (the last batch's epoch is not the latest entry's)
+            # and rebuilds it from the batches.
+            log.warning("%s-%d: writing the leader epoch checkpoint failed: %s", self.topic, self.partition, exc)
         self._advance_flushed(self.log_end_offset)
         with self._lock:
             self._sealing.clear()
