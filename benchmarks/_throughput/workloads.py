@@ -142,7 +142,7 @@ def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None,
     def broker_cpu() -> float | None:
         return cpu_seconds(broker_pid) if broker_pid else None
 
-    if not work.consume_only:
+    if not (work.consume_only or work.precreated):
         create_topic(bootstrap, work.topic, work.partitions, work.replication_factor, dict(work.topic_configs))
     if callable(broker_pid):
         broker_pid = broker_pid()
