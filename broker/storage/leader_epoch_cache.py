@@ -93,10 +93,13 @@ class LeaderEpochCache:
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch: ``(the largest epoch <= epoch known here, the offset where it ends)``.
 
-        The latest epoch ends at ``log_end_offset``; an earlier one at the next entry's start. ``(-1, -1)``
-        when no epoch at or below ``epoch`` is known (an empty cache, or ``epoch`` below the first entry), or
-        when ``epoch`` is newer than the latest (Kafka answers the same: the asker knows an epoch this log
-        never saw).
+        The latest epoch ends at ``log_end_offset``; an earlier one at the next entry's start. An epoch
+        below the first entry ends where the first entry starts, answered as ``(epoch, that start)``
+        (Kafka's answer): a leader whose log never held that epoch's records (its own epoch began on an
+        empty log, or retention removed them) still tells the asker where to cut, and a follower holding
+        records of that epoch past that point truncates them instead of keeping a tail the leader would
+        then count as its own records replicated. ``(-1, -1)`` for an empty cache, and when ``epoch`` is
+        newer than the latest (Kafka answers the same: the asker knows an epoch this log never saw).
         """
         with self._lock:
             entries = self._entries
@@ -110,7 +113,7 @@ class LeaderEpochCache:
             for number, entry in enumerate(entries):
                 if entry.epoch > epoch:
                     if floor is None:
-                        return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+                        return epoch, entry.start_offset
                     return floor.epoch, entry.start_offset
                 floor = entry
             raise AssertionError("unreachable: the latest epoch is above the requested one")

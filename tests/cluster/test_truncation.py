@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from confluent_kafka import Producer
 from kio.schema.errors import ErrorCode
 
@@ -43,7 +44,12 @@ def log_end(cluster, node_id: int, topic: str) -> int:
     return batches[-1].last_offset + 1 if batches else 0
 
 
-def test_a_deposed_leaders_unreplicated_tail_is_cut_exactly_at_the_divergence(net_cluster_factory):
+@pytest.mark.parametrize("common", [200, 0], ids=["after-200-common-records", "from-the-first-record"])
+def test_a_deposed_leaders_unreplicated_tail_is_cut_exactly_at_the_divergence(net_cluster_factory, common):
+    """``common`` records are on every replica before the leader is cut off. With none, the new leader has no
+    record of the old leader's epoch at all: it must still say where that epoch ends for it (where its own
+    first epoch starts, as Kafka answers), or the old leader keeps its tail and is counted as holding the new
+    leader's records at those offsets."""
     cluster, lab, _etcd_host = net_cluster_factory(3)
     topic = unique_topic("diverge")
     cluster.create_topic(topic, 1, 3, configs={"min.insync.replicas": "2"})
@@ -52,10 +58,11 @@ def test_a_deposed_leaders_unreplicated_tail_is_cut_exactly_at_the_divergence(ne
     others = [node_id for node_id in cluster.brokers if node_id != old]
 
     # 1. Records every replica holds: acks=all, then every follower's log reaches them.
-    committed = [f"committed-{i}".encode() for i in range(200)]
-    assert produce_acks_all(cluster.bootstrap, topic, committed) == list(range(200))
-    wait_until(lambda: all(log_end(cluster, n, topic) == 200 for n in cluster.brokers),
-               what="every replica's log to hold the 200 acknowledged records", timeout_s=30)
+    committed = [f"committed-{i}".encode() for i in range(common)]
+    if committed:
+        assert produce_acks_all(cluster.bootstrap, topic, committed) == list(range(common))
+    wait_until(lambda: all(log_end(cluster, n, topic) == common for n in cluster.brokers),
+               what=f"every replica's log to hold the {common} acknowledged records", timeout_s=30)
 
     # 2. The leader is cut off from etcd and both followers; a client still reaches it and writes with acks=1
     #    while its lease lasts (2 s, of which at most a keepalive interval, 0.7 s, has passed at the cut).
@@ -68,16 +75,17 @@ def test_a_deposed_leaders_unreplicated_tail_is_cut_exactly_at_the_divergence(ne
             answer = produce(wire, topic, {0: build_batch(values)}, acks=1).responses[0].partition_responses[0]
             if answer.error_code != ErrorCode.none:
                 break
-            assert answer.base_offset == 200 + len(diverged)
+            assert answer.base_offset == common + len(diverged)
             diverged += values
     finally:
         wire.close()
     assert diverged, "the cut-off leader refused every acks=1 write: no divergence to test"
-    diverged_end = 200 + len(diverged)
+    diverged_end = common + len(diverged)
     assert log_end(cluster, old, topic) == diverged_end
-    assert all(log_end(cluster, n, topic) == 200 for n in others), "the cut-off leader's writes replicated"
+    assert all(log_end(cluster, n, topic) == common for n in others), "the cut-off leader's writes replicated"
 
-    # 3. The other two elect a new leader at a higher epoch, which takes acks=all writes from offset 200.
+    # 3. The other two elect a new leader at a higher epoch, which takes acks=all writes where the common
+    #    records end.
     def new_leader():
         try:
             view = cluster.metadata([topic], via=others[0]).topics[topic][0]
@@ -88,27 +96,29 @@ def test_a_deposed_leaders_unreplicated_tail_is_cut_exactly_at_the_divergence(ne
     elected = wait_until(new_leader, what="a new leader among the brokers still connected", timeout_s=30)
     survivors = ",".join(cluster.brokers[n].bootstrap for n in others)
     after = [f"after-{i}".encode() for i in range(100)]
-    assert produce_acks_all(survivors, topic, after) == list(range(200, 300))
+    end = common + len(after)
+    assert produce_acks_all(survivors, topic, after) == list(range(common, end))
 
-    # 4. Heal: the old leader follows the new one, truncates to 200 (where its epoch ends on the new
-    #    leader), and copies the new records; the ISR is whole again.
+    # 4. Heal: the old leader follows the new one, truncates to where its epoch ends on the new leader (the
+    #    end of the common records), and copies the new records; the ISR is whole again.
     lab.heal()
     cluster.wait_for_isr(topic, 1, 3, timeout_s=60)
-    wait_until(lambda: all(log_end(cluster, n, topic) == 300 for n in cluster.brokers),
-               what="every replica's log to end at 300", timeout_s=30)
+    wait_until(lambda: all(log_end(cluster, n, topic) == end for n in cluster.brokers),
+               what=f"every replica's log to end at {end}", timeout_s=30)
 
     old_log = cluster.brokers[old].log_text()
     cut = re.findall(rf"{re.escape(topic)}-0: truncating from (\d+) to (\d+)", old_log)
-    assert cut == [(str(diverged_end), "200")], f"truncations logged by the old leader: {cut}"
+    assert cut == [(str(diverged_end), str(common))], f"truncations logged by the old leader: {cut}"
 
     logs = {n: b"".join(batch.data for batch in read_partition_log(cluster.brokers[n].data_dir, topic, 0))
             for n in cluster.brokers}
     assert logs[old] == logs[elected.leader], "the old leader's log differs from the new leader's"
     assert all(data == logs[elected.leader] for data in logs.values()), "the replicas' logs differ"
     records = records_of(logs[old])
-    assert [r.offset for r in records] == list(range(300))
+    assert [r.offset for r in records] == list(range(end))
     assert [r.value for r in records] == committed + after
-    # The epochs say who wrote what: the first leader the acknowledged 200, the new one the rest.
-    epochs = {(batch.base_offset >= 200, batch.leader_epoch) for batch in read_partition_log(
+    # The epochs say who wrote what: the first leader the common records, the new one the rest.
+    epochs = {(batch.base_offset >= common, batch.leader_epoch) for batch in read_partition_log(
         cluster.brokers[old].data_dir, topic, 0)}
-    assert epochs == {(False, before.leader_epoch), (True, elected.leader_epoch)}, epochs
+    expected = {(True, elected.leader_epoch)} | ({(False, before.leader_epoch)} if common else set())
+    assert epochs == expected, epochs

@@ -48,7 +48,7 @@ def test_end_offset_for_follows_kip_101_and_279(tmp_path):
     assert cache.end_offset_for(4, 95) == (4, 95)  # the latest epoch ends at the log end
     assert cache.end_offset_for(3, 95) == (3, 70)  # an earlier one at the next entry's start
     assert cache.end_offset_for(2, 95) == (1, 40)  # unknown epoch: the largest one below it
-    assert cache.end_offset_for(0, 95) == (-1, -1)  # nothing at or below it
+    assert cache.end_offset_for(0, 95) == (0, 0)  # below the first entry: it ends where that one starts
     assert cache.end_offset_for(9, 95) == (-1, -1)  # newer than anything here
     assert cache.end_offset_for(-1, 95) == (-1, -1)
 
