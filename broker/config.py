@@ -103,6 +103,9 @@ class BrokerConfig:
     retention_check_interval_ms: int = 300_000        # log.retention.check.interval.ms
     stats_interval_s: float = 60.0                    # period of the stats log line (0 = never)
     shutdown_timeout_s: float = 30.0                  # how long in-flight requests may take on SIGTERM
+    # Blocking storage calls on the event loop's thread raise (storage/blocking.py): a debugging aid, on
+    # under the test suite (copyless serve --check-loop-blocking).
+    check_loop_blocking: bool = False
     # Producer ids handed out by InitProducerId are reserved on disk in blocks of this many, so a restart
     # never reuses an id (Kafka's controller allocates blocks of 1000 the same way).
     producer_id_block_size: int = 1000

@@ -147,8 +147,8 @@ async def handle(ctx: RequestContext, request):
                         f"The record batch size {header.size} exceeds the topic's segment.bytes {config.segment_bytes}",
                     )
                 append_time = int(time.time() * 1000) if config.message_timestamp_type == "LogAppendTime" else None
-                info = partition.append_as_leader(partition_data.records, header, acks=acks,
-                                                  log_append_time_ms=append_time)
+                info = await partition.append_as_leader(partition_data.records, header, acks=acks,
+                                                        log_append_time_ms=append_time)
                 base_offset, log_start = info.base_offset, info.log_start_offset
                 append_ms = info.log_append_time_ms
                 if info.duplicate:

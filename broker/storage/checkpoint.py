@@ -20,6 +20,7 @@ import logging
 import os
 from pathlib import Path
 
+from . import blocking
 from ._failpoints import failpoint
 
 __all__ = ["write_checkpoint", "read_checkpoint", "fsync_directory", "write_marker", "remove_marker"]
@@ -29,7 +30,8 @@ _VERSION = 0
 
 
 def fsync_directory(directory) -> None:
-    """fsync a directory so renames and unlinks in it are durable."""
+    """fsync a directory so renames and unlinks in it are durable (worker threads, start-up, shutdown)."""
+    blocking.check("fsync of a directory")
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -39,6 +41,7 @@ def fsync_directory(directory) -> None:
 
 def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
     """Atomically replace ``path`` with ``entries``. Blocking (fsync x2): worker thread or shutdown only."""
+    blocking.check("writing a checkpoint")
     tmp = path.with_name(path.name + ".tmp")
     lines = [str(_VERSION), str(len(entries))]
     lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(entries.items())]

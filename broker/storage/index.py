@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from . import index_search
-from ._fileops import preallocate
+from ._fileops import preallocate, sync_data
 
 __all__ = ["SparseIndex", "OffsetIndex", "TimeIndex"]
 
@@ -186,7 +186,7 @@ class SparseIndex:
         os.ftruncate(self.fd, self.entries * self.entry.size)
 
     def sync(self) -> None:
-        os.fdatasync(self.fd)
+        sync_data(self.fd)
 
     def rename(self, path: Path) -> None:
         os.rename(self.path, path)

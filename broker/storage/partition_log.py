@@ -33,10 +33,12 @@ from copyless.client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_bat
 from . import filenames
 from . import segment as segment_module
 from ._failpoints import failpoint
+from ._fileops import sync_data
+from . import blocking
 from .background import Background
 from .checkpoint import fsync_directory
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
+from .errors import AppendNotReady, OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
 from .file_slice import FileSlice
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
 
@@ -58,8 +60,6 @@ log = logging.getLogger("copyless.storage")
 PREPARE_MIN_FILL = 0.5
 PREPARE_HORIZON_MS = 10_000
 RATE_SAMPLE_MS = 100
-# A roll that finds the warm-up still creating the files waits this long before creating its own.
-PREPARED_WAIT_S = 5.0
 # After a roll failed for lack of space, how often an append may start a background preallocation retry.
 ROLL_RETRY_INTERVAL_S = 0.25
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
@@ -142,7 +142,7 @@ class PartitionLog:
         self._rate_sample_segment: Segment | None = None
         self._recent_bytes_per_ms = 0.0
         self.stats = {"rolls": 0, "rolls_unprepared": 0, "roll_waits": 0, "flushes": 0, "appends": 0,
-                      "segments_deleted": 0, "extensions": 0, "extensions_sync": 0}
+                      "segments_deleted": 0, "extensions": 0, "extensions_waited": 0}
 
     # --- properties ----------------------------------------------------------------------------------------
 
@@ -183,9 +183,15 @@ class PartitionLog:
         ``log_append_time_ms``, the LogAppendTime timestamp and CRC) rewritten there. Records are never
         decoded.
 
+        Never blocks: what a worker thread has not prepared yet (the next segment at a roll, the next step of
+        blocks, zeros being written where the batches would go) makes it raise AppendNotReady instead, with
+        the worker's work queued; the caller awaits ``ready`` and appends again (``Partition``), or, off the
+        event loop, calls ``append_blocking``.
+
         Raises:
-            StorageError: a needed roll could not create a segment (ENOSPC, ...); nothing was appended, the
-                log stays consistent and readable.
+            AppendNotReady: nothing (or, for more batches than one segment holds, only ``appended``) went in.
+            StorageError: a needed roll could not create a segment, or blocks could not be allocated (ENOSPC,
+                ...); nothing was appended, the log stays consistent and readable.
             ValueError: ``records`` is not a sequence of whole batches, or a batch exceeds segment_bytes.
         """
         if self._closed:
@@ -213,7 +219,7 @@ class PartitionLog:
             active = self._roll(now)
         base_offset = self.log_end_offset
         if total <= active.room_bytes:
-            self._ensure_allocated(active, active.written_position + total, now)
+            self._require_allocated(active, active.written_position + total, now)
             next_offset = active.append_run(view, batches, base_offset, leader_epoch, log_append_time_ms)
         else:
             next_offset = self._append_split(view, batches, leader_epoch, log_append_time_ms, now)
@@ -242,9 +248,10 @@ class PartitionLog:
 
     def _append_split(self, view, batches, leader_epoch, log_append_time_ms, now) -> int:
         """More bytes than one whole segment: append in runs, rolling between them. A StorageError part-way
-        leaves the earlier runs appended (they are whole batches with contiguous offsets)."""
+        leaves the earlier runs appended (they are whole batches with contiguous offsets); so does an
+        AppendNotReady, which then says how far the append got (``appended``)."""
         index = 0
-        next_offset = self.log_end_offset
+        first_offset = next_offset = self.log_end_offset
         while index < len(batches):
             active = self._active
             start = batches[index][0]
@@ -257,17 +264,52 @@ class PartitionLog:
                         last_offset - active.base_offset > MAX_RELATIVE_OFFSET):
                     break
                 stop += 1
-            if stop == index:
-                active = self._roll(now)
-                continue
-            run_end = batches[stop - 1][0] + batches[stop - 1][1].size
-            run = [(position - start, header) for position, header in batches[index:stop]]
-            self._ensure_allocated(active, active.written_position + run_end - start, now)
-            next_offset = active.append_run(view[start:run_end], run, next_offset, leader_epoch, log_append_time_ms)
+            try:
+                if stop == index:
+                    active = self._roll(now)
+                    continue
+                run_end = batches[stop - 1][0] + batches[stop - 1][1].size
+                run = [(position - start, header) for position, header in batches[index:stop]]
+                self._require_allocated(active, active.written_position + run_end - start, now)
+                next_offset = active.append_run(view[start:run_end], run, next_offset, leader_epoch,
+                                                log_append_time_ms)
+            except AppendNotReady as exc:
+                if next_offset > first_offset:
+                    exc.appended = (first_offset, next_offset - 1, start)
+                raise
             self.log_end_offset = next_offset
             self._commit_point = (next_offset, active, active.committed_position)
             index = stop
         return next_offset
+
+    def append_blocking(self, records, *, leader_epoch: int = 0, log_append_time_ms: int | None = None,
+                        timeout_s: float = 60.0) -> AppendResult:
+        """``append``, waiting (blocking) for whatever the worker threads are preparing. For callers off the
+        event loop's thread: tests, benchmarks, tools. Raises StorageError (and TimeoutError after
+        ``timeout_s`` of waiting)."""
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        first: AppendResult | None = None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result = self.append(view, leader_epoch=leader_epoch, log_append_time_ms=log_append_time_ms)
+            except AppendNotReady as exc:
+                if exc.appended is not None:
+                    base_offset, _last_offset, consumed = exc.appended
+                    if first is None:
+                        first = AppendResult(base_offset, base_offset, -1, self.log_start_offset)
+                    view = view[consumed:]
+                blocking.check("waiting for the storage's worker threads")
+                started = time.monotonic()
+                exc.ready.result(max(0.0, deadline - started))
+                exc.waited(time.monotonic() - started)
+                continue
+            if first is None:
+                return result
+            return AppendResult(first.base_offset, result.last_offset, result.log_append_time_ms,
+                                result.log_start_offset)
 
     def _append_rate(self, active: Segment, now: int) -> float:
         """Bytes per ms appended to the active segment: the larger of its lifetime average and the last
@@ -320,22 +362,26 @@ class PartitionLog:
         if room < lead and head.want(min(window, prepared.allocated_bytes)):
             self._background.submit_warm(head.idle, prepared.chase, self._background.prefault_helper)
 
-    def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
-        """Before writing up to ``end``: the rare append that outran extend_ahead allocates synchronously
-        (one posix_fallocate on this thread, counted). Raises StorageError (disk full), nothing appended."""
+    def _require_allocated(self, active: Segment, end: int, now: int) -> None:
+        """Before writing up to ``end``: blocks must cover it. An append that outran extend_ahead queues the
+        next step on the warm thread and raises AppendNotReady (the caller awaits it); once an extension
+        has failed (disk full), appends past the blocks get StorageError, and a new attempt is queued at
+        most every ROLL_RETRY_INTERVAL_S. Loop thread, never blocks; nothing appended when it raises."""
         if end <= active.allocated_bytes:
             return
-        self.stats["extensions_sync"] += 1
-        try:
-            if active.extension_failed_s < 0:  # a whole step, unless the disk is known to be (nearly) full
-                try:
-                    active.allocate_to(active.allocated_bytes + self._allocation_step_bytes(active, now))
-                except OSError:
-                    active.extension_failed_s = time.monotonic()
-            active.allocate_to(end)  # at least this append
-        except OSError as exc:
-            raise storage_error_from(exc, "allocating", active.log_path,
-                                     bytes_needed=end - active.allocated_bytes) from None
+        self.stats["extensions_waited"] += 1
+        extending = not active._extension_done.is_set()
+        failed_recently = (active.extension_failed_s >= 0
+                           and time.monotonic() - active.extension_failed_s < ROLL_RETRY_INTERVAL_S)
+        if not extending and failed_recently:
+            raise StorageError("allocating failed: no space for the next step of the segment",
+                               path=active.log_path, bytes_needed=end - active.allocated_bytes,
+                               bytes_free=free_bytes(self.directory))
+        if not extending and active.start_extension():
+            self.stats["extensions"] += 1
+            target = max(end, active.allocated_bytes + self._allocation_step_bytes(active, now))
+            self._background.submit_warm(active._extension_done, active.extend_ahead, target)
+        raise AppendNotReady("the next step of blocks", active._extension_done.future())
 
     def _should_roll(self, active: Segment, total_bytes: int, record_count: int, now: int) -> bool:
         """Kafka ``LogSegment.shouldRoll``: size, segment.ms, index full, relative offset overflow."""
@@ -378,61 +424,45 @@ class PartitionLog:
                                                              self.config.index_interval_bytes)
 
     def _take_prepared(self) -> PreparedSegment:
-        """The prepared next segment; created synchronously (counted, logged) if the warm-up is not there."""
+        """The prepared next segment. When it is not ready (still being created on the warm thread, or never
+        asked for: appends outran the preparation horizon), its creation is queued if need be and
+        AppendNotReady raised: the roll happens on the append after it is ready. Loop thread, never blocks."""
         if self._roll_error is not None:
             return self._take_prepared_after_error()
-        prepared, future = self._prepared, self._prepared_future
-        self._prepared = self._prepared_future = None
-        if prepared is not None and not prepared.ready.is_set():
-            if future.cancel():
-                prepared = None  # never started: the warm thread is busy with other logs
-            else:
-                # The warm thread is inside posix_fallocate for this very segment: waiting is cheaper than a
-                # second preallocation (RocketMQ's AllocateMappedFileService waits up to 5 s the same way).
-                self.stats["roll_waits"] += 1
-                started = time.perf_counter()
-                deadline = started + PREPARED_WAIT_S
-                while not prepared.ready.wait(0.001) and not future.done() and time.perf_counter() < deadline:
-                    pass
-                log.warning("%s-%d: roll waited %.1f ms for the next segment's preallocation", self.topic,
-                            self.partition, (time.perf_counter() - started) * 1e3)
-                if not prepared.ready.is_set():
-                    error = future.exception() if future.done() else "timed out"
-                    log.warning("%s-%d: preparing the next segment failed (%s); creating it on the roll",
-                                self.topic, self.partition, error)
-                    prepared = None
-        if prepared is not None:
-            return prepared
-        # Slow path: preallocate on this thread. Correct, but it is exactly the stall the warm-up avoids.
-        self.stats["rolls_unprepared"] += 1
-        self._prepared_sequence += 1
-        prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
-                                   self.config.segment_bytes, self.config.segment_index_bytes)
-        started = time.perf_counter()
-        try:
-            prepared.create()
-        except OSError as exc:
-            prepared.warm_done.set()
-            self._roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
-                                                  bytes_needed=self.config.segment_bytes)
+        prepared = self._prepared
+        if prepared is not None and prepared.ready.is_set():
+            if prepared.failed is None:
+                self._prepared = self._prepared_future = None
+                return prepared
+            # Creating it failed (create() removed its files): rolls pause until a retry succeeds.
+            self._prepared = self._prepared_future = None
+            exc = prepared.failed
+            self._roll_error = (storage_error_from(exc, "creating a segment", prepared.log_path,
+                                                   bytes_needed=self.config.segment_bytes)
+                                if isinstance(exc, OSError) else
+                                StorageError(f"creating a segment failed: {exc}", path=prepared.log_path))
             self._roll_retry_s = time.monotonic() + ROLL_RETRY_INTERVAL_S
             log.error("%s-%d: appends paused: %s", self.topic, self.partition, self._roll_error)
-            raise self._paused_error() from None
-        now = time.monotonic()
-        if now - self._last_unprepared_warning_s >= 60:
-            self._last_unprepared_warning_s = now
-            log.warning("%s-%d: rolled without a prepared segment (created in %.1f ms on the append path; %d such"
-                        " rolls so far): appends outran the warm-up", self.topic, self.partition,
-                        (time.perf_counter() - started) * 1e3, self.stats["rolls_unprepared"])
-        self._background.submit_warm(prepared.warm_done, prepared.warm, self.config.index_interval_bytes)
-        return prepared
+            raise self._paused_error()
+        if prepared is None:
+            # Appends outran the preparation (it starts once a roll is near at the current rate).
+            self.stats["rolls_unprepared"] += 1
+            now = time.monotonic()
+            if now - self._last_unprepared_warning_s >= 60:
+                self._last_unprepared_warning_s = now
+                log.info("%s-%d: a roll found no prepared segment (%d such rolls so far): appends wait for "
+                         "its creation", self.topic, self.partition, self.stats["rolls_unprepared"])
+            self._prepare_next()
+            prepared = self._prepared
+        self.stats["roll_waits"] += 1
+        raise AppendNotReady("the next segment", prepared.ready.future())
 
     def _take_prepared_after_error(self) -> PreparedSegment:
         """Rolls are paused since a segment could not be preallocated: take a segment the background retry
         has prepared, else start such a retry (at most every ROLL_RETRY_INTERVAL_S, and only when statvfs
         shows room for it: one syscall, ~2 us) and refuse this append. Loop thread, never blocks."""
         prepared, future = self._prepared, self._prepared_future
-        if prepared is not None and prepared.ready.is_set():
+        if prepared is not None and prepared.ready.is_set() and prepared.failed is None:
             self._prepared = self._prepared_future = None
             self._roll_error = None
             log.info("%s-%d: a segment could be preallocated again: appends resume", self.topic, self.partition)
@@ -527,17 +557,24 @@ class PartitionLog:
                 self._sealing.remove(segment)
         self._advance_flushed(segment.next_offset)
 
-    def roll(self) -> Segment | None:
-        """Roll now (Kafka ``UnifiedLog.roll``) unless the active segment is empty. Loop thread.
+    def roll(self, timeout_s: float = 60.0) -> Segment | None:
+        """Roll now (Kafka ``UnifiedLog.roll``) unless the active segment is empty, waiting for the next
+        segment if it is still being prepared. Blocking: off the event loop's thread (tests, tools).
 
         Raises:
             StorageError: the next segment could not be created.
         """
-        if self._closed:
-            raise StorageError("log is closed", path=self.directory)
-        if self._active.written_position == 0:
-            return None
-        return self._roll(now_ms())
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._closed:
+                raise StorageError("log is closed", path=self.directory)
+            if self._active.written_position == 0:
+                return None
+            try:
+                return self._roll(now_ms())
+            except AppendNotReady as exc:
+                blocking.check("waiting for the next segment")
+                exc.ready.result(max(0.0, deadline - time.monotonic()))
 
     def wait_warm(self, timeout_s: float | None = None) -> bool:
         """Block until the active segment and the prepared next one (if any) are created and pre-faulted as
@@ -741,7 +778,7 @@ class PartitionLog:
                 if segment.flushed_position >= end or not segment.try_pin():
                     continue
                 try:
-                    os.fdatasync(segment.fd)
+                    sync_data(segment.fd)
                 finally:
                     if segment.unpin():
                         self._background.on_unpinned(segment)
@@ -925,7 +962,7 @@ class PartitionLog:
             log.error("%s: cannot reopen %s for appends: %s", directory, last.log_path.name, roll_error)
             last.make_read_only()
         if recovered:
-            os.fdatasync(last.fd)
+            sync_data(last.fd)
             last.flushed_position = last.committed_position
         fsync_directory(directory)
         log_ = cls(topic, partition, directory, config, background, kept)
@@ -1001,7 +1038,7 @@ class PartitionLog:
             active.trim_for_shutdown()
             for segment in self._segments:
                 if segment.flushed_position < segment.committed_position:
-                    os.fdatasync(segment.fd)
+                    sync_data(segment.fd)
                     segment.flushed_position = segment.committed_position
             fsync_directory(self.directory)
         self._advance_flushed(self.log_end_offset)

@@ -43,6 +43,7 @@ import mmap
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -60,7 +61,7 @@ from copyless.client.protocol.records import (
     validate_batch,
 )
 
-from . import filenames
+from . import blocking, filenames
 from ._failpoints import failpoint
 from ._fileops import (
     POPULATE_STEP_BYTES,
@@ -68,11 +69,14 @@ from ._fileops import (
     no_readaround,
     populate,
     preallocate,
+    remove_file,
     set_readahead,
+    sync_data,
     write_at,
     write_zeros,
 )
-from .errors import storage_error_from
+from .background import Completion
+from .errors import AppendNotReady, storage_error_from
 from .index import OffsetIndex, TimeIndex
 
 __all__ = ["Segment", "PreparedSegment", "scan_headers", "RecoveryOutcome"]
@@ -202,6 +206,13 @@ PREFAULT_STATS = {"zeroed_bytes": 0, "append_waits": 0, "append_wait_s": 0.0, "a
 _stats_lock = threading.Lock()
 
 
+def _observe_append_wait(seconds: float) -> None:
+    """An append awaited a zero chunk's release for ``seconds`` (the event loop served others meanwhile)."""
+    with _stats_lock:
+        PREFAULT_STATS["append_wait_s"] += seconds
+        PREFAULT_STATS["append_wait_max_s"] = max(PREFAULT_STATS["append_wait_max_s"], seconds)
+
+
 class Prefault:
     """Pre-faulting of one segment's log map, chasing a target the appends move ahead of them.
 
@@ -220,13 +231,13 @@ class Prefault:
     """
 
     __slots__ = ("position", "target", "stopped", "idle", "method", "seconds", "append_end", "append_span",
-                 "rate_margin", "_claims", "_released")
+                 "rate_margin", "_claims", "_released", "_release_future")
 
     def __init__(self, position: int = 0) -> None:
         self.position = position
         self.target = position
         self.stopped = False
-        self.idle = threading.Event()  # set while no chase is queued or running
+        self.idle = Completion(done=True)  # set while no chase is queued or running
         self.idle.set()
         self.method = ""
         self.seconds = 0.0
@@ -234,7 +245,8 @@ class Prefault:
         self.append_span = 0  # the recent appends' size: the largest, decaying by an eighth per append
         self.rate_margin = 0  # ZERO_MARGIN_MS of the append rate, in bytes (set by the log, loop thread)
         self._claims: list[tuple[int, int]] = []  # ranges being zeroed (at most one per chasing thread)
-        self._released = threading.Condition(threading.Lock())
+        self._released = threading.Lock()
+        self._release_future: Future | None = None  # what appends waiting for a claim's release await
 
     def want(self, end: int) -> bool:
         """Loop thread: pre-fault up to ``end``. True when the caller must queue a chase (none is queued)."""
@@ -245,23 +257,23 @@ class Prefault:
         self.idle.clear()
         return True
 
-    def begin_append(self, start: int, end: int) -> None:
-        """Loop thread, before copying [start, end) into the map: publish ``end`` and wait out any zero chunk
-        being written over the range (rare: see ZERO_MARGIN_MS)."""
+    def begin_append(self, start: int, end: int) -> Future | None:
+        """Loop thread, before copying [start, end) into the map: publish ``end``. Returns None when the
+        append may go ahead, or, when a chunk of zeros is being written over the range (rare: see
+        ZERO_MARGIN_MS), a Future resolved once that chunk is released: the append must wait for it (by
+        awaiting, never by blocking the loop) and try again."""
         with self._released:
             if end > self.append_end:
                 self.append_end = end
             span = self.append_span - (self.append_span >> 3)
             self.append_span = max(span, end - start)
             if self._claims and self._overlaps(start, end):
-                waited = time.perf_counter()
-                while self._overlaps(start, end):
-                    self._released.wait()
-                waited = time.perf_counter() - waited
                 with _stats_lock:
                     PREFAULT_STATS["append_waits"] += 1
-                    PREFAULT_STATS["append_wait_s"] += waited
-                    PREFAULT_STATS["append_wait_max_s"] = max(PREFAULT_STATS["append_wait_max_s"], waited)
+                if self._release_future is None:
+                    self._release_future = Future()
+                return self._release_future
+            return None
 
     def _overlaps(self, start: int, end: int) -> bool:
         return any(claim_start < end and start < claim_end for claim_start, claim_end in self._claims)
@@ -283,7 +295,9 @@ class Prefault:
     def release(self, claim: tuple[int, int]) -> None:
         with self._released:
             self._claims.remove(claim)
-            self._released.notify_all()
+            future, self._release_future = self._release_future, None
+        if future is not None and future.set_running_or_notify_cancel():
+            future.set_result(None)
 
     def fill(self, region: mmap.mmap, fd: int, start: int, end: int, stopped=lambda: False,
              advance: bool = False) -> str:
@@ -450,8 +464,9 @@ class PreparedSegment:
         self.map: mmap.mmap | None = None
         self.offset_index: OffsetIndex | None = None
         self.time_index: TimeIndex | None = None
-        self.ready = threading.Event()
-        self.warm_done = threading.Event()  # create + index warm-up finished (or failed)
+        self.ready = Completion()  # the files exist, preallocated and mapped (or create() failed: see failed)
+        self.failed: BaseException | None = None
+        self.warm_done = Completion()  # create + index warm-up finished (or failed)
         self.prefault = Prefault()
         self.stop_warm = False
         self.taken = False
@@ -480,9 +495,11 @@ class PreparedSegment:
             except BaseException:
                 region.close()
                 raise
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             self.remove_files()
+            self.failed = exc
+            self.ready.set()  # whoever awaits the files learns of the failure (failed)
             raise
         self.fd, self.map, self.offset_index, self.time_index = fd, region, offset_index, time_index
         self.create_seconds = time.perf_counter() - started
@@ -544,10 +561,7 @@ class PreparedSegment:
 
     def remove_files(self) -> None:
         for path in (self.log_path, self.index_path, self.time_index_path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            remove_file(path)
 
 
 class Segment:
@@ -578,8 +592,7 @@ class Segment:
         # first, in steps ahead of the write position (extend_ahead, warm thread) or, when they outrun
         # that, synchronously (allocate_to).
         self.allocated_bytes = size_bytes
-        self._extension_done = threading.Event()
-        self._extension_done.set()
+        self._extension_done = Completion(done=True)
         self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
@@ -596,7 +609,7 @@ class Segment:
         self.bytes_since_last_index_entry = 0
         self.sealed = True
         self.named = True  # False while the files still carry their prepared names
-        self._warm_done: threading.Event | None = None  # index warm-up (and creation) of this segment
+        self._warm_done: Completion | None = None  # index warm-up (and creation) of this segment
         self.prefault = Prefault(size_bytes)  # the log's pre-fault window (only an active segment moves it)
         self.stop_warm = False
         self._prepared: PreparedSegment | None = None
@@ -805,7 +818,7 @@ class Segment:
         self.capacity_bytes = capacity
         self.allocated_bytes = allocated
         self.sealed = False
-        self._warm_done = threading.Event()
+        self._warm_done = Completion()
         self.prefault = Prefault(self.committed_position)
 
     def make_read_only(self) -> None:
@@ -901,19 +914,23 @@ class Segment:
         happen in the map so the caller's buffer is never copied twice and never changed. A segment's first
         append writes its base offset first: until then the file may hold no whole batch.
 
-        Raises StorageError if the pwrite fails (EIO, ...; nothing is committed: the bytes past
+        Raises AppendNotReady (nothing written) while a pre-fault chunk of zeros is being written over the
+        range; StorageError if the pwrite fails (EIO, ...; nothing is committed: the bytes past
         ``committed_position`` are overwritten by the next append or cut by recovery), except with EFBIG,
         where the memcpy takes the bytes.
         """
         start = self.written_position
-        if start == 0:
-            self.first_append_ms = now_ms()
-        self.last_append_s = time.monotonic()
         end = start + len(view)
         # The SIGBUS invariant: never touch a byte that owns no block.
         if end > self.allocated_bytes:
             raise AssertionError(f"append to {end} past the allocated prefix {self.allocated_bytes}")
-        self.prefault.begin_append(start, end)  # no zeros of a pre-fault chase land in [start, end)
+        # No zeros of a pre-fault chase may land in [start, end): wait (await) for a chunk being written there.
+        released = self.prefault.begin_append(start, end)
+        if released is not None:
+            raise AppendNotReady("a pre-fault's zeros", released, on_waited=_observe_append_wait)
+        if start == 0:
+            self.first_append_ms = now_ms()
+        self.last_append_s = time.monotonic()
         region = self.map
         head = 0
         if start == 0:
@@ -1072,7 +1089,7 @@ class Segment:
         failpoint("seal.after_trim")
         self.offset_index.sync()
         self.time_index.sync()
-        os.fdatasync(self.fd)
+        sync_data(self.fd)
         self.flushed_position = self.committed_position
 
     def rename_deleted(self) -> None:
@@ -1105,10 +1122,7 @@ class Segment:
         if unlink:
             failpoint("retention.before_unlink")
             for path in (self.log_path, self.offset_index.path, self.time_index.path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+                remove_file(path)
 
     def seal_recovered(self) -> None:
         """A recovered segment that is not the last one: final time entry, trim the rebuilt indexes,
@@ -1120,7 +1134,7 @@ class Segment:
             index.seal_readers()
             index.trim()
             index.sync()
-        os.fdatasync(self.fd)
+        sync_data(self.fd)
         self.flushed_position = self.committed_position
 
     def trim_for_shutdown(self) -> None:
@@ -1130,5 +1144,5 @@ class Segment:
         if self.map is not None or self.capacity_bytes != self.committed_position:
             self.seal_finish()
         else:
-            os.fdatasync(self.fd)
+            sync_data(self.fd)
             self.flushed_position = self.committed_position
