@@ -32,6 +32,7 @@ _TOPIC_FIELDS = {
     "file.delete.delay.ms": "file_delete_delay_ms",
     "max.message.bytes": "max_message_bytes",
     "message.timestamp.type": "message_timestamp_type",
+    "preallocate": "preallocate",
 }
 _TOPIC_FIXED = {"cleanup.policy": "delete", "compression.type": "producer"}
 # Broker config name -> BrokerConfig field.
@@ -52,6 +53,7 @@ _BROKER_FIELDS = {
     "log.flush.interval.messages": "flush_messages",
     "log.flush.interval.ms": "flush_ms",
     "log.message.timestamp.type": "message_timestamp_type",
+    "log.preallocate": "preallocate",
     "log.retention.check.interval.ms": "retention_check_interval_ms",
     "min.insync.replicas": "min_insync_replicas",
     "unclean.leader.election.enable": "unclean_leader_election",

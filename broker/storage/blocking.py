@@ -18,14 +18,12 @@ from __future__ import annotations
 import logging
 import threading
 
-__all__ = ["BlockingCallError", "check", "enable", "disable", "enabled", "set_loop_thread", "clear_loop_thread",
-           "allow_blocking"]
+__all__ = ["BlockingCallError", "check", "enable", "disable", "enabled", "set_loop_thread", "clear_loop_thread"]
 
 log = logging.getLogger("copyless.storage")
 
 _enabled = False
 _loop_thread: int | None = None
-_allowed = threading.local()
 
 
 class BlockingCallError(AssertionError):
@@ -58,17 +56,6 @@ def clear_loop_thread() -> None:
     _loop_thread = None
 
 
-class allow_blocking:
-    """Context manager: blocking calls are expected here even on the loop thread (start-up before serving,
-    a test that drives storage synchronously). Nests."""
-
-    def __enter__(self) -> None:
-        _allowed.depth = getattr(_allowed, "depth", 0) + 1
-
-    def __exit__(self, *exc_info) -> None:
-        _allowed.depth -= 1
-
-
 def check(what: str) -> None:
     """Raise BlockingCallError if the guard is armed and this is the event loop's thread.
 
@@ -76,8 +63,6 @@ def check(what: str) -> None:
         what: the blocking call about to be made, for the message ("posix_fallocate", "fdatasync", ...).
     """
     if not _enabled or _loop_thread is None or threading.get_ident() != _loop_thread:
-        return
-    if getattr(_allowed, "depth", 0):
         return
     message = f"blocking storage call on the event loop's thread: {what}"
     log.error("%s", message, stack_info=True)

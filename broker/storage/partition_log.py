@@ -68,7 +68,7 @@ MAX_RELATIVE_OFFSET = 0x7FFFFFFF
 ALLOCATE_AHEAD_MS = 1_000
 RATE_FLOOR_MS = 10
 # Pre-fault at least this much of the observed append rate ahead of the write position (see
-# segment.WARM_AHEAD_BYTES for the floor and why it is a window). Half a second: the warm thread pre-faults
+# LogConfig.prefault_window_bytes for the floor and segment.py for why it is a window). Half a second: the warm thread pre-faults
 # recycled memory at ~6.7 GB/s, so it stays ahead of any append rate this machine reaches once it has a head
 # start of a few milliseconds; a longer window only pre-faults more pages a run may never use. A partition
 # appending at 6 GB/s (the storage benchmark's 1 MiB batches) gets whole segments, as before.
@@ -229,17 +229,17 @@ class PartitionLog:
         self.stats["appends"] += 1
         rate = self._append_rate(active, now)
         if active.allocated_bytes < active.capacity_bytes:
-            step = max(segment_module.allocation_step_bytes(self.config.segment_bytes), int(rate * ALLOCATE_AHEAD_MS))
+            ahead = self._ahead_bytes(rate)
             # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
-            if active.allocated_bytes - active.written_position < step // 2 and (
+            if active.allocated_bytes - active.written_position < ahead // 2 and (
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
                     or active.extension_failed_s < 0) and active.start_extension():
                 self.stats["extensions"] += 1
                 self._background.submit_warm(active._extension_done, active.extend_ahead,
-                                             active.allocated_bytes + step)
+                                             active.written_position + ahead)
         if self._prepared is None and self._should_prepare(active, now, rate):
             self._prepare_next()
-        self._prefault_ahead(active, max(segment_module.warm_ahead_bytes(), int(rate * WARM_AHEAD_MS)), rate)
+        self._prefault_ahead(active, max(self.config.prefault_window_bytes, int(rate * WARM_AHEAD_MS)), rate)
         flush_messages = self.config.flush_messages
         if flush_messages is not None and next_offset - self.flushed_offset >= flush_messages:
             self._request_flush(None)
@@ -326,11 +326,17 @@ class PartitionLog:
             return self._recent_bytes_per_ms
         return max(self._recent_bytes_per_ms, written / max(now - started, RATE_FLOOR_MS))
 
-    def _allocation_step_bytes(self, active: Segment, now: int) -> int:
-        """How far ahead of the write position to allocate: the configured step (default: the whole segment),
-        or ALLOCATE_AHEAD_MS of the observed append rate when that is more."""
-        return max(segment_module.allocation_step_bytes(self.config.segment_bytes),
-                   int(self._append_rate(active, now) * ALLOCATE_AHEAD_MS))
+    def _ahead_bytes(self, bytes_per_ms: float) -> int:
+        """How many blocks the active segment should own past its write position: ALLOCATE_AHEAD_MS of the
+        append rate, at least a first step, at most what the log may reserve (LogConfig.log_ahead_bytes) less
+        what a prepared next segment already holds. So the first step of a new partition is small (an
+        idle partition holds 4 MiB) and the next ones follow the rate at once (a burst gets whole budgets)."""
+        config = self.config
+        budget = config.log_ahead_bytes
+        prepared = self._prepared
+        if prepared is not None and not config.preallocate:
+            budget -= prepared.allocated_bytes
+        return max(config.first_step_bytes, min(budget, int(bytes_per_ms * ALLOCATE_AHEAD_MS)))
 
     def _prefault_ahead(self, active: Segment, window: int, bytes_per_ms: float) -> None:
         """Keep ``window`` bytes ahead of the write position pre-faulted (loop thread; a few comparisons per
@@ -379,7 +385,7 @@ class PartitionLog:
                                bytes_free=free_bytes(self.directory))
         if not extending and active.start_extension():
             self.stats["extensions"] += 1
-            target = max(end, active.allocated_bytes + self._allocation_step_bytes(active, now))
+            target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
             self._background.submit_warm(active._extension_done, active.extend_ahead, target)
         raise AppendNotReady("the next step of blocks", active._extension_done.future())
 
@@ -416,9 +422,12 @@ class PartitionLog:
     def _prepare_next(self) -> None:
         """Queue creation + warm-up of the next segment on the warm thread (non-blocking)."""
         self._prepared_sequence += 1
+        config, active = self.config, self._active
+        # Its first step: the rate's, within what the active segment leaves of the budget.
+        rate_bytes = int(self._append_rate(active, now_ms()) * ALLOCATE_AHEAD_MS)
+        left = config.log_ahead_bytes - max(0, active.allocated_bytes - active.written_position)
         prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
-                                   self.config.segment_bytes, self.config.segment_index_bytes,
-                                   self._allocation_step_bytes(self._active, now_ms()))
+                                   config, max(config.first_step_bytes, min(rate_bytes, left)))
         self._prepared = prepared
         self._prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
                                                              self.config.index_interval_bytes)
@@ -878,8 +887,7 @@ class PartitionLog:
                    background: Background, base_offset: int = 0) -> "PartitionLog":
         """A new, empty log with one segment at ``base_offset`` (blocking: allocates its first step)."""
         directory.mkdir(parents=True, exist_ok=True)
-        prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config.segment_bytes,
-                                   config.segment_index_bytes)
+        prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config)
         try:
             prepared.create()
         except OSError as exc:
@@ -890,7 +898,7 @@ class PartitionLog:
         fsync_directory(directory)
         fsync_directory(directory.parent)
         background.submit_warm(prepared.warm_done, prepared.warm, config.index_interval_bytes)
-        if segment.prefault.want(min(segment_module.warm_ahead_bytes(), segment.allocated_bytes)):
+        if segment.prefault.want(min(config.prefault_window_bytes, segment.allocated_bytes)):
             background.submit_warm(segment.prefault.idle, segment.chase, background.prefault_helper)
         return cls(topic, partition, directory, config, background, [segment])
 
@@ -941,9 +949,14 @@ class PartitionLog:
                 # torn or corrupt batch. Later segments survive only if they still follow on by offset (the
                 # continuity check above): a rolled-but-untrimmed segment keeps its successors, a cut in the
                 # middle of the data does not.
-                level = logging.INFO if outcome.stop_reason == "bad length" else logging.WARNING
-                log.log(level, "%s: truncated %s at position %d (%s), %d bytes discarded", directory,
-                        segment.log_path.name, outcome.valid_bytes, outcome.stop_reason, outcome.discarded_bytes)
+                if outcome.stop_reason == "bad length":
+                    log.info("%s: %s: trimmed %d bytes of preallocated space past the last batch (at position"
+                             " %d)", directory, segment.log_path.name, outcome.discarded_bytes, outcome.valid_bytes)
+                else:
+                    log.warning("%s: %s: cut at position %d, the end of the last whole batch (%s); the %d bytes"
+                                " after it (a torn or corrupt write, and preallocated space) were dropped",
+                                directory, segment.log_path.name, outcome.valid_bytes, outcome.stop_reason,
+                                outcome.discarded_bytes)
             kept.append(segment)
         if not kept:
             log_ = cls.create_new(topic, partition, directory, config, background, recovery_point)
@@ -954,7 +967,7 @@ class PartitionLog:
         last = kept[-1]
         roll_error: StorageError | None = None
         try:
-            last.make_active(config.segment_bytes, config.segment_index_bytes)
+            last.make_active(config)
         except OSError as exc:
             # Typically ENOSPC: start degraded. The log serves reads; appends get StorageError until a
             # segment can be preallocated (retried in the background, see _take_prepared).
@@ -970,7 +983,7 @@ class PartitionLog:
             log_._roll_error = roll_error
         if last.map is not None:
             background.submit_warm(last._warm_done, last.warm_remainder)
-            window_end = min(last.written_position + segment_module.warm_ahead_bytes(), last.allocated_bytes)
+            window_end = min(last.written_position + config.prefault_window_bytes, last.allocated_bytes)
             if last.prefault.want(window_end):
                 background.submit_warm(last.prefault.idle, last.chase, background.prefault_helper)
         stats = LoadStats(len(kept), recovered, rescanned, discarded, removed, time.perf_counter() - started)

@@ -76,6 +76,7 @@ from ._fileops import (
     write_zeros,
 )
 from .background import Completion
+from .config import LogConfig
 from .errors import AppendNotReady, storage_error_from
 from .index import OffsetIndex, TimeIndex
 
@@ -98,18 +99,18 @@ SCAN_MAX_WINDOW_BYTES = 64 << 10
 # Every header-scan pread, counted (bytes copied into Python by scans; proves the windows stay small).
 SCAN_STATS = {"preads": 0, "bytes": 0}
 # The active segment's file has its logical size (segment_bytes, so one map covers it) from the start, but
-# only a prefix owns blocks, and an append never writes past the allocated prefix. By default the prefix is
-# the whole segment (the RocketMQ pattern: disk reserved up front, so a full disk fails a roll, never an
-# append in the middle of a segment; posix_fallocate of 1 GiB takes milliseconds on ext4). A positive
-# COPYLESS_ALLOCATION_STEP_BYTES allocates in steps of that size (or a second of the observed append rate, if
-# more) on the warm thread instead: 1 GiB up front per partition reserves 1 TB for a 1000-partition topic,
-# so steps are for brokers with many quiet partitions.
-ALLOCATION_STEP_BYTES = int(os.environ.get("COPYLESS_ALLOCATION_STEP_BYTES", 0))
+# only a prefix owns blocks, and an append never writes past the allocated prefix. The prefix grows in steps
+# ahead of the writer (LogConfig.preallocate_*), or is the whole segment with LogConfig.preallocate (the
+# RocketMQ pattern: 1 GiB up front per partition reserves 1 TB for a 1000-partition topic).
 
 
-def allocation_step_bytes(segment_bytes: int) -> int:
-    """Bytes to allocate ahead of the write position: the whole segment unless configured."""
-    return ALLOCATION_STEP_BYTES if ALLOCATION_STEP_BYTES > 0 else segment_bytes
+def index_allocation_bytes(log_bytes: int, entry_size: int, used_bytes: int, index_interval_bytes: int,
+                           ahead_bytes: int) -> int:
+    """Bytes of an index that need blocks while the log has ``log_bytes`` of them: an entry per
+    index_interval_bytes (or per batch) of log, plus the final time entry, at most ``ahead_bytes`` past the
+    ``used_bytes`` of entries it holds."""
+    entries = log_bytes // max(index_interval_bytes, RECORD_BATCH_OVERHEAD) + 2
+    return min(entries * entry_size, used_bytes + ahead_bytes)
 
 
 # Pre-faulting runs a window ahead of the write position, not over whole segments. Allocation (blocks) is
@@ -118,15 +119,9 @@ def allocation_step_bytes(segment_bytes: int) -> int:
 # (the hypervisor backs each page on first touch), and it dirties zero pages that writeback would write out
 # if the appends did not overwrite them first. Pre-faulting a whole 1 GiB segment at creation, plus the next
 # one at half full, cost up to 6 s of CPU on a 2-core machine for a topic that received 768 MiB, and kept
-# the warm thread busy through the consumers' reads. The window is the larger of this floor and
-# WARM_AHEAD_MS of the observed append rate (PartitionLog), so a partition taking 6 GB/s still writes into
-# warm pages while a quiet one holds only the floor.
-WARM_AHEAD_BYTES = int(os.environ.get("COPYLESS_WARM_AHEAD_BYTES", 16 << 20))
-
-
-def warm_ahead_bytes() -> int:
-    """The floor of the pre-fault window ahead of the write position."""
-    return WARM_AHEAD_BYTES
+# the warm thread busy through the consumers' reads. The window is the larger of a floor
+# (LogConfig.prefault_window_bytes, 16 MiB) and WARM_AHEAD_MS of the observed append rate (PartitionLog), so
+# a partition taking 6 GB/s still writes into warm pages while a quiet one holds only the floor.
 
 
 # A chase this far behind its target (appends outrunning one thread's pre-faulting) splits each step: the upper
@@ -448,15 +443,18 @@ class PreparedSegment:
     (``prefault``, moved by the appends), so a spare that is never rolled into costs no pre-faulting.
     """
 
-    def __init__(self, directory: Path, name: str, segment_bytes: int, index_bytes: int,
-                 allocate_bytes: int | None = None) -> None:
+    def __init__(self, directory: Path, name: str, config: LogConfig, allocate_bytes: int | None = None) -> None:
         self.directory = directory
         self.name = name
-        self.segment_bytes = segment_bytes
+        self.segment_bytes = config.segment_bytes
         # The prefix given real blocks (and pre-faulted) up front; the rest follows in steps while appends
         # approach it (Segment.extend_ahead).
-        self.allocated_bytes = min(segment_bytes, allocate_bytes or allocation_step_bytes(segment_bytes))
-        self.index_bytes = index_bytes
+        self.allocated_bytes = min(self.segment_bytes, max(0, config.first_step_bytes if allocate_bytes is None
+                                                           else allocate_bytes))
+        self.index_bytes = config.segment_index_bytes
+        self.index_interval_bytes = config.index_interval_bytes
+        self.index_ahead_bytes = config.index_ahead_bytes
+        self.window_floor_bytes = config.prefault_window_bytes
         self.log_path = directory / f"{name}{filenames.LOG_SUFFIX}"
         self.index_path = directory / f"{name}{filenames.INDEX_SUFFIX}"
         self.time_index_path = directory / f"{name}{filenames.TIME_INDEX_SUFFIX}"
@@ -486,9 +484,12 @@ class PreparedSegment:
             region = mmap.mmap(fd, self.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             no_readaround(region)
             try:
-                offset_index = OffsetIndex.create(self.index_path, self.index_bytes)
+                offset_index = OffsetIndex.create(self.index_path, self.index_bytes, index_allocation_bytes(
+                    self.allocated_bytes, OffsetIndex.entry.size, 0, self.index_interval_bytes, self.index_ahead_bytes))
                 try:
-                    time_index = TimeIndex.create(self.time_index_path, self.index_bytes)
+                    time_index = TimeIndex.create(self.time_index_path, self.index_bytes, index_allocation_bytes(
+                        self.allocated_bytes, TimeIndex.entry.size, 0, self.index_interval_bytes,
+                        self.index_ahead_bytes))
                 except BaseException:
                     offset_index.close()
                     raise
@@ -518,7 +519,7 @@ class PreparedSegment:
             stop = lambda: self.stop_warm  # noqa: E731
             expected_entries = self.segment_bytes // max(index_interval_bytes, 64) + 2
             for index in (self.offset_index, self.time_index):
-                length = min(index.max_entries, expected_entries) * index.entry.size
+                length = min(index.allocated_entries, expected_entries) * index.entry.size
                 if length and not self.stop_warm:
                     populate(index._writable_map, 0, length, stop)
         except OSError as exc:  # not fatal: the segment works, its first appends just fault pages in
@@ -585,6 +586,8 @@ class Segment:
         self.offset_index = offset_index
         self.time_index = time_index
         self.index_interval_bytes = index_interval_bytes
+        self.index_ahead_bytes = 1 << 20  # the most index blocks past its entries (set from LogConfig)
+        self.window_floor_bytes = 16 << 20  # the pre-fault window's floor (set from LogConfig)
         self.map: mmap.mmap | None = None
         self.capacity_bytes = size_bytes
         # Bytes [0, allocated_bytes) own real blocks. The map covers capacity_bytes but nothing may ever
@@ -657,6 +660,8 @@ class Segment:
         segment.map = prepared.map
         segment.capacity_bytes = prepared.segment_bytes
         segment.allocated_bytes = prepared.allocated_bytes
+        segment.index_ahead_bytes = prepared.index_ahead_bytes
+        segment.window_floor_bytes = prepared.window_floor_bytes
         segment.sealed = False
         segment._warm_done = prepared.warm_done
         segment.prefault = prepared.prefault  # a chase of the spare's head may still be running: it carries on
@@ -796,11 +801,15 @@ class Segment:
         self.flushed_position = 0
         return RecoveryOutcome(position, file_size - position, batches, stop_reason)
 
-    def make_active(self, segment_bytes: int, index_bytes: int) -> None:
-        """Preallocate and map a reopened last segment so appends can continue (start-up). Pre-faulting is
-        left to worker threads (warm_remainder for the indexes, the appends' pre-fault window for the log)."""
+    def make_active(self, config: LogConfig) -> None:
+        """Allocate a first step past the data and map a reopened last segment so appends can continue
+        (start-up). Pre-faulting is left to worker threads (warm_remainder for the indexes, the appends'
+        pre-fault window for the log)."""
+        segment_bytes, index_bytes = config.segment_bytes, config.segment_index_bytes
+        self.index_ahead_bytes = config.index_ahead_bytes
+        self.window_floor_bytes = config.prefault_window_bytes
         capacity = max(segment_bytes, self.committed_position)
-        allocated = min(capacity, self.committed_position + allocation_step_bytes(segment_bytes))
+        allocated = min(capacity, self.committed_position + config.first_step_bytes)
         preallocate(self.fd, allocated)
         os.ftruncate(self.fd, capacity)
         set_readahead(self.fd, False)
@@ -810,7 +819,9 @@ class Segment:
             for index in (self.offset_index, self.time_index):
                 full_entries = index_bytes // index.entry.size
                 if not index.writable or index.in_memory or index.max_entries < full_entries:
-                    index.make_writable(index_bytes)
+                    index.make_writable(index_bytes, allocate_bytes=index_allocation_bytes(
+                        allocated - self.committed_position, index.entry.size, 0, self.index_interval_bytes,
+                        self.index_ahead_bytes))
         except BaseException:
             region.close()
             raise
@@ -841,7 +852,7 @@ class Segment:
                 expected_entries = self.capacity_bytes // max(self.index_interval_bytes, 64) + 2
                 for index in (self.offset_index, self.time_index):
                     start = index.entries * index.entry.size
-                    end = min(index.max_entries, expected_entries) * index.entry.size
+                    end = min(index.allocated_entries, expected_entries) * index.entry.size
                     if index.writable and end > start and not stop():
                         populate(index._writable_map, start, end - start, stop)
         except OSError as exc:
@@ -858,13 +869,6 @@ class Segment:
     @property
     def room_bytes(self) -> int:
         return self.capacity_bytes - self.written_position
-
-    def allocate_to(self, end: int) -> None:
-        """Give [allocated_bytes, end) real blocks now (loop thread: the rare append that outran
-        extend_ahead; one posix_fallocate, no pre-faulting). Raises OSError (ENOSPC...)."""
-        end = min(max(end, self.allocated_bytes), self.capacity_bytes)
-        preallocate(self.fd, end, self.allocated_bytes)
-        self.allocated_bytes = max(self.allocated_bytes, end)  # an extend_ahead may have gone further
 
     def start_extension(self) -> bool:
         """Loop thread: mark an extend_ahead as queued (False if one already is). seal/close wait for it."""
@@ -884,9 +888,13 @@ class Segment:
             end = min(end, self.capacity_bytes)
             if end <= start:
                 return
+            # Index blocks first: an entry is written only once the log bytes it points at are written.
+            for index in (self.offset_index, self.time_index):
+                index.allocate_to(index_allocation_bytes(end, index.entry.size, index.entries * index.entry.size,
+                                                         self.index_interval_bytes, self.index_ahead_bytes))
             preallocate(self.fd, end, start)
             self.allocated_bytes = max(self.allocated_bytes, end)
-        except OSError as exc:  # the append path extends synchronously and reports the error there
+        except OSError as exc:  # the append path reports it (StorageError) to the appends that need blocks
             first = self.extension_failed_s < 0
             self.extension_failed_s = time.monotonic()
             log.log(logging.WARNING if first else logging.DEBUG, "extending %s failed: %s", self.log_path, exc)
@@ -902,7 +910,7 @@ class Segment:
         arriving; once they have paused for PREFAULT_IDLE_S, the floor window past the write position."""
         if time.monotonic() - self.last_append_s < PREFAULT_IDLE_S:
             return self.capacity_bytes
-        return self.written_position + warm_ahead_bytes()
+        return self.written_position + self.window_floor_bytes
 
     def append_run(self, view: memoryview, batches: list[tuple[int, BatchHeader]], first_offset: int,
                    leader_epoch: int, log_append_time_ms: int | None) -> int:

@@ -519,8 +519,9 @@ def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_fac
     """The active segment has its full logical size (one map) but blocks only for a prefix that grows in
     steps; an append past the prefix waits for the next step (counted), and a crash leaves a sparse tail that
     recovery treats like the zero tail of a preallocated file."""
-    step = segment_module.ALLOCATION_STEP_BYTES
-    config = LogConfig(segment_bytes=8 << 20, segment_index_bytes=64 << 10, retention_ms=None)
+    step = 16 << 10
+    config = LogConfig(segment_bytes=8 << 20, segment_index_bytes=64 << 10, retention_ms=None,
+                       preallocate_first_bytes=step, preallocate_ahead_bytes=64 << 10)
     manager = manager_factory(config)
     partition_log = manager.create_log("sparse", 0)
     active = partition_log.segments[-1]

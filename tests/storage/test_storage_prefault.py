@@ -34,7 +34,8 @@ KIB, MIB = 1 << 10, 1 << 20
 WINDOW = 256 * KIB
 SEGMENT = 4 * MIB
 PRESENT = 1 << 63
-CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None)
+CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None,
+                   preallocate=True, prefault_window_bytes=WINDOW)
 
 
 def present_pages(region, start: int, end: int) -> list[bool]:
@@ -57,8 +58,6 @@ def window_manager(manager_factory, monkeypatch):
     pages are mapped, and a page an append wrote with pwrite is cached but not mapped (the outrun tests
     below cover that path)."""
     monkeypatch.setattr(segment_module, "OUTRUN_PWRITE", False)
-    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
-    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
     monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 0)
     return manager_factory(CONFIG)
 
@@ -176,8 +175,6 @@ def test_a_paused_log_pre_faults_only_the_floor_past_its_write_position(manager_
     # the appends keep coming (idle after 60 s) the chase runs to the window's end; once they have paused
     # (idle after 0 s: at once) it stops a floor past the write position, and gives the rest of its target
     # back so that the next append asks again.
-    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
-    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
     monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 10_000)
     monkeypatch.setattr(segment_module, "PREFAULT_IDLE_S", idle_s)
     paused_log = manager_factory(CONFIG).create_log("paused", 0)

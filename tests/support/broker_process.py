@@ -140,10 +140,6 @@ class BrokerProcess:
         log_file.write(f"\n==== start: {' '.join(self.command(f'{self.listen_host}:{port}'))}\n".encode())
         log_offset = self.log_path.stat().st_size
         env = python_env(PYTHONUNBUFFERED="1")
-        # Brokers under test run the production storage defaults, even when tests/storage (which switches
-        # its own logs to stepped allocation through this variable) ran earlier in the same session.
-        env.pop("COPYLESS_ALLOCATION_STEP_BYTES", None)
-        env.pop("COPYLESS_WARM_AHEAD_BYTES", None)
         self.process = subprocess.Popen(
             self.command(f"{self.listen_host}:{port}"),
             stdout=log_file,
