@@ -142,7 +142,8 @@ class Partition:
         # Where this broker's leadership of the current epoch began: followers join the ISR only once they
         # reached it (KIP-101), and ListOffsets(latest) waits for the high watermark to reach it.
         self.epoch_start_offset = 0
-        self.high_watermark = min(getattr(log_, "high_watermark", 0), log_.log_end_offset)
+        # The log's checkpointed high watermark (clamped to the log by storage); a leader moves it on.
+        self.high_watermark = log_.high_watermark
         self.min_insync_replicas = 1
         self.replica_lag_time_max_ms = 30_000
         self.configs: Any = None  # the topic configs last applied (the replica manager's bookkeeping)
@@ -360,8 +361,7 @@ class Partition:
         if value <= self.high_watermark:
             return False
         self.high_watermark = value
-        if hasattr(self.log, "set_high_watermark"):
-            self.log.set_high_watermark(value)
+        self.log.set_high_watermark(value)
         self._notifier.notify(self.key)
         self._complete_waiters()
         return True
@@ -392,6 +392,26 @@ class Partition:
             return log_.read(offset, max_bytes, min_one_message=min_one_message)
         return log_.read(offset, max_bytes, min_one_message=min_one_message, max_offset=max_offset)
 
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords on the leader: move the log start offset up to ``offset`` (-1: the high watermark),
+        so the records below it are no longer served and their whole segments are retired. Returns the new
+        log start offset (the low watermark). Loop thread.
+
+        Kafka's rule: only records every ISR member has (below the high watermark) may be deleted.
+
+        Raises:
+            NotLeaderOrFollower, BrokerError(OFFSET_OUT_OF_RANGE) (negative, or past the high watermark),
+            StorageError.
+        """
+        self.check_leader()
+        if offset == -1:
+            offset = self.high_watermark
+        if offset < 0 or offset > self.high_watermark:
+            raise BrokerError(ErrorCode.offset_out_of_range,
+                              f"{self.topic}-{self.partition}: cannot delete records before offset {offset}: it is "
+                              f"not in [0, {self.high_watermark}] (the high watermark)")
+        return self.log.delete_records_before(offset)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp_ms`` below the high watermark, or
         None. Raises StorageError, InvalidBatchError (a stored batch that does not decode)."""
@@ -404,10 +424,7 @@ class Partition:
         """OffsetForLeaderEpoch: (the largest epoch <= ``leader_epoch`` this log has, the offset where it
         ends: the next epoch's start, or the log end for the latest), or (-1, -1) when the log has no epoch
         at or below it (KIP-101, KIP-279)."""
-        cache = getattr(self.log, "leader_epochs", None)
-        if cache is None:  # MERGE: storage's LeaderEpochCache replaces this
-            return (leader_epoch, self.log.log_end_offset) if leader_epoch == self.leader_epoch else (-1, -1)
-        return cache.end_offset_for(leader_epoch, self.log.log_end_offset)
+        return self.log.leader_epochs.end_offset_for(leader_epoch, self.log.log_end_offset)
 
     # --- followers, as the leader sees them -------------------------------------------------------------------
 
@@ -487,6 +504,9 @@ class Partition:
         if new_epoch:
             self.leader_epoch = state.leader_epoch
             self.epoch_start_offset = self.log.log_end_offset if epoch_start_offset is None else epoch_start_offset
+            # The epoch starts at the log end (KIP-101): recorded before the first append of this epoch, so
+            # OffsetForLeaderEpoch answers where the previous one ended (the file follows in the background).
+            self.log.leader_epochs.assign(state.leader_epoch, self.log.log_end_offset)
             now = self._clock()
             # Followers start unknown; one already in the ISR is given the benefit of a fresh start (Kafka
             # resets lastCaughtUpTime to now on leadership), so it is not shrunk before its first fetch.
@@ -543,11 +563,19 @@ class Partition:
 
     # --- the follower's append path ----------------------------------------------------------------------------
 
-    def append_as_follower(self, records) -> int:
+    async def append_as_follower(self, records) -> int:
         """Append the leader's batches as they are (offsets, epochs and timestamps kept, CRC checked by
         storage) and rebuild producer state from their headers, so a follower that becomes leader
-        deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread."""
-        result = self.log.append_as_follower(records)
-        for base_offset, header in result.headers:
-            self._producers.update(self.topic, self.partition, header, base_offset)
-        return self.log.log_end_offset
+        deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread;
+        awaits (never blocks) when the log needs a segment or blocks its worker threads are preparing."""
+        while True:
+            try:
+                result = self.log.append_as_follower(records)
+            except AppendNotReady as exc:
+                for base_offset, header in getattr(exc, "follower_headers", ()):
+                    self._producers.update(self.topic, self.partition, header, base_offset)
+                records = await self._wait_storage(exc, records)
+                continue
+            for base_offset, header in result.headers:
+                self._producers.update(self.topic, self.partition, header, base_offset)
+            return self.log.log_end_offset

@@ -6,7 +6,8 @@ Owns the ``Partition`` objects (one per hosted (topic, partition)), and applying
    again under the same name), or that are no longer assigned here, are deleted;
 2. partitions assigned here without a log get one (created on a worker thread), with a
    ``partition.metadata`` file naming the topic id (Kafka's file, KIP-516);
-3. every hosted partition takes its state: leader (``make_leader``), follower (``make_follower``, and the
+3. every hosted partition takes its topic's settings (again for all of them when the dynamic broker
+   configs changed: they are the defaults under every topic's overrides) and its state: leader (``make_leader``), follower (``make_follower``, and the
    fetcher manager is told), or none.
 
 Images are applied one at a time, in revision order, by one task; a newer image that arrives while one is
@@ -200,6 +201,11 @@ class ReplicaManager:
         """Bring the hosted partitions in line with ``image`` (module docstring, steps 1-3)."""
         self.image = image
         node_id = self.node_id
+        apply_configs = getattr(self.broker, "apply_broker_configs", None)
+        if apply_configs is not None and apply_configs(image.broker_configs):
+            # New broker-wide log defaults: every partition takes its settings again (step 3).
+            for partition in self.partitions.values():
+                partition.configs = None
         wanted: dict[tuple[str, int], TopicInfo] = {}
         for topic, partition, info in image.hosted_by(node_id):
             wanted[(topic, partition)] = info
@@ -383,7 +389,8 @@ class ReplicaManager:
     def _after_truncation(self, partition: Partition, headers: list) -> None:
         self.stats["truncations"] += 1
         self.broker.producers.rebuild(partition.topic, partition.partition, headers)
-        partition.high_watermark = min(partition.high_watermark, partition.log.log_end_offset)
+        # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).
+        partition.high_watermark = partition.log.high_watermark
 
     # --- shutdown -------------------------------------------------------------------------------------------------
 

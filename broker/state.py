@@ -97,6 +97,9 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, *, handlers: HandlerTable | None = None) -> None:
         self.config = config
+        # The settings as started (file and flags): dynamic broker configs are layered over these.
+        self.static_config = config
+        self.dynamic_configs: dict[str, dict[str, str]] = {}
         self.node_id = config.node_id
         self.data_dir = Path(config.data_dir)
         self.cluster_id: str = ""
@@ -137,6 +140,25 @@ class Broker:
         overrides = parse_topic_configs(topic.configs)
         return dataclasses.replace(self.default_log_config(), **overrides)
 
+    def apply_broker_configs(self, dynamic) -> bool:
+        """Take the dynamic broker configs (``ClusterImage.broker_configs``): ``config`` becomes the static
+        settings with them layered over. Returns True when they changed (the caller re-applies every
+        partition's log settings). A map that does not check out keeps the previous settings (logged): one
+        bad etcd key must not stop a broker. Loop thread (or start-up)."""
+        from copyless.broker.config_sources import effective_config
+
+        wanted = {str(key): dict(values) for key, values in dict(dynamic).items()}
+        if wanted == self.dynamic_configs:
+            return False
+        try:
+            self.config = effective_config(self.static_config, self.node_id, wanted, current=self.config)
+        except Exception as exc:
+            log.error("dynamic broker configs %s refused, keeping the previous ones: %s", wanted, exc)
+            return False
+        self.dynamic_configs = wanted
+        log.info("dynamic broker configs in force: %s", wanted or "{}")
+        return True
+
     def advertised_listeners(self) -> dict[str, tuple[str, int]]:
         """Listener name -> the address clients are told, for every bound listener (before binding: the
         configured addresses)."""
@@ -171,6 +193,7 @@ class Broker:
             default_config=self.default_log_config(),
             topic_configs={name: self.log_config_for(topic) for name, topic in topic_configs.items()},
             retention_check_interval_ms=self.config.retention_check_interval_ms,
+            offsets_checkpoint_interval_ms=self.config.replica_high_watermark_checkpoint_interval_ms,
         )
         self.log_manager.startup()
         producers = 0
@@ -297,6 +320,11 @@ class Broker:
 
     async def delete_topic(self, name: str) -> None:
         await self.metadata.delete_topic(name)
+
+    async def create_partitions(self, name: str, count: int, assignments=None, *,
+                                validate_only: bool = False) -> TopicInfo:
+        """CreatePartitions through the metadata backend. Raises TopicError."""
+        return await self.metadata.create_partitions(name, count, assignments, validate_only=validate_only)
 
     def topic(self, name: str) -> TopicInfo | None:
         return self.metadata.image.topic(name)

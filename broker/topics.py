@@ -40,6 +40,7 @@ __all__ = [
     "check_new_topic_name",
     "REPLICATION_CONFIGS",
     "parse_topic_configs",
+    "convert_topic_config",
     "MAX_NAME_LENGTH",
     "REGISTRY_FILE",
 ]
@@ -173,6 +174,20 @@ REPLICATION_CONFIGS = {
     "min.insync.replicas": lambda n, v: _int_config(n, v, minimum=1),
     "unclean.leader.election.enable": _boolean,
 }
+
+
+def convert_topic_config(name: str, text: str, *, shown_as: str | None = None):
+    """One value of topic config ``name`` (a log or replication setting) as its checks read it: the
+    LogConfig value (None: Kafka's -1), or the int / bool. ``shown_as`` names it in the error instead (a
+    broker default checked by its topic config's rules).
+
+    Raises:
+        TopicError(INVALID_CONFIG): a bad value.
+    """
+    label = shown_as or name
+    if name in _LOG_CONFIGS:
+        return _LOG_CONFIGS[name][1](label, text)
+    return REPLICATION_CONFIGS[name](label, text)
 
 
 def parse_topic_configs(configs: Mapping[str, str | None]) -> dict:

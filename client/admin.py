@@ -14,8 +14,6 @@ from kio.schema.create_topics.v3.request import CreatableTopic, CreatableTopicCo
 from kio.schema.create_topics.v3.response import CreateTopicsResponse
 from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
-from kio.schema.list_offsets.v2.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
-from kio.schema.list_offsets.v2.response import ListOffsetsResponse
 
 from copyless.client.assignors import TopicPartition
 from copyless.client.cluster import Cluster
@@ -181,36 +179,5 @@ class Admin:
 
         For a timestamp, the offset is the first record whose timestamp is >= it, or -1 if none.
         """
-        requests = {TopicPartition(*tp): int(ts) for tp, ts in requests.items()}
-        metadata = self._cluster.metadata
-        by_leader: dict[int, list[TopicPartition]] = {}
-        for tp in requests:
-            if metadata.leader(tp.topic, tp.partition) < 0:
-                await self._cluster.wait_for_topic(tp.topic, allow_auto_create=False, timeout_ms=10_000)
-            leader = metadata.leader(tp.topic, tp.partition)
-            if leader < 0:
-                raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION, f"{tp.topic}-{tp.partition}")
-            by_leader.setdefault(leader, []).append(tp)
-        out: dict[TopicPartition, int] = {}
-        for leader, tps in by_leader.items():
-            connection = await self._cluster.connection(leader)
-            by_topic: dict[str, list] = {}
-            for tp in tps:
-                by_topic.setdefault(tp.topic, []).append(
-                    ListOffsetsPartition(partition_index=tp.partition, timestamp=requests[tp])
-                )
-            response = await connection.request_kio(
-                ListOffsetsRequest(
-                    replica_id=-1,
-                    isolation_level=isolation_level,
-                    topics=tuple(ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()),
-                ),
-                ListOffsetsResponse,
-            )
-            for topic in response.topics:
-                for partition in topic.partitions:
-                    code = int(partition.error_code)
-                    if code:
-                        raise KafkaError(code, f"list offsets {topic.name}-{partition.partition_index}")
-                    out[TopicPartition(topic.name, int(partition.partition_index))] = int(partition.offset)
-        return out
+        found = await self._cluster.list_offsets(requests, isolation_level=isolation_level)
+        return {TopicPartition(*tp): offset for tp, offset in found.items()}

@@ -1,8 +1,20 @@
 """Cluster state shared by producer, consumer and admin: bootstrap, metadata cache, one connection per node.
 
-Owns: ``Metadata`` (pure: brokers, controller, topics -> partition leaders, built from a Metadata v5
-response) and ``Cluster`` (the shell: connecting, reconnecting, refreshing metadata, coordinator lookup).
-A single-node broker and a multi-broker cluster look the same here: requests go to each partition's leader.
+Owns: ``Metadata`` (pure: brokers, controller, topics -> partition leaders and leader epochs, built from
+Metadata v8 responses, v5 when a broker has no v7+) and ``Cluster`` (the shell: connecting, reconnecting,
+refreshing metadata, coordinator lookup, offset lookups by leader). A single-node broker and a
+multi-broker cluster look the same here: requests go to each partition's leader.
+
+Leader epochs (KIP-320): brokers answer Metadata from their own view of the cluster, and a broker that
+has not yet heard of a leader change still names the old leader. A partition's entry is therefore replaced
+only by one with the same or a higher leader epoch; a lower one is dropped (the Java client's
+``Metadata.updateLatestMetadata`` rule), so a stale answer from a lagging broker cannot send requests
+back to a deposed leader. Requests carry the epoch known here as ``current_leader_epoch``; a broker on a
+different epoch answers FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, and the caller refreshes.
+
+Failures: every request path treats a lost connection, a timeout and the retriable "leader moved" errors
+(``LEADER_ERRORS``) the same way: refresh metadata (coalesced, after ``retry_backoff_ms``) and retry until
+its own deadline.
 """
 
 from __future__ import annotations
@@ -15,14 +27,17 @@ from dataclasses import dataclass, field
 
 from kio.schema.find_coordinator.v1.request import FindCoordinatorRequest
 from kio.schema.find_coordinator.v1.response import FindCoordinatorResponse
-from kio.schema.metadata.v5.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.metadata.v5.response import MetadataResponse
+from kio.schema.list_offsets.v4.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from kio.schema.list_offsets.v4.response import ListOffsetsResponse
+from kio.schema.metadata.v5 import request as metadata_v5, response as metadata_v5_response
+from kio.schema.metadata.v8 import request as metadata_v8, response as metadata_v8_response
 
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
 from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 
-__all__ = ["Cluster", "Metadata", "TopicInfo", "parse_bootstrap"]
+__all__ = ["Cluster", "Metadata", "TopicInfo", "parse_bootstrap", "LEADER_ERRORS", "COORDINATOR_ERRORS",
+           "EARLIEST", "LATEST"]
 
 log = logging.getLogger("copyless.client")
 
@@ -32,6 +47,22 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 COORDINATOR_NOT_AVAILABLE = 15
 COORDINATOR_LOAD_IN_PROGRESS = 14
 NOT_COORDINATOR = 16
+NOT_LEADER_OR_FOLLOWER = 6
+KAFKA_STORAGE_ERROR = 56
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
+# Errors after which a partition's leader may have moved: the request is retried after a metadata refresh
+# (the Java client's InvalidMetadataException family).
+LEADER_ERRORS = frozenset({
+    UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR,
+    FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+})
+COORDINATOR_ERRORS = frozenset({COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR})
+EARLIEST = -2
+LATEST = -1
+# Kafka's socket.connection.setup.timeout.ms: a bootstrap host that does not answer (a dead machine, a
+# dropped SYN) costs this long before the next one is tried, not the whole request timeout.
+CONNECT_TIMEOUT_MS = 10_000
 
 
 def parse_bootstrap(bootstrap) -> list[tuple[str, int]]:
@@ -60,6 +91,7 @@ class TopicInfo:
     replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
     isr: dict[int, tuple[int, ...]] = field(default_factory=dict)
     partition_errors: dict[int, int] = field(default_factory=dict)
+    leader_epochs: dict[int, int] = field(default_factory=dict)  # partition -> leader epoch (-1 unknown)
 
     @property
     def partitions(self) -> list[int]:
@@ -76,25 +108,43 @@ class Metadata:
         self.topics: dict[str, TopicInfo] = {}
         self.updated_at = 0.0
 
-    def update(self, response: MetadataResponse, *, all_topics: bool = False) -> None:
+    def update(self, response, *, all_topics: bool = False) -> set[str]:
+        """Apply a Metadata (v5 or v8) response. Returns the topics of which some partition's entry was
+        older than the one known (kept; the caller may ask again)."""
         self.brokers = {int(b.node_id): (b.host, int(b.port)) for b in response.brokers}
         self.controller_id = int(response.controller_id)
         self.cluster_id = response.cluster_id
+        stale: set[str] = set()
+        previous = self.topics
         if all_topics:
             self.topics = {}
         for topic in response.topics:
             info = TopicInfo(topic.name, int(topic.error_code), bool(topic.is_internal))
+            known = previous.get(topic.name)
             for partition in topic.partitions:
                 index = int(partition.partition_index)
+                epoch = int(getattr(partition, "leader_epoch", -1))
+                known_epoch = known.leader_epochs.get(index, -1) if known is not None else -1
+                if epoch < known_epoch:
+                    # A broker that has not seen the latest leader change yet: keep what is known.
+                    stale.add(topic.name)
+                    info.leaders[index] = known.leaders[index]
+                    info.replicas[index] = known.replicas[index]
+                    info.isr[index] = known.isr[index]
+                    info.partition_errors[index] = known.partition_errors.get(index, 0)
+                    info.leader_epochs[index] = known_epoch
+                    continue
                 info.leaders[index] = int(partition.leader_id)
                 info.replicas[index] = tuple(int(r) for r in partition.replica_nodes)
                 info.isr[index] = tuple(int(r) for r in partition.isr_nodes)
                 info.partition_errors[index] = int(partition.error_code)
+                info.leader_epochs[index] = epoch
             if info.error_code == 0 and info.leaders:
                 self.topics[topic.name] = info
             else:
                 self.topics.pop(topic.name, None)
         self.updated_at = time.monotonic()
+        return stale
 
     def partition_count(self, topic: str) -> int | None:
         info = self.topics.get(topic)
@@ -105,6 +155,13 @@ class Metadata:
         if info is None:
             return -1
         return info.leaders.get(partition, -1)
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch as last seen (-1: unknown, or a broker without Metadata v7)."""
+        info = self.topics.get(topic)
+        if info is None:
+            return -1
+        return info.leader_epochs.get(partition, -1)
 
 
 class Cluster:
@@ -166,6 +223,7 @@ class Cluster:
                 port,
                 client_id=self.client_id,
                 request_timeout_ms=self.request_timeout_ms,
+                connect_timeout_ms=min(self.request_timeout_ms, CONNECT_TIMEOUT_MS),
                 gather_min_bytes=self.gather_min_bytes,
                 node_id=node_id,
             )
@@ -222,28 +280,60 @@ class Cluster:
     # --- metadata -----------------------------------------------------------------------------------------
 
     async def refresh_metadata(self, topics: list[str] | None = None, *, allow_auto_create: bool = True):
-        """Fetch metadata for ``topics`` (None = every topic, [] = brokers only) and update the cache."""
-        request = MetadataRequest(
-            topics=None if topics is None else tuple(MetadataRequestTopic(name=t) for t in topics),
-            allow_auto_topic_creation=allow_auto_create,
-        )
+        """Fetch metadata for ``topics`` (None = every topic, [] = brokers only) and update the cache.
+
+        Metadata v8 (leader epochs) where the broker has it, else v5. Tries up to three brokers.
+
+        Raises:
+            KafkaConnectionError: no broker answered.
+        """
         last: Exception | None = None
         for _attempt in range(3):
-            connection = await self.any_connection()
             try:
-                response = await connection.request_kio(request, MetadataResponse)
+                connection = await self.any_connection()
+            except KafkaConnectionError as exc:
+                last = exc
+                await asyncio.sleep(self.retry_backoff_ms / 1000)
+                continue
+            names = None if topics is None else tuple(topics)
+            if connection.supports(3, 8) or not connection.api_versions:
+                request = metadata_v8.MetadataRequest(
+                    topics=None if names is None else tuple(metadata_v8.MetadataRequestTopic(name=t) for t in names),
+                    allow_auto_topic_creation=allow_auto_create,
+                    include_cluster_authorized_operations=False,
+                    include_topic_authorized_operations=False,
+                )
+                response_cls = metadata_v8_response.MetadataResponse
+            else:
+                request = metadata_v5.MetadataRequest(
+                    topics=None if names is None else tuple(metadata_v5.MetadataRequestTopic(name=t) for t in names),
+                    allow_auto_topic_creation=allow_auto_create,
+                )
+                response_cls = metadata_v5_response.MetadataResponse
+            try:
+                response = await connection.request_kio(request, response_cls)
             except (KafkaConnectionError, KafkaTimeoutError) as exc:
                 last = exc
                 continue
-            self.metadata.update(response, all_topics=topics is None)
+            stale = self.metadata.update(response, all_topics=topics is None)
+            if stale:
+                log.debug("metadata from node %s is behind on %s; kept the newer leader epochs",
+                          connection.node_id, sorted(stale))
             return response
         raise KafkaConnectionError(f"metadata request failed: {last}")
 
-    async def wait_for_topic(self, topic: str, timeout_ms: int = 60_000, *, allow_auto_create: bool = True) -> int:
+    async def wait_for_topic(
+        self, topic: str, timeout_ms: int = 60_000, *, allow_auto_create: bool = True, fail_if_missing: bool = False
+    ) -> int:
         """Load metadata for ``topic`` until every partition has a leader; return its partition count.
 
+        ``fail_if_missing``: an unknown topic raises at once instead of being waited for (kcat's behaviour
+        for a consumer); an error that is not retriable (INVALID_TOPIC_EXCEPTION for ``a/b``, an
+        authorization error) always raises at once.
+
         Raises:
-            KafkaError: UNKNOWN_TOPIC_OR_PARTITION (or the topic's error) when it does not appear in time.
+            KafkaError: the topic's error, or UNKNOWN_TOPIC_OR_PARTITION / LEADER_NOT_AVAILABLE when it
+                does not appear (with leaders) within ``timeout_ms``.
         """
         deadline = time.monotonic() + timeout_ms / 1000
         backoff = self.retry_backoff_ms / 1000
@@ -251,11 +341,21 @@ class Cluster:
             info = self.metadata.topics.get(topic)
             if info is not None and all(leader >= 0 for leader in info.leaders.values()):
                 return len(info.leaders)
-            response = await self.refresh_metadata([topic], allow_auto_create=allow_auto_create)
+            try:
+                response = await self.refresh_metadata([topic], allow_auto_create=allow_auto_create)
+            except KafkaConnectionError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(backoff)
+                continue
             info = self.metadata.topics.get(topic)
             if info is not None and all(leader >= 0 for leader in info.leaders.values()):
                 return len(info.leaders)
             error = next((int(t.error_code) for t in response.topics if t.name == topic), UNKNOWN_TOPIC_OR_PARTITION)
+            if error:
+                failure = KafkaError(error, f"topic {topic!r}")
+                if not failure.retriable or (fail_if_missing and error == UNKNOWN_TOPIC_OR_PARTITION):
+                    raise failure
             if time.monotonic() >= deadline:
                 raise KafkaError(error or LEADER_NOT_AVAILABLE, f"topic {topic!r}")
             await asyncio.sleep(backoff)
@@ -264,6 +364,8 @@ class Cluster:
     def request_update(self, topics) -> None:
         """Refresh metadata for ``topics`` in the background (coalesced with a refresh already running)."""
         self._wanted_topics.update(topics)
+        if self.closed:
+            return
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._background_refresh())
 
@@ -276,25 +378,125 @@ class Cluster:
             log.debug("metadata refresh failed: %s", exc)
 
     async def coordinator(self, group_id: str, timeout_ms: int = 30_000) -> Connection:
-        """The connection to ``group_id``'s group coordinator (FindCoordinator v1, retried while loading)."""
+        """The connection to ``group_id``'s group coordinator (FindCoordinator v1).
+
+        Retried with backoff while the answer is a coordinator error (the group's ``__consumer_offsets``
+        partition is moving or loading) or the broker asked cannot be reached, until ``timeout_ms``.
+
+        Raises:
+            KafkaError: a non-retriable error, or the last coordinator error at the deadline.
+            KafkaConnectionError: no broker reachable at the deadline.
+        """
         deadline = time.monotonic() + timeout_ms / 1000
+        backoff = self.retry_backoff_ms / 1000
         while True:
-            connection = await self.any_connection()
-            response = await connection.request_kio(
-                FindCoordinatorRequest(key=group_id, key_type=0), FindCoordinatorResponse
-            )
-            code = int(response.error_code)
-            if code == 0:
-                node_id = int(response.node_id)
-                self.metadata.brokers.setdefault(node_id, (response.host, int(response.port)))
-                return await self._open(("coordinator", node_id), response.host, int(response.port), node_id)
-            if code not in (COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR) or (
-                time.monotonic() > deadline
-            ):
-                raise KafkaError(code, f"FindCoordinator for group {group_id!r}")
-            await asyncio.sleep(self.retry_backoff_ms / 1000)
+            try:
+                connection = await self.any_connection()
+                response = await connection.request_kio(
+                    FindCoordinatorRequest(key=group_id, key_type=0), FindCoordinatorResponse
+                )
+                code = int(response.error_code)
+                if code == 0:
+                    node_id = int(response.node_id)
+                    self.metadata.brokers.setdefault(node_id, (response.host, int(response.port)))
+                    return await self._open(("coordinator", node_id), response.host, int(response.port), node_id)
+                if code not in COORDINATOR_ERRORS or time.monotonic() > deadline:
+                    raise KafkaError(code, f"FindCoordinator for group {group_id!r}")
+            except (KafkaConnectionError, KafkaTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    # --- offsets by leader ----------------------------------------------------------------------------------
+
+    async def list_offsets(
+        self, requests: dict, *, isolation_level: int = 0, timeout_ms: int | None = None
+    ) -> dict[tuple[str, int], int]:
+        """ListOffsets v4 to each partition's leader: ``{(topic, partition): EARLIEST | LATEST | timestamp}``
+        -> ``{(topic, partition): offset}`` (-1 when no record has a timestamp >= the one asked).
+
+        Each request carries the leader epoch known here; partitions whose leader moved (LEADER_ERRORS),
+        lost connections and timeouts are retried after a metadata refresh, until ``timeout_ms``
+        (default: the request timeout).
+
+        Raises:
+            KafkaError: a partition's non-retriable error (UNKNOWN_TOPIC_OR_PARTITION for a partition the
+                topic does not have), or the last retriable one at the deadline.
+        """
+        pending = {(tp[0], int(tp[1])): int(ts) for tp, ts in requests.items()}
+        deadline = time.monotonic() + (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        backoff = self.retry_backoff_ms / 1000
+        out: dict[tuple[str, int], int] = {}
+        while pending:
+            last: Exception | None = None
+            retry_topics: set[str] = set()
+            by_leader: dict[int, list[tuple[str, int]]] = {}
+            for topic in {tp[0] for tp in pending}:
+                if self.metadata.partition_count(topic) is None:
+                    remaining_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+                    await self.wait_for_topic(topic, remaining_ms, allow_auto_create=False, fail_if_missing=True)
+            for tp in pending:
+                leader = self.metadata.leader(*tp)
+                if leader < 0:
+                    if self.metadata.partition_count(tp[0]) is not None and tp[1] not in self.metadata.topics[tp[0]].leaders:
+                        raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION,
+                                         f"topic {tp[0]!r} has no partition {tp[1]} "
+                                         f"(it has {self.metadata.partition_count(tp[0])})")
+                    retry_topics.add(tp[0])
+                    continue
+                by_leader.setdefault(leader, []).append(tp)
+            for leader, tps in by_leader.items():
+                by_topic: dict[str, list] = {}
+                for topic, partition in tps:
+                    by_topic.setdefault(topic, []).append(ListOffsetsPartition(
+                        partition_index=partition,
+                        current_leader_epoch=self.metadata.leader_epoch(topic, partition),
+                        timestamp=pending[(topic, partition)],
+                    ))
+                try:
+                    connection = await self.connection(leader)
+                    response = await connection.request_kio(
+                        ListOffsetsRequest(
+                            replica_id=-1,
+                            isolation_level=isolation_level,
+                            topics=tuple(ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()),
+                        ),
+                        ListOffsetsResponse,
+                    )
+                except (KafkaConnectionError, KafkaTimeoutError) as exc:
+                    last = exc
+                    retry_topics.update(by_topic)
+                    continue
+                for topic in response.topics:
+                    for partition in topic.partitions:
+                        tp = (topic.name, int(partition.partition_index))
+                        code = int(partition.error_code)
+                        if code == 0:
+                            out[tp] = int(partition.offset)
+                            pending.pop(tp, None)
+                            continue
+                        error = KafkaError(code, f"ListOffsets {tp[0]}-{tp[1]}")
+                        if code not in LEADER_ERRORS and not error.retriable:
+                            raise error
+                        last = error
+                        retry_topics.add(tp[0])
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                if isinstance(last, Exception):
+                    raise last
+                raise KafkaError(LEADER_NOT_AVAILABLE, f"no leader for {sorted(pending)}")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+            try:
+                await self.refresh_metadata(sorted(retry_topics), allow_auto_create=False)
+            except KafkaConnectionError as exc:
+                last = exc
+        return out
 
     async def close(self) -> None:
+        """Close every connection; requests in flight fail with KafkaConnectionError."""
         self.closed = True
         if self._refresh is not None and not self._refresh.done():
             self._refresh.cancel()

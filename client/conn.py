@@ -91,10 +91,12 @@ class Connection:
         *,
         client_id: str = "copyless",
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        connect_timeout_ms: int | None = None,
         gather_min_bytes: int = GATHER_MIN_VALUE_BYTES,
         node_id: int | None = None,
     ) -> None:
         self.host = host
+        self.connect_timeout_ms = connect_timeout_ms if connect_timeout_ms is not None else request_timeout_ms
         self.port = port
         self.node_id = node_id
         self.client_id = client_id
@@ -133,7 +135,7 @@ class Connection:
             sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             try:
-                async with asyncio.timeout(self.request_timeout_ms / 1000):
+                async with asyncio.timeout(self.connect_timeout_ms / 1000):
                     await loop.sock_connect(sock, address)
             except (OSError, TimeoutError) as exc:
                 sock.close()
@@ -266,9 +268,16 @@ class Connection:
         from copyless.client.protocol.messages import encode_kio
 
         api_key = int(request.__api_key__)
+        body = encode_kio(request)
+        flexible = bool(getattr(request, "__flexible__", False))
+        if flexible:
+            # Request header v2 = v1 + an empty tagged-field section; the response header v1 likewise
+            # carries one after the correlation id (KIP-482). ApiVersions is the exception both ways, and
+            # the client never sends it flexible.
+            body = b"\x00" + body
         # The entity's own version goes in the header: it is the version its fields were encoded for.
-        return await self.send(api_key, [encode_kio(request)], kio_decoder(response_cls), check_version=check_version,
-                               version=int(request.__version__))
+        return await self.send(api_key, [body], kio_decoder(response_cls, skip_tagged_header=flexible),
+                               check_version=check_version, version=int(request.__version__))
 
     async def drain(self) -> None:
         """Wait until queued bytes fall below the high-water mark (back-pressure for big producers)."""

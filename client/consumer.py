@@ -35,8 +35,6 @@ from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestP
 from kio.schema.join_group.v5.response import JoinGroupResponse
 from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
-from kio.schema.list_offsets.v2.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
-from kio.schema.list_offsets.v2.response import ListOffsetsResponse
 from kio.schema.offset_commit.v3.request import (
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
@@ -359,40 +357,10 @@ class Consumer:
     # --- offsets lookups ---------------------------------------------------------------------------------
 
     async def _list_offsets(self, requests: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """ListOffsets v2 per leader: ``{tp: timestamp}`` (-2 earliest, -1 latest) -> ``{tp: offset}``
-        (-1 when no record has a timestamp >= the one asked)."""
-        by_leader: dict[int, list[TopicPartition]] = {}
-        for tp in requests:
-            leader = self._cluster.metadata.leader(tp.topic, tp.partition)
-            if leader < 0:
-                await self._cluster.wait_for_topic(tp.topic, allow_auto_create=False)
-                leader = self._cluster.metadata.leader(tp.topic, tp.partition)
-            by_leader.setdefault(leader, []).append(tp)
-        out: dict[TopicPartition, int] = {}
-        for leader, tps in by_leader.items():
-            connection = await self._cluster.connection(leader)
-            topics: dict[str, list] = {}
-            for tp in tps:
-                topics.setdefault(tp.topic, []).append(
-                    ListOffsetsPartition(partition_index=tp.partition, timestamp=requests[tp])
-                )
-            response = await connection.request_kio(
-                ListOffsetsRequest(
-                    replica_id=-1,
-                    isolation_level=self.isolation_level,
-                    topics=tuple(ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in topics.items()),
-                ),
-                ListOffsetsResponse,
-            )
-            for topic in response.topics:
-                for partition in topic.partitions:
-                    code = int(partition.error_code)
-                    tp = TopicPartition(topic.name, int(partition.partition_index))
-                    if code != 0:
-                        self._cluster.request_update([tp.topic])
-                        raise KafkaError(code, f"ListOffsets {tp.topic}-{tp.partition}")
-                    out[tp] = int(partition.offset)
-        return out
+        """``{tp: timestamp}`` (-2 earliest, -1 latest) -> ``{tp: offset}`` (-1 when no record has a
+        timestamp >= the one asked), from each partition's leader (``Cluster.list_offsets``)."""
+        found = await self._cluster.list_offsets(requests, isolation_level=self.isolation_level)
+        return {TopicPartition(*tp): offset for tp, offset in found.items()}
 
     async def beginning_offsets(self, partitions) -> dict[TopicPartition, int]:
         return await self._list_offsets({TopicPartition(*tp): EARLIEST for tp in partitions})
@@ -470,7 +438,13 @@ class Consumer:
             if leader in self._fetching_nodes:
                 continue
             by_leader.setdefault(leader, []).append(
-                FetchPartition(tp.topic, tp.partition, position, self._fetch_sizes.get(tp, self.max_partition_fetch_bytes))
+                FetchPartition(
+                    tp.topic,
+                    tp.partition,
+                    position,
+                    self._fetch_sizes.get(tp, self.max_partition_fetch_bytes),
+                    metadata.leader_epoch(tp.topic, tp.partition),
+                )
             )
         if unresolved and not self._resolving:
             self._resolving = True
@@ -965,18 +939,45 @@ class Consumer:
             retention_time=_ms(-1),
             topics=tuple(OffsetCommitRequestTopic(name=t, partitions=tuple(p)) for t, p in topics.items()),
         )
-        coordinator = await self._coordinator_connection()
-        response = await coordinator.request_kio(request, OffsetCommitResponse)
-        for topic in response.topics:
-            for partition in topic.partitions:
-                code = int(partition.error_code)
-                if code != 0:
-                    if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID):
-                        self._rejoin_needed = True
-                    if code in _COORDINATOR_ERRORS:
-                        self._coordinator = None
-                    raise KafkaError(code, f"OffsetCommit {topic.name}-{partition.partition_index}")
+
+        def check(response) -> None:
+            for topic in response.topics:
+                for partition in topic.partitions:
+                    code = int(partition.error_code)
+                    if code != 0:
+                        if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID):
+                            self._rejoin_needed = True
+                        raise KafkaError(code, f"OffsetCommit {topic.name}-{partition.partition_index}")
+
+        await self._coordinator_request(request, OffsetCommitResponse, check)
         self._committed_positions.update(offsets)
+
+    async def _coordinator_request(self, request, response_cls, check):
+        """Send ``request`` to the group coordinator and ``check(response)``; on a lost connection, a timeout
+        or a coordinator error (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS:
+        the group's ``__consumer_offsets`` partition moved or is loading) find the coordinator again and
+        retry with backoff, for up to the request timeout (the Java consumer's commitSync does the same
+        until default.api.timeout.ms). Other errors raise at once."""
+        deadline = time.monotonic() + self._cluster.request_timeout_ms / 1000
+        backoff = self.retry_backoff_ms / 1000
+        while True:
+            try:
+                coordinator = await self._coordinator_connection()
+                response = await coordinator.request_kio(request, response_cls)
+                check(response)
+                return response
+            except (KafkaConnectionError, KafkaTimeoutError) as exc:
+                error = exc
+            except KafkaError as exc:
+                if exc.code not in _COORDINATOR_ERRORS:
+                    raise
+                error = exc
+            self._coordinator = None
+            if time.monotonic() + backoff > deadline or self._closed:
+                raise error
+            log.info("group %s: %s; finding the coordinator again", self.group_id, error)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
 
     async def _fetch_committed(self, tps) -> dict[TopicPartition, int | None]:
         if not tps:
@@ -984,19 +985,19 @@ class Consumer:
         topics: dict[str, list[int]] = {}
         for tp in tps:
             topics.setdefault(tp.topic, []).append(tp.partition)
-        coordinator = await self._coordinator_connection()
-        response = await coordinator.request_kio(
+
+        def check(response) -> None:
+            if int(response.error_code) != 0:
+                raise KafkaError(int(response.error_code), "OffsetFetch")
+
+        response = await self._coordinator_request(
             OffsetFetchRequest(
                 group_id=self.group_id,
                 topics=tuple(OffsetFetchRequestTopic(name=t, partition_indexes=tuple(p)) for t, p in topics.items()),
             ),
             OffsetFetchResponse,
+            check,
         )
-        if int(response.error_code) != 0:
-            code = int(response.error_code)
-            if code in _COORDINATOR_ERRORS:
-                self._coordinator = None
-            raise KafkaError(code, "OffsetFetch")
         out = {}
         for topic in response.topics:
             for partition in topic.partitions:

@@ -46,7 +46,7 @@ from typing import NamedTuple
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
 from kio.schema.init_producer_id.v1.response import InitProducerIdResponse
 
-from copyless.client.cluster import Cluster
+from copyless.client.cluster import LEADER_ERRORS, Cluster
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
 from copyless.client.errors import (
     BufferFullError,
@@ -80,7 +80,7 @@ NOT_LEADER_OR_FOLLOWER = 6
 LEADER_NOT_AVAILABLE = 5
 UNKNOWN_TOPIC_OR_PARTITION = 3
 # Errors after which the partition's leader may have moved: refresh metadata before retrying.
-_METADATA_ERRORS = {NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION, 74, 75}
+_METADATA_ERRORS = LEADER_ERRORS
 
 # Default batch.size. Kafka's Java default is 16 KiB; librdkafka's is 1 MB. A produce request costs the
 # client and the broker a fixed ~0.3-0.5 ms of CPU on this 2-core machine whatever its size, so with
@@ -382,6 +382,7 @@ class Producer:
 
         Raises:
             BufferFullError: ``buffer_memory`` is spent (use ``await send`` to wait instead).
+            KafkaError: UNKNOWN_TOPIC_OR_PARTITION for an explicit ``partition`` the topic does not have.
             NoMetadataError: the topic's metadata is not loaded (``await send`` or ``wait_for_topic`` first).
             ProducerClosedError: the producer is closing.
         """
@@ -397,6 +398,12 @@ class Producer:
             timestamp_ms = _time_ns() // 1_000_000
         if partition is None:
             partition = self._choose_partition(topic, key)
+        elif batch is None or batch.partition != partition or batch.topic != topic:
+            count = self._partition_counts.get(topic)
+            if count is not None and not 0 <= partition < count:
+                raise KafkaError(
+                    UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} has no partition {partition} (it has {count})"
+                )
         if batch is None or batch.partition != partition or batch.topic != topic:
             batch = self._open.get((topic, partition))
         if batch is not None:
@@ -499,11 +506,23 @@ class Producer:
             delivery = self._continue_run(topic, value, partition)
             if delivery is not None:
                 return delivery
+        if partition is not None and topic not in self._partition_counts:
+            await self.wait_for_topic(topic)
+        refreshed = False
         while True:
             try:
                 return self.send_nowait(
                     topic, value, key, partition=partition, timestamp_ms=timestamp_ms, headers=headers
                 )
+            except KafkaError as exc:
+                # A partition past the known count: the topic may have grown since; look once more.
+                if exc.code != UNKNOWN_TOPIC_OR_PARTITION or refreshed:
+                    raise
+                refreshed = True
+                await self._cluster.refresh_metadata([topic], allow_auto_create=False)
+                count = self._cluster.metadata.partition_count(topic)
+                if count is not None:
+                    self._partition_counts[topic] = count
             except BufferFullError:
                 waiter = self._loop.create_future()
                 self._memory_waiters.append(waiter)

@@ -7,13 +7,16 @@ replica manager (``ReplicaManager.publish``) and carries out the changes request
     create_topic / delete_topic   CreateTopics, DeleteTopics, auto-create
     create_partitions             CreatePartitions
     alter_topic_configs           AlterConfigs / IncrementalAlterConfigs on a topic
+    alter_broker_configs          AlterConfigs / IncrementalAlterConfigs on a broker ("" = every broker)
     alter_isr                     a leader's ISR change, conditional on the state it saw
     elect_preferred_leaders       ElectLeaders (preferred)
     allocate_producer_id          InitProducerId: ids unique across the cluster and across restarts
 
 ``plan_topic`` is the one place a new topic is checked and laid out (Kafka's ``CreateTopicPolicy`` checks
 and ``ReplicationControlManager.createTopic``): name, partitions, replication factor against the live
-brokers, manual assignments, configs.
+brokers, manual assignments, configs. ``plan_partitions`` does the same for partitions added to a topic
+(Kafka's ``createPartitions``: the new ones placed as if the topic had been created with them, continuing
+the rotation that starts at partition 0's first replica).
 
 Pure except the abstract methods' implementations.
 """
@@ -32,8 +35,8 @@ from copyless.broker.cluster.placement import assign_replicas
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError, check_new_topic_name, parse_topic_configs
 
-__all__ = ["MetadataBackend", "NewTopic", "plan_topic", "MAX_PARTITIONS", "inter_broker_client_id",
-           "is_inter_broker"]
+__all__ = ["MetadataBackend", "NewTopic", "plan_topic", "plan_partitions", "MAX_PARTITIONS",
+           "inter_broker_client_id", "is_inter_broker"]
 
 MAX_PARTITIONS = 100_000
 # Brokers name their connections to each other so; the controller accepts an internal topic's creation
@@ -122,6 +125,64 @@ def plan_topic(new: NewTopic, *, existing: Sequence[str], live_brokers: Sequence
                      configs={k: str(v) for k, v in configs.items()}, internal=new.internal)
 
 
+def _check_assignment(replicas, index: int, live: Sequence[int], size: int | None) -> tuple[int, ...]:
+    replicas = tuple(int(b) for b in replicas)
+    if not replicas or len(set(replicas)) != len(replicas):
+        raise TopicError(ErrorCode.invalid_replica_assignment,
+                         f"Replica assignment {list(replicas)} for partition {index} is empty or repeats a broker")
+    unknown = [b for b in replicas if b not in live]
+    if unknown:
+        raise TopicError(ErrorCode.invalid_replica_assignment,
+                         f"Replica assignment {list(replicas)} for partition {index} names brokers that are "
+                         f"not registered: {unknown}")
+    if size is not None and len(replicas) != size:
+        raise TopicError(ErrorCode.invalid_replica_assignment,
+                         f"Inconsistent replication factor between partitions, partition 0 has {size} while "
+                         f"partition {index} has replication factor {len(replicas)}")
+    return replicas
+
+
+def plan_partitions(topic: TopicInfo, count: int, assignments: Sequence[Sequence[int]] | None, *,
+                    live_brokers: Sequence[int]) -> TopicInfo:
+    """``topic`` grown to ``count`` partitions; ``assignments`` places the new ones (one replica list per new
+    partition), else Kafka's placement does.
+
+    Raises:
+        TopicError: INVALID_PARTITIONS (not more than now, or above MAX_PARTITIONS), INVALID_REPLICA_ASSIGNMENT,
+            INVALID_REPLICATION_FACTOR (more replicas than live brokers), INVALID_TOPIC_EXCEPTION (internal).
+    """
+    current = topic.partitions
+    if topic.internal:
+        raise TopicError(ErrorCode.invalid_topic_exception,
+                         f"Topic '{topic.name}' is internal: its partition count decides where groups live")
+    if count < current:
+        raise TopicError(ErrorCode.invalid_partitions,
+                         f"Topic currently has {current} partitions, which is higher than the requested {count}.")
+    if count == current:
+        raise TopicError(ErrorCode.invalid_partitions, f"Topic already has {current} partitions.")
+    if count > MAX_PARTITIONS:
+        raise TopicError(ErrorCode.invalid_partitions, f"Number of partitions {count} exceeds {MAX_PARTITIONS}.")
+    live = sorted(set(live_brokers))
+    factor = len(topic.assignment[0]) if topic.assignment else 1
+    adding = count - current
+    if assignments is not None:
+        if len(assignments) != adding:
+            raise TopicError(ErrorCode.invalid_replica_assignment,
+                             f"Increasing the number of partitions by {adding} but {len(assignments)} assignments "
+                             f"provided.")
+        new = [_check_assignment(replicas, current + i, live, factor) for i, replicas in enumerate(assignments)]
+    else:
+        if factor > len(live):
+            raise TopicError(ErrorCode.invalid_replication_factor,
+                             f"Unable to replicate the partition {factor} time(s): only {len(live)} broker(s) are "
+                             f"registered.")
+        first = topic.assignment[0][0] if topic.assignment else live[0]
+        start = next((i for i, broker in enumerate(live) if broker >= first), 0)
+        new = assign_replicas(live, adding, factor, start_partition=current, start_index=start, first_shift=start)
+    return TopicInfo(name=topic.name, topic_id=topic.topic_id, assignment=(*topic.assignment, *new),
+                     configs=dict(topic.configs), internal=topic.internal)
+
+
 class MetadataBackend(abc.ABC):
     """What the broker needs from its metadata (module docstring). Loop thread."""
 
@@ -162,6 +223,25 @@ class MetadataBackend(abc.ABC):
     @abc.abstractmethod
     async def allocate_producer_id(self) -> int:
         """A producer id never handed out before by any broker of the cluster."""
+
+    async def create_partitions(self, name: str, count: int, assignments: Sequence[Sequence[int]] | None = None,
+                                *, validate_only: bool = False) -> TopicInfo:
+        """Grow topic ``name`` to ``count`` partitions (``plan_partitions``). Returns once this broker's image
+        has them. Raises TopicError."""
+        raise TopicError(ErrorCode.invalid_request, "this metadata backend cannot add partitions")
+
+    async def alter_topic_configs(self, name: str, configs: Mapping[str, str], *, validate_only: bool = False) -> None:
+        """Replace topic ``name``'s overrides with ``configs`` (already checked). Raises TopicError."""
+        raise TopicError(ErrorCode.invalid_request, "this metadata backend cannot alter topic configs")
+
+    async def alter_broker_configs(self, key: str, configs: Mapping[str, str], *, validate_only: bool = False) -> None:
+        """Replace the dynamic broker configs of ``key`` ("" every broker, "<id>" one) with ``configs``
+        (already checked); every broker applies them from its next image."""
+        raise TopicError(ErrorCode.invalid_request, "this metadata backend cannot alter broker configs")
+
+    async def elect_preferred_leaders(self, partitions: Sequence[tuple[str, int]] | None = None) -> dict:
+        """Preferred leader election: {(topic, partition): ErrorCode} (Kafka's ElectLeaders results)."""
+        raise TopicError(ErrorCode.invalid_request, "this metadata backend cannot elect leaders")
 
     def is_creating(self, name: str) -> bool:
         return False

@@ -29,7 +29,9 @@ Duties (each a pure computation over the latest image, then conditional writes):
   waiting for it at once instead of after ``replica.lag.time.max.ms``;
 - a partition without a state key (a topic whose creation was split over several transactions and
   interrupted) gets one;
-- topic creation and deletion, preferred leader election (on request and periodically, Kafka's auto leader
+- topic creation, deletion and growth (CreatePartitions: the topic key's new assignment and the new
+  partitions' states, conditional on the topic key being what the plan was made from), preferred leader
+  election (on request and periodically, Kafka's auto leader
   rebalance).
 
 Loop thread only; one change at a time (a lock), so two duties never race each other's writes.
@@ -45,7 +47,7 @@ from typing import Any, Iterable
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.cluster import etcd_client as etcd
-from copyless.broker.cluster.backend import NewTopic, plan_topic
+from copyless.broker.cluster.backend import NewTopic, plan_partitions, plan_topic
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
 from copyless.broker.cluster.keys import encode_state, encode_topic
 from copyless.broker.cluster.placement import elect_leader, preferred_leader
@@ -266,6 +268,47 @@ class Controller:
                     revision = more.revision
             log.info("created topic %s: %d partition(s), replicas %s", info.name, info.partitions,
                      [list(r) for r in info.assignment])
+            return info, revision
+
+    async def create_partitions(self, name: str, count: int, assignments=None, *,
+                                validate_only: bool = False) -> tuple[TopicInfo, int]:
+        """Grow a topic to ``count`` partitions placed by Kafka's rules (``plan_partitions``): the topic key
+        and the new partitions' states in one transaction, conditional on the topic key being the one
+        planned from and on each new state key being absent. Returns (the topic, the revision). Raises
+        TopicError."""
+        async with self._lock:
+            self._require_active()
+            image = self.metadata.image
+            current = image.topic(name)
+            if current is None:
+                raise TopicError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+            info = plan_partitions(current, count, assignments, live_brokers=list(image.brokers))
+            if validate_only:
+                return info, image.revision
+            layout = self.layout
+            added = range(current.partitions, count)
+            states = [etcd.put(layout.partition(name, index),
+                               encode_state(PartitionState(info.assignment[index][0], 0, info.assignment[index],
+                                                           info.assignment[index]), self.epoch))
+                      for index in added]
+            first = states[:MAX_TXN_OPS - 1]
+            compares = [etcd.value_is(layout.topic(name), encode_topic(current)),
+                        *(etcd.created(layout.partition(name, index), 0) for index in added[:len(first)])]
+            result = await self._write(compares, [etcd.put(layout.topic(name), encode_topic(info)), *first])
+            if not result.succeeded:
+                if not self.active:
+                    raise TopicError(ErrorCode.not_controller, "the controller moved during the request")
+                raise TopicError(ErrorCode.invalid_partitions, f"Topic '{name}' changed while partitions were added; retry")
+            revision = result.revision
+            # More states than one transaction holds: the rest follow; reconcile writes any a stop interrupts.
+            for start in range(len(first), len(states), MAX_TXN_OPS):
+                chunk = states[start:start + MAX_TXN_OPS]
+                keys = [layout.partition(name, index) for index in added[start:start + len(chunk)]]
+                more = await self._write([etcd.created(key, 0) for key in keys], chunk)
+                if more.succeeded:
+                    revision = more.revision
+            log.info("topic %s: %d -> %d partitions, new replicas %s", name, current.partitions, count,
+                     [list(info.assignment[index]) for index in added])
             return info, revision
 
     async def delete_topic(self, name: str) -> int:

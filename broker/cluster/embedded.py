@@ -14,28 +14,55 @@ Topic lifecycle is crash-consistent:
 - a data dir with logs but no ``topics.json`` (registry lost) adopts the logs as topics rather than
   deleting data.
 
+- add partitions: the new partitions' logs first, then the registry, as for a create (a crash in between
+  leaves logs the registry does not list, deleted at start-up).
+- config changes: a topic's overrides are rewritten in the registry; dynamic broker configs live in
+  ``broker-configs.json`` (``{"version": 1, "configs": {"": {...}, "0": {...}}}``, tmp + fsync + rename),
+  read before the logs load so they load with them. Both take effect when the new image is applied.
+
 Producer ids are reserved on disk in blocks (``producer-id-block``) so none is reused after a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.cluster.backend import MetadataBackend, NewTopic, plan_topic
+from copyless.broker._files import write_atomically
+from copyless.broker.cluster.backend import MetadataBackend, NewTopic, plan_partitions, plan_topic
 from copyless.broker.cluster.image import BrokerInfo, ClusterImage, TopicInfo
 from copyless.broker.partition import PartitionState
 from copyless.broker.producer_state import ProducerIdAllocator
 from copyless.broker.topics import Topic, TopicError, TopicRegistry
 
-__all__ = ["EmbeddedMetadata", "LEADER_EPOCH"]
+__all__ = ["EmbeddedMetadata", "LEADER_EPOCH", "BROKER_CONFIGS_FILE"]
 
 log = logging.getLogger("copyless.metadata")
 
 LEADER_EPOCH = 0
+BROKER_CONFIGS_FILE = "broker-configs.json"
+
+
+def read_broker_configs(path) -> dict[str, dict[str, str]]:
+    """``broker-configs.json`` as {key: {name: value}} ({} when absent). Blocking.
+
+    Raises:
+        ValueError: the file exists but is not such a file (never silently dropped: it holds settings).
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        data = json.loads(raw)
+        return {str(key): {str(k): str(v) for k, v in dict(values).items()}
+                for key, values in dict(data["configs"]).items()}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"dynamic broker configs {path} are corrupt: {exc}") from exc
 
 
 def _topic_info(topic: Topic, node_id: int) -> TopicInfo:
@@ -53,6 +80,8 @@ class EmbeddedMetadata(MetadataBackend):
         self.topics = TopicRegistry(broker.data_dir)
         self.producer_ids = ProducerIdAllocator(broker.data_dir, broker.config.producer_id_block_size)
         self.image = ClusterImage()
+        self.broker_configs: dict[str, dict[str, str]] = {}
+        self._broker_configs_path = broker.data_dir / BROKER_CONFIGS_FILE
         self._revision = 0
         self._creating: dict[str, asyncio.Future] = {}
         self._deleting: dict[str, asyncio.Future] = {}
@@ -75,6 +104,9 @@ class EmbeddedMetadata(MetadataBackend):
             ValueError: the file exists but is not a registry.
         """
         self.topics.load()
+        self.broker_configs = read_broker_configs(self._broker_configs_path)
+        if self.broker_configs:
+            self.broker.apply_broker_configs(self.broker_configs)
         return {topic.name: topic for topic in self.topics}
 
     def load_blocking(self) -> None:
@@ -123,7 +155,8 @@ class EmbeddedMetadata(MetadataBackend):
         self._revision += 1
         return ClusterImage(revision=self._revision, cluster_id=self.broker.cluster_id, controller_id=node,
                             brokers={node: BrokerInfo(node, endpoints, epoch=0)}, topics=topics,
-                            partitions=partitions)
+                            partitions=partitions,
+                            broker_configs={key: dict(values) for key, values in self.broker_configs.items()})
 
     async def _publish(self) -> None:
         self.image = self._build_image()
@@ -216,6 +249,61 @@ class EmbeddedMetadata(MetadataBackend):
     async def alter_isr(self, topic: str, partition: int, state: PartitionState,
                         isr: tuple[int, ...]) -> PartitionState | None:
         return None  # one replica: the ISR never changes
+
+    async def create_partitions(self, name: str, count: int, assignments: Sequence[Sequence[int]] | None = None,
+                                *, validate_only: bool = False) -> TopicInfo:
+        topic = self.topics.get(name)
+        if topic is None or name in self._creating:
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+        info = plan_partitions(_topic_info(topic, self.node_id), count, assignments, live_brokers=[self.node_id])
+        if validate_only:
+            return info
+        try:
+            await asyncio.to_thread(self.broker.replicas.create_logs_blocking, info, range(topic.partitions, count))
+        except Exception as exc:
+            from copyless.broker.storage import StorageError
+
+            if isinstance(exc, StorageError):
+                raise TopicError(ErrorCode.kafka_storage_error, f"Cannot create logs for '{name}': {exc}") from exc
+            raise
+        if self.topics.get(name) is not topic:
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' changed meanwhile.")
+        self.topics.replace(name, partitions=count)
+        await self._persist_registry()
+        await self._publish()
+        log.info("topic %s: %d -> %d partitions", name, topic.partitions, count)
+        return info
+
+    async def alter_topic_configs(self, name: str, configs: Mapping[str, str], *, validate_only: bool = False) -> None:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+        if validate_only:
+            return
+        self.topics.replace(name, configs=dict(configs))
+        await self._persist_registry()
+        await self._publish()
+        log.info("topic %s: configs %s -> %s", name, dict(topic.configs) or "{}", dict(configs) or "{}")
+
+    async def alter_broker_configs(self, key: str, configs: Mapping[str, str], *, validate_only: bool = False) -> None:
+        if validate_only:
+            return
+        previous = dict(self.broker_configs.get(key, {}))
+        if configs:
+            self.broker_configs[key] = dict(configs)
+        else:
+            self.broker_configs.pop(key, None)
+        async with self._lock():
+            contents = json.dumps({"version": 1, "configs": self.broker_configs}, indent=1, sort_keys=True).encode()
+            await asyncio.to_thread(write_atomically, self._broker_configs_path, contents)
+        await self._publish()
+        log.info("dynamic broker configs %r: %s -> %s", key or "<default>", previous or "{}", dict(configs) or "{}")
+
+    async def elect_preferred_leaders(self, partitions: Sequence[tuple[str, int]] | None = None) -> dict:
+        """One replica per partition, always its preferred one: every election is not needed."""
+        keys = list(partitions) if partitions is not None else list(self.image.partitions)
+        return {key: ErrorCode.election_not_needed if key in self.image.partitions
+                else ErrorCode.unknown_topic_or_partition for key in keys}
 
     # --- producer ids -------------------------------------------------------------------------------------------
 

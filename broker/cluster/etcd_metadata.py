@@ -27,9 +27,11 @@ restarts the watch resumes from the last revision seen + 1; if etcd compacted th
 broker reloads everything at a new revision. Neither ever deletes data: only an image that lacks a topic
 (or has it under another topic id) makes the replica manager delete its logs.
 
-Requests that change the cluster (create / delete topics) are carried out by the controller; on another
-broker they are forwarded to it over its inter-broker listener (Kafka's KIP-590 forwarding), and answered
-once this broker's own image shows the change.
+Requests that change the cluster (create / delete topics, add partitions, preferred elections) are carried
+out by the controller; on another broker they are forwarded to it over its inter-broker listener (Kafka's
+KIP-590 forwarding), and answered once this broker's own image shows the change. Config changes need no
+placement: any broker writes them, conditional on the key being what it last saw (a topic's key by value,
+a dynamic broker config key by revision), and every broker applies them from its image.
 
 The produce and fetch paths make no etcd call: ``lease_valid`` reads a clock; ISR changes are the only
 writes a leader makes, when a follower falls behind or catches up.
@@ -39,11 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import math
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from kio.schema.errors import ErrorCode
 
@@ -52,7 +55,14 @@ from copyless.broker.cluster import etcd_client as etcd
 from copyless.broker.cluster.backend import MetadataBackend, NewTopic, inter_broker_client_id
 from copyless.broker.cluster.controller import Controller
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
-from copyless.broker.cluster.keys import Layout, decode_broker, decode_image, encode_broker, encode_state
+from copyless.broker.cluster.keys import (
+    Layout,
+    decode_broker,
+    decode_image,
+    encode_broker,
+    encode_state,
+    encode_topic,
+)
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError
 
@@ -490,9 +500,127 @@ class EtcdMetadata(MetadataBackend):
         return PartitionState(new.leader, new.leader_epoch, new.isr, new.replicas, result.revision)
 
     async def elect_preferred_leaders(self, partitions=None) -> dict:
-        if not self.controller.active:
-            raise TopicError(ErrorCode.not_controller, f"node {self.node_id} is not the controller")
-        return await self.controller.elect_preferred(partitions)
+        if self.controller.active:
+            return await self.controller.elect_preferred(partitions)
+        from kio.schema.elect_leaders.v1.request import ElectLeadersRequest, TopicPartitions
+        from kio.schema.elect_leaders.v1.response import ElectLeadersResponse
+        from kio.schema.types import TopicName
+        import datetime
+
+        by_topic: dict[str, list[int]] = {}
+        for topic, index in partitions or ():
+            by_topic.setdefault(topic, []).append(index)
+        request = ElectLeadersRequest(
+            election_type=0, timeout=datetime.timedelta(seconds=30),
+            topic_partitions=None if partitions is None else tuple(
+                TopicPartitions(topic=TopicName(t), partitions=tuple(p)) for t, p in by_topic.items()))
+        try:
+            response = await self._controller_request(request, ElectLeadersResponse)
+        except TopicError:
+            raise
+        except Exception as exc:
+            raise TopicError(ErrorCode.not_controller, f"forwarding to the controller failed: {exc}") from None
+        if response.error_code != ErrorCode.none:
+            raise TopicError(ErrorCode(response.error_code), ErrorCode(response.error_code).name)
+        outcome = {(result.topic, p.partition_id): ErrorCode(p.error_code)
+                   for result in response.replica_election_results for p in result.partition_result}
+        moved = {key for key, code in outcome.items() if code == ErrorCode.none}
+        if moved:
+            try:
+                await self.wait_for(lambda image: all(image.partition_state(*key) is not None and
+                                                       image.partition_state(*key).leader ==
+                                                       image.topics[key[0]].assignment[key[1]][0]
+                                                       for key in moved), PROPAGATION_TIMEOUT_S)
+            except (TimeoutError, KeyError):
+                pass
+        return outcome
+
+    async def create_partitions(self, name: str, count: int, assignments: Sequence[Sequence[int]] | None = None,
+                                *, validate_only: bool = False) -> TopicInfo:
+        if self.controller.active:
+            info, _revision = await self.controller.create_partitions(name, count, assignments,
+                                                                      validate_only=validate_only)
+        else:
+            info = await self._forward_create_partitions(name, count, assignments, validate_only)
+        if validate_only:
+            return info
+        try:
+            await self.wait_for(lambda image: name in image.topics and image.topics[name].partitions >= count,
+                                PROPAGATION_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("partitions were added to %s but this broker has not seen them yet", name)
+        return self.image.topics.get(name, info)
+
+    async def _forward_create_partitions(self, name, count, assignments, validate_only) -> TopicInfo:
+        from kio.schema.create_partitions.v1.request import (
+            CreatePartitionsAssignment,
+            CreatePartitionsRequest,
+            CreatePartitionsTopic,
+        )
+        from kio.schema.create_partitions.v1.response import CreatePartitionsResponse
+        from kio.schema.types import BrokerId, TopicName
+        import datetime
+
+        topic = CreatePartitionsTopic(
+            name=TopicName(name), count=count,
+            assignments=None if assignments is None else tuple(
+                CreatePartitionsAssignment(broker_ids=tuple(BrokerId(b) for b in replicas)) for replicas in assignments))
+        request = CreatePartitionsRequest(topics=(topic,), timeout=datetime.timedelta(seconds=30),
+                                          validate_only=validate_only)
+        try:
+            response = await self._controller_request(request, CreatePartitionsResponse)
+        except TopicError:
+            raise
+        except Exception as exc:
+            raise TopicError(ErrorCode.not_controller, f"forwarding to the controller failed: {exc}") from None
+        result = response.results[0]
+        if result.error_code != ErrorCode.none:
+            raise TopicError(ErrorCode(result.error_code), result.error_message or ErrorCode(result.error_code).name)
+        return self.image.topics.get(name) or TopicInfo(name, uuid.uuid4(), ())
+
+    # --- configs ---------------------------------------------------------------------------------------------
+
+    async def alter_topic_configs(self, name: str, configs: Mapping[str, str], *, validate_only: bool = False) -> None:
+        """Rewrite the topic key with ``configs``, conditional on it holding what this broker's image says
+        (a concurrent change or a deletion in between refuses it; the client retries)."""
+        current = self.image.topic(name)
+        if current is None:
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+        if validate_only:
+            return
+        layout = self.layout
+        updated = TopicInfo(name=current.name, topic_id=current.topic_id, assignment=current.assignment,
+                            configs=dict(configs), internal=current.internal)
+        result = await self.client.txn([etcd.value_is(layout.topic(name), encode_topic(current))],
+                                       [etcd.put(layout.topic(name), encode_topic(updated))])
+        self.stats["etcd_writes"] += 1
+        if not result.succeeded:
+            raise TopicError(ErrorCode.invalid_request, f"Topic '{name}' changed meanwhile; retry")
+        try:
+            await self.wait_for(lambda image: image.topic(name) is not None and
+                                dict(image.topic(name).configs) == dict(configs), PROPAGATION_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("configs of %s were altered but this broker has not seen it yet", name)
+
+    async def alter_broker_configs(self, key: str, configs: Mapping[str, str], *, validate_only: bool = False) -> None:
+        """Write (or delete, when empty) the dynamic configs of ``key``, conditional on the key's revision
+        this broker last saw."""
+        if validate_only:
+            return
+        path = self.layout.broker_configs(key)
+        seen = self._kvs.get(path)
+        compare = [etcd.modified(path, seen.mod_revision if seen is not None else 0)]
+        operation = etcd.put(path, json.dumps(dict(configs), sort_keys=True).encode()) if configs else etcd.delete(path)
+        result = await self.client.txn(compare, [operation])
+        self.stats["etcd_writes"] += 1
+        if not result.succeeded:
+            raise TopicError(ErrorCode.invalid_request, "the broker configs changed meanwhile; retry")
+        wanted = dict(configs)
+        try:
+            await self.wait_for(lambda image: dict(image.broker_configs.get(key, {})) == wanted,
+                                PROPAGATION_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("broker configs %r were altered but this broker has not seen it yet", key)
 
     # --- producer ids ------------------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """ClusterImage: an immutable snapshot of the cluster's metadata, as one backend last saw it.
 
 Owns the value types every layer reads: ``BrokerInfo`` (a live broker: id, epoch, endpoints per listener),
-``TopicInfo`` (name, topic id, replica assignment, configs) and the per-partition ``PartitionState``
-(leader, leader epoch, ISR, replicas, version). A backend replaces its image as a whole on every change, so
+``TopicInfo`` (name, topic id, replica assignment, configs), the per-partition ``PartitionState``
+(leader, leader epoch, ISR, replicas, version) and the dynamic broker configs (``broker_configs``: ``""`` for
+every broker, ``"<id>"`` for one; Kafka names to text, see ``broker.config_sources``). A backend replaces its image as a whole on every change, so
 a reader holding one sees a consistent cluster (one etcd revision) and never a half-applied change.
 
 Pure: no I/O.
@@ -61,6 +62,7 @@ class ClusterImage:
     brokers: Mapping[int, BrokerInfo] = field(default_factory=dict)
     topics: Mapping[str, TopicInfo] = field(default_factory=dict)
     partitions: Mapping[tuple[str, int], PartitionState] = field(default_factory=dict)
+    broker_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicInfo | None:
         return self.topics.get(name)

@@ -14,6 +14,8 @@ prefix per cluster::
     /<root>/<cluster_id>/partitions/<name>/<p>  {"leader": 1, "leader_epoch": 4, "isr": [1,2],
                                                  "controller_epoch": 7}; mod_revision = partition version
     /<root>/<cluster_id>/producer_id_block      the first producer id not yet reserved by any broker
+    /<root>/<cluster_id>/configs/brokers/<key>  dynamic broker configs, {"name": "value"}; key "default"
+                                                for every broker, else a node id
 
 ``root`` is ``copyless`` unless the metadata URL names another (``etcd://host:port/ROOT``), so several
 clusters can share one etcd. Topic names cannot contain ``/``, so no name's keys can shadow another's.
@@ -71,6 +73,10 @@ class Layout:
     def producer_id_block(self) -> bytes:
         return self.prefix + b"producer_id_block"
 
+    def broker_configs(self, key: str) -> bytes:
+        """The dynamic configs of ``key`` ("" every broker, "<id>" one)."""
+        return self.prefix + f"configs/brokers/{key or 'default'}".encode()
+
 
 def _json(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
@@ -126,6 +132,7 @@ def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
     topics: dict[str, TopicInfo] = {}
     states: list[tuple[str, int, KeyValue]] = []
     controller_id = -1
+    broker_configs: dict[str, dict[str, str]] = {}
     for kv in kvs:
         if not kv.key.startswith(prefix):
             continue
@@ -142,6 +149,11 @@ def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
                 states.append((name, int(index), kv))
             elif rest == "controller":
                 controller_id = int(json.loads(kv.value)["broker_id"])
+            elif rest.startswith("configs/brokers/"):
+                key = rest[len("configs/brokers/"):]
+                values = {str(k): str(v) for k, v in dict(json.loads(kv.value)).items()}
+                if values:
+                    broker_configs["" if key == "default" else str(int(key))] = values
         except (ValueError, KeyError, TypeError):
             continue
     partitions: dict[tuple[str, int], PartitionState] = {}
@@ -154,4 +166,4 @@ def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
         except (ValueError, KeyError, TypeError):
             continue
     return ClusterImage(revision=revision, cluster_id=layout.cluster_id, controller_id=controller_id,
-                        brokers=brokers, topics=topics, partitions=partitions)
+                        brokers=brokers, topics=topics, partitions=partitions, broker_configs=broker_configs)

@@ -14,7 +14,9 @@ endpoint), the set of partitions fetched from it, and the loop:
    leader epoch this broker knows (so a leader that has moved on fences the fetch);
 3. append: the leader's batches go into the log as they are (offsets, leader epochs, timestamps kept;
    CRC-32C checked by storage), producer state is rebuilt from their headers, and the follower's high
-   watermark becomes ``min(the leader's, its own log end)``.
+   watermark becomes ``min(the leader's, its own log end)``. Under ``--flush-mode sync`` the round's
+   appends are fdatasynced before the next fetch reports the new log end, so the leader counts only
+   durable records towards its high watermark.
 
 The response's record bytes are received straight into a pooled buffer (``recv_into``) and copied once into
 the log: the leader sent them with sendfile, so replication costs the leader no copy through Python.
@@ -39,6 +41,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.partition import Partition, Role
+from copyless.broker.storage.errors import UnexpectedAppendOffsetError
 
 __all__ = ["FetcherManager", "ReplicaFetcher"]
 
@@ -261,6 +264,7 @@ class ReplicaFetcher:
         future = connection.send(FETCH_API_KEY, [encode_kio(request)], decode, wants_lease=True, version=11)
         frame, view, (error_code, partitions) = await future
         retriable = False
+        appended: list[Partition] = []
         try:
             self.stats["fetches"] += 1
             if error_code:
@@ -281,15 +285,27 @@ class ReplicaFetcher:
                 if answer.records_end > answer.records_start:
                     records = view[answer.records_start:answer.records_end]
                     try:
-                        partition.append_as_follower(records)
+                        await partition.append_as_follower(records)
+                    except UnexpectedAppendOffsetError as exc:
+                        # The log moved under the fetch (a truncation): ask where to cut again.
+                        log.info("%s-%d: %s; truncating again", partition.topic, partition.partition, exc)
+                        follow.needs_truncation = True
+                        continue
                     finally:
                         records.release()
                     self.stats["bytes"] += answer.records_end - answer.records_start
+                    appended.append(partition)
                 partition.update_follower_high_watermark(answer.high_watermark)
         finally:
             view.release()
             if hasattr(frame, "release"):
                 frame.release()
+        if appended and config.flush_mode == "sync":
+            # The next fetch's offset tells the leader how far this replica is, and the leader's high
+            # watermark (so acks=all) follows from it: under the sync flush mode that offset must be durable
+            # here, so an acknowledged record survives a power loss of every replica (KIP-966's stronger
+            # promise), at the cost of one group-committed fdatasync per fetch round.
+            await asyncio.gather(*(asyncio.wrap_future(p.log.flush()) for p in appended))
         return retriable
 
     async def _out_of_range(self, follow: _Follow, leader_log_start: int) -> None:

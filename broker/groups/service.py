@@ -424,6 +424,87 @@ class GroupService:
         if self.shards.get(shard.partition) is shard:
             shard.store.apply(records)
 
+    # --- deleting groups and offsets (DeleteGroups, OffsetDelete) ------------------------------------------------
+
+    def _known(self, shard: _Shard, group_id: str) -> bool:
+        return shard.coordinator.has_group(group_id) or group_id in shard.store.group_ids()
+
+    async def _append_replicated(self, shard: _Shard, records: list) -> None:
+        """Append tombstones and wait, as a commit does, until the ISR has them; the view drops what they
+        delete at once (a deleted offset is never served again by this coordinator)."""
+        info, partition = await self._append(shard, records)
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+
+    async def delete_groups(self, group_ids) -> dict[str, ErrorCode]:
+        """DeleteGroups (Kafka's ``GroupCoordinator.handleDeleteGroups``): an Empty (or Dead) group loses its
+        committed offsets and its metadata, by tombstones in ``__consumer_offsets``. Per group: NONE,
+        NON_EMPTY_GROUP (members remain), GROUP_ID_NOT_FOUND, or the coordinator errors (NOT_COORDINATOR, ...)."""
+        results: dict[str, ErrorCode] = {}
+        for group_id in group_ids:
+            shard, error = self.shard_for(group_id)
+            if shard is None:
+                results[group_id] = error
+                continue
+            if not self._known(shard, group_id):
+                results[group_id] = ErrorCode.group_id_not_found
+                continue
+            snapshot = shard.coordinator.describe(group_id)
+            if snapshot.state not in (GroupState.EMPTY, GroupState.DEAD) or not shard.coordinator.remove_group(group_id):
+                results[group_id] = ErrorCode.non_empty_group
+                continue
+            tombstones = [(offset_commit_key(group_id, topic, partition), None)
+                          for topic, partition in sorted(shard.store.committed(group_id))]
+            tombstones.append(shard.store.group_record(GroupSnapshot(group_id, GroupState.DEAD, -1, None, None,
+                                                                     None, now_ms())))
+            try:
+                await self._append_replicated(shard, tombstones)
+                results[group_id] = ErrorCode.none
+                log.info("deleted group %s (%d committed offset(s))", group_id, len(tombstones) - 1)
+            except Exception as exc:
+                from copyless.broker.errors import error_for
+
+                results[group_id] = error_for(exc)[0]
+        return results
+
+    async def delete_offsets(self, group_id: str, partitions) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        """OffsetDelete (KIP-496): drop a group's committed offsets of ``partitions`` [(topic, partition)].
+
+        Returns (group error, per partition error). A group with members may lose only offsets of topics
+        none of them subscribes to (GROUP_SUBSCRIBED_TO_TOPIC for the others), and only when it uses the
+        consumer protocol, whose subscriptions the broker can read (otherwise NON_EMPTY_GROUP).
+        """
+        shard, error = self.shard_for(group_id)
+        if shard is None:
+            return error, {}
+        if not self._known(shard, group_id):
+            return ErrorCode.group_id_not_found, {}
+        snapshot = shard.coordinator.describe(group_id)
+        subscribed: set[str] = set()
+        if snapshot.state not in (GroupState.EMPTY, GroupState.DEAD):
+            if snapshot.protocol_type != "consumer":
+                return ErrorCode.non_empty_group, {}
+            for member in snapshot.members:
+                subscribed.update(subscribed_topics(member.metadata))
+        outcome: dict[tuple[str, int], ErrorCode] = {}
+        committed = shard.store.committed(group_id)
+        tombstones = []
+        for topic, partition in partitions:
+            if topic in subscribed:
+                outcome[(topic, partition)] = ErrorCode.group_subscribed_to_topic
+                continue
+            outcome[(topic, partition)] = ErrorCode.none
+            if (topic, partition) in committed:
+                tombstones.append((offset_commit_key(group_id, topic, partition), None))
+        if tombstones:
+            try:
+                await self._append_replicated(shard, tombstones)
+            except Exception as exc:
+                from copyless.broker.errors import error_for
+
+                return error_for(exc)[0], {}
+            log.info("group %s: deleted %d committed offset(s)", group_id, len(tombstones))
+        return ErrorCode.none, outcome
+
     async def _append(self, shard: _Shard, records: list, *, fold: bool = True):
         """Append ``(key, value)`` records to the shard's partition (loop thread; a memcpy into the mapped
         segment, or an await while its log prepares a segment). Returns (AppendInfo, Partition). Raises
@@ -472,6 +553,25 @@ class GroupService:
         if expired_count or removed_count:
             log.info("expired %d committed offset(s); removed %d empty group(s)", expired_count, removed_count)
         return expired_count
+
+
+def subscribed_topics(metadata: bytes) -> list[str]:
+    """The topics of a consumer-protocol member's subscription (``ConsumerProtocolSubscription``: int16
+    version, then an array of int16-length topic names; later fields are not needed). Unreadable metadata
+    subscribes to nothing. Pure."""
+    import struct
+
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        position, topics = 6, []
+        for _ in range(max(count, 0)):
+            (length,) = struct.unpack_from(">h", metadata, position)
+            position += 2
+            topics.append(bytes(metadata[position:position + length]).decode())
+            position += length
+        return topics
+    except (struct.error, UnicodeDecodeError):
+        return []
 
 
 def _replay_log(partition_log) -> OffsetStore:

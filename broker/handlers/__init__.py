@@ -35,6 +35,8 @@ _MODULES = (
     ("copyless.broker.handlers.producer_ids", True),
     ("copyless.broker.handlers.leader_epoch", True),
     ("copyless.broker.handlers.configs", True),
+    ("copyless.broker.handlers.cluster", True),
+    ("copyless.broker.handlers.delete_records", True),
     ("copyless.broker.handlers.groups", False),
 )
 

@@ -1,151 +1,192 @@
-"""DescribeConfigs (32) v1-2: effective topic and broker configs, for admin tools.
+"""DescribeConfigs (32) v1-4, AlterConfigs (33) v0-2 and IncrementalAlterConfigs (44) v0-1: topic and
+broker configs, read with their sources and changed at run time.
 
-Topic resources (type 2) list every topic config the log implements with its effective value; a value set
-on the topic reports source DYNAMIC_TOPIC_CONFIG (1), the rest DEFAULT_CONFIG (5), with the broker default
-as a synonym when ``include_synonyms``. The broker resource (type 4, name = node id, or "" for the default)
-lists the broker settings that have Kafka names, source STATIC_BROKER_CONFIG (4). Unknown topic ->
-UNKNOWN_TOPIC_OR_PARTITION (3); another broker's id or another resource type -> INVALID_REQUEST (42).
-Read-only: there is no AlterConfigs.
+Resources: a topic (type 2, by name) or a broker (type 4; name = a node id, or "" for the dynamic defaults
+every broker takes). ``broker.config_sources`` resolves values and sources (DYNAMIC_TOPIC_CONFIG,
+DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG) and lists the
+synonyms when asked; it also checks every change.
+
+AlterConfigs replaces a resource's whole set of overrides (Kafka's semantics: what the request leaves out is
+reset); IncrementalAlterConfigs applies SET / DELETE / APPEND / SUBTRACT to the current set. Either way the
+new set is checked as a whole (INVALID_CONFIG with a message naming the config), then handed to the metadata
+backend, which persists it (``topics.json`` / ``broker-configs.json``, or etcd) and publishes it; the
+partitions take it as Kafka does live: retention and flush policies at once, ``segment.bytes`` for the next
+segment, ``min.insync.replicas`` for the next acks=all write. ``validate_only`` checks and changes nothing.
+
+Errors per resource: unknown topic -> UNKNOWN_TOPIC_OR_PARTITION (3); a broker id that is not registered,
+or another resource type -> INVALID_REQUEST (42) (broker loggers, client quotas and the like do not exist
+here); the same resource twice in one request -> INVALID_REQUEST for each.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+
 from kio.schema.errors import ErrorCode
 
+from copyless.broker import config_sources as sources
+from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.handlers.context import RequestContext
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
-API_KEY = 32
+log = logging.getLogger("copyless.configs")
+
+DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 TOPIC, BROKER = 2, 4
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
-
-# Kafka topic config name -> LogConfig field (None values are Kafka's -1, "unlimited" / "never").
-_TOPIC_FIELDS = {
-    "retention.ms": "retention_ms",
-    "retention.bytes": "retention_bytes",
-    "segment.bytes": "segment_bytes",
-    "segment.ms": "segment_ms",
-    "segment.index.bytes": "segment_index_bytes",
-    "index.interval.bytes": "index_interval_bytes",
-    "flush.messages": "flush_messages",
-    "flush.ms": "flush_ms",
-    "file.delete.delay.ms": "file_delete_delay_ms",
-    "max.message.bytes": "max_message_bytes",
-    "message.timestamp.type": "message_timestamp_type",
-    "preallocate": "preallocate",
-}
-_TOPIC_FIXED = {"cleanup.policy": "delete", "compression.type": "producer"}
-# Broker config name -> BrokerConfig field.
-_BROKER_FIELDS = {
-    "node.id": "node_id",
-    "auto.create.topics.enable": "auto_create_topics",
-    "num.partitions": "num_partitions",
-    "default.replication.factor": "default_replication_factor",
-    "socket.request.max.bytes": "max_request_bytes",
-    "fetch.max.bytes": "fetch_max_bytes",
-    "message.max.bytes": "message_max_bytes",
-    "log.retention.ms": "retention_ms",
-    "log.retention.bytes": "retention_bytes",
-    "log.segment.bytes": "segment_bytes",
-    "log.roll.ms": "segment_ms",
-    "log.index.size.max.bytes": "segment_index_bytes",
-    "log.index.interval.bytes": "index_interval_bytes",
-    "log.flush.interval.messages": "flush_messages",
-    "log.flush.interval.ms": "flush_ms",
-    "log.message.timestamp.type": "message_timestamp_type",
-    "log.preallocate": "preallocate",
-    "log.retention.check.interval.ms": "retention_check_interval_ms",
-    "min.insync.replicas": "min_insync_replicas",
-    "unclean.leader.election.enable": "unclean_leader_election",
-    "replica.lag.time.max.ms": "replica_lag_time_max_ms",
-    "broker.session.timeout.ms": "broker_session_timeout_ms",
-    "offsets.topic.num.partitions": "offsets_partitions",
-    "offsets.topic.replication.factor": "offsets_topic_replication_factor",
-}
 
 
-def _text(value) -> str:
-    if value is None:
-        return "-1"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def _broker_key(broker, name: str) -> str:
+    """The dynamic-config key of a broker resource name ("" or a registered node id).
+
+    Raises:
+        BrokerError(INVALID_REQUEST): not a node id of this cluster.
+    """
+    if name == "":
+        return ""
+    try:
+        node_id = int(name)
+    except ValueError:
+        raise BrokerError(ErrorCode.invalid_request, f"Broker id must be an integer, got {name!r}") from None
+    if node_id != broker.node_id and node_id not in broker.metadata.image.brokers:
+        raise BrokerError(ErrorCode.invalid_request, f"Unexpected broker id {name!r}: not a registered broker")
+    return str(node_id)
 
 
-def topic_configs(broker, topic) -> list[tuple[str, str, int, str]]:
-    """(name, value, source, broker default) for each config of ``topic``. Pure over the broker state."""
-    effective = broker.log_config_for(topic)
-    defaults = broker.default_log_config()
-    entries = []
-    for name, field_name in _TOPIC_FIELDS.items():
-        source = DYNAMIC_TOPIC_CONFIG if name in topic.configs else DEFAULT_CONFIG
-        entries.append((name, _text(getattr(effective, field_name)), source, _text(getattr(defaults, field_name))))
-    config = broker.config
-    replication_defaults = {"min.insync.replicas": _text(config.min_insync_replicas),
-                            "unclean.leader.election.enable": _text(config.unclean_leader_election)}
-    for name, value in (*_TOPIC_FIXED.items(), *replication_defaults.items()):
-        source = DYNAMIC_TOPIC_CONFIG if name in topic.configs else DEFAULT_CONFIG
-        entries.append((name, topic.configs.get(name, value), source, value))
-    return entries
+# --- DescribeConfigs -------------------------------------------------------------------------------------------
 
 
-def _synonyms(module, name: str, value: str, source: int, default: str | None) -> tuple:
-    """Kafka lists the config itself, then what it overrides, in order of precedence."""
-    synonyms = [module.DescribeConfigsSynonym(name=name, value=value, source=source)]
-    if source == DYNAMIC_TOPIC_CONFIG and default is not None:
-        synonyms.append(module.DescribeConfigsSynonym(name=name, value=default, source=DEFAULT_CONFIG))
-    return tuple(synonyms)
+def _entries(broker, resource) -> list[sources.ConfigEntry]:
+    """Raises BrokerError (unknown topic, bad broker id, unsupported type)."""
+    if resource.resource_type == TOPIC:
+        topic = broker.topic(resource.resource_name)
+        if topic is None:
+            raise BrokerError(ErrorCode.unknown_topic_or_partition,
+                              f"Topic '{resource.resource_name}' does not exist.")
+        return sources.describe_topic(topic.configs, broker.static_config, broker.node_id, broker.dynamic_configs)
+    if resource.resource_type == BROKER:
+        key = _broker_key(broker, resource.resource_name)
+        if key not in ("", str(broker.node_id)):
+            # Admin clients send a broker resource to that broker; its static settings are only known there.
+            raise BrokerError(ErrorCode.invalid_request,
+                              f"Broker {key}'s configs are described by broker {key}, not by node {broker.node_id}")
+        return sources.describe_broker(broker.static_config, broker.node_id, broker.dynamic_configs,
+                                       defaults_only=key == "")
+    raise BrokerError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
 
 
-async def handle(ctx: RequestContext, request):
+async def describe_configs(ctx: RequestContext, request):
     broker = ctx.broker
-    module = response_module(API_KEY, ctx.api_version)
+    module = response_module(DESCRIBE_CONFIGS, ctx.api_version)
     include_synonyms = getattr(request, "include_synonyms", False)
     results = []
     for resource in request.resources:
         wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
         code, message, entries = ErrorCode.none, None, []
-        if resource.resource_type == TOPIC:
-            topic = broker.topic(resource.resource_name)
-            if topic is None:
-                code, message = ErrorCode.unknown_topic_or_partition, f"Topic '{resource.resource_name}' does not exist."
-            else:
-                entries = topic_configs(broker, topic)
-        elif resource.resource_type == BROKER:
-            if resource.resource_name not in ("", str(broker.node_id)):
-                code, message = ErrorCode.invalid_request, f"Unexpected broker id {resource.resource_name!r}"
-            else:
-                entries = [
-                    (name, _text(getattr(broker.config, field_name)), STATIC_BROKER_CONFIG, None)
-                    for name, field_name in _BROKER_FIELDS.items()
-                ]
-        else:
-            code, message = ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
+        try:
+            entries = _entries(broker, resource)
+        except BrokerError as exc:
+            code, message = exc.code, exc.message
         configs = tuple(
             build(
                 module.DescribeConfigsResourceResult,
-                name=name,
-                value=value,
-                read_only=resource.resource_type == BROKER,
-                config_source=source,
-                is_default=source == DEFAULT_CONFIG,
+                name=entry.name,
+                value=entry.value,
+                read_only=entry.read_only,
+                config_source=entry.source,
+                is_default=entry.source == sources.DEFAULT_CONFIG,
                 is_sensitive=False,
-                synonyms=_synonyms(module, name, value, source, default) if include_synonyms else (),
+                synonyms=tuple(module.DescribeConfigsSynonym(name=name, value=value, source=source)
+                               for name, value, source in entry.synonyms) if include_synonyms else (),
+                config_type=entry.config_type,
+                documentation=None,
             )
-            for name, value, source, default in entries
-            if wanted is None or name in wanted
+            for entry in entries
+            if wanted is None or entry.name in wanted
         )
-        results.append(
-            build(
-                module.DescribeConfigsResult,
-                error_code=code,
-                error_message=message,
-                resource_type=resource.resource_type,
-                resource_name=resource.resource_name,
-                configs=configs,
-            )
-        )
+        results.append(build(module.DescribeConfigsResult, error_code=code, error_message=message,
+                             resource_type=resource.resource_type, resource_name=resource.resource_name,
+                             configs=configs))
     return build(module.DescribeConfigsResponse, throttle_time=NO_THROTTLE, results=tuple(results))
 
 
-HANDLERS = {API_KEY: (1, 2, handle)}
+# --- AlterConfigs / IncrementalAlterConfigs ----------------------------------------------------------------------
+
+
+async def _alter(broker, resource, change, validate_only: bool) -> None:
+    """Apply ``change`` (current overrides -> new overrides) to one resource. Raises BrokerError."""
+    if resource.resource_type == TOPIC:
+        name = resource.resource_name
+        topic = broker.topic(name)
+        if topic is None:
+            raise BrokerError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        configs = change(dict(topic.configs))
+        sources.check_topic_configs(configs, len(topic.assignment[0]) if topic.assignment else 1)
+        await broker.metadata.alter_topic_configs(name, configs, validate_only=validate_only)
+        return
+    if resource.resource_type == BROKER:
+        key = _broker_key(broker, resource.resource_name)
+        configs = change(dict(broker.dynamic_configs.get(key, {})))
+        sources.check_broker_configs(configs)
+        # The whole result must make a valid broker config, for this broker at least (every broker checks its
+        # own when it applies it, and keeps its previous settings if that fails).
+        layered = {**broker.dynamic_configs, key: configs}
+        sources.effective_config(broker.static_config, broker.node_id, layered, current=broker.config)
+        await broker.metadata.alter_broker_configs(key, configs, validate_only=validate_only)
+        return
+    raise BrokerError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
+
+
+async def _alter_all(ctx: RequestContext, request, change_for) -> list[tuple[object, ErrorCode, str | None]]:
+    counts = Counter((resource.resource_type, resource.resource_name) for resource in request.resources)
+    outcomes = []
+    for resource in request.resources:
+        code, message = ErrorCode.none, None
+        try:
+            if counts[(resource.resource_type, resource.resource_name)] > 1:
+                raise BrokerError(ErrorCode.invalid_request,
+                                  f"Error due to duplicate resource {resource.resource_name!r} in one request")
+            await _alter(ctx.broker, resource, change_for(resource), request.validate_only)
+        except Exception as exc:
+            code, message = error_for(exc)
+        if code != ErrorCode.none:
+            log.info("alter configs of %s %r for %s refused: %s %s", "topic" if resource.resource_type == TOPIC
+                     else "broker", resource.resource_name, ctx.client_id, code.name, message)
+        elif not request.validate_only:
+            log.info("configs of %s %r altered by %s", "topic" if resource.resource_type == TOPIC else "broker",
+                     resource.resource_name, ctx.client_id)
+        outcomes.append((resource, code, message))
+    return outcomes
+
+
+def _respond(ctx: RequestContext, api_key: int, response_name: str, outcomes):
+    module = response_module(api_key, ctx.api_version)
+    responses = tuple(build(module.AlterConfigsResourceResponse, error_code=code, error_message=message,
+                            resource_type=resource.resource_type, resource_name=resource.resource_name)
+                      for resource, code, message in outcomes)
+    return build(getattr(module, response_name), throttle_time=NO_THROTTLE, responses=responses)
+
+
+async def alter_configs(ctx: RequestContext, request):
+    def change_for(resource):
+        # The request's set replaces the current one.
+        return lambda _current: {config.name: config.value for config in resource.configs}
+
+    outcomes = await _alter_all(ctx, request, change_for)
+    return _respond(ctx, ALTER_CONFIGS, "AlterConfigsResponse", outcomes)
+
+
+async def incremental_alter_configs(ctx: RequestContext, request):
+    def change_for(resource):
+        operations = [(config.name, config.config_operation, config.value) for config in resource.configs]
+        return lambda current: sources.apply_incremental(current, operations)
+
+    outcomes = await _alter_all(ctx, request, change_for)
+    return _respond(ctx, INCREMENTAL_ALTER_CONFIGS, "IncrementalAlterConfigsResponse", outcomes)
+
+
+HANDLERS = {
+    DESCRIBE_CONFIGS: (1, 4, describe_configs),
+    ALTER_CONFIGS: (0, 2, alter_configs),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1, incremental_alter_configs),
+}

@@ -1,5 +1,5 @@
 """Consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
-OffsetFetch, DescribeGroups, ListGroups.
+OffsetFetch, DescribeGroups, ListGroups, and the admin pair DeleteGroups (42) v0-2 and OffsetDelete (47) v0.
 
 Each handler translates one kio request into a call on ``broker.groups`` (``broker.groups.service``), which
 owns the coordinator and the offsets store, and builds the response for the request's version. Versions
@@ -31,6 +31,7 @@ log = logging.getLogger("copyless.groups")
 
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 8, 9, 15, 16
+DELETE_GROUPS, OFFSET_DELETE = 42, 47
 # DescribeGroups v3+: "authorized operations not requested" (Kafka's Integer.MIN_VALUE sentinel).
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 KEY_TYPE_GROUP = 0
@@ -279,7 +280,49 @@ async def list_groups(ctx: RequestContext, request):
     return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=code, groups=groups)
 
 
+# --- DeleteGroups / OffsetDelete -------------------------------------------------------------------------------
+
+
+async def delete_groups(ctx: RequestContext, request):
+    module = response_module(DELETE_GROUPS, ctx.api_version)
+    groups: GroupService | None = ctx.broker.groups
+    names = list(dict.fromkeys(request.groups_names))
+    if groups is None:
+        outcome = {name: ErrorCode.coordinator_not_available for name in names}
+    else:
+        outcome = await groups.delete_groups(names)
+    for name, code in outcome.items():
+        if code != ErrorCode.none:
+            log.info("delete group %r for %s refused: %s", name, ctx.client_id, code.name)
+    results = tuple(build(module.DeletableGroupResult, group_id=name, error_code=outcome[name]) for name in names)
+    return build(module.DeleteGroupsResponse, throttle_time=NO_THROTTLE, results=results)
+
+
+async def offset_delete(ctx: RequestContext, request):
+    module = response_module(OFFSET_DELETE, ctx.api_version)
+    groups: GroupService | None = ctx.broker.groups
+    wanted = [(topic.name, int(p.partition_index)) for topic in request.topics for p in topic.partitions]
+    if groups is None:
+        code, outcome = ErrorCode.coordinator_not_available, {}
+    else:
+        code, outcome = await groups.delete_offsets(request.group_id, wanted)
+    topics = []
+    if code == ErrorCode.none:
+        by_topic: dict[str, list] = {}
+        for (topic, partition) in dict.fromkeys(wanted):
+            by_topic.setdefault(topic, []).append(build(module.OffsetDeleteResponsePartition,
+                                                        partition_index=partition,
+                                                        error_code=outcome[(topic, partition)]))
+        topics = [build(module.OffsetDeleteResponseTopic, name=topic, partitions=tuple(partitions))
+                  for topic, partitions in by_topic.items()]
+    else:
+        log.info("delete offsets of group %r for %s refused: %s", request.group_id, ctx.client_id, code.name)
+    return build(module.OffsetDeleteResponse, error_code=code, throttle_time=NO_THROTTLE, topics=tuple(topics))
+
+
 HANDLERS = {
+    DELETE_GROUPS: (0, 2, delete_groups),
+    OFFSET_DELETE: (0, 0, offset_delete),
     OFFSET_COMMIT: (2, 7, offset_commit),
     OFFSET_FETCH: (1, 5, offset_fetch),
     FIND_COORDINATOR: (0, 2, find_coordinator),

@@ -1,4 +1,4 @@
-"""CreateTopics (19) v2-4 and DeleteTopics (20) v1-3.
+"""CreateTopics (19) v2-4, DeleteTopics (20) v1-3 and CreatePartitions (37) v0-3.
 
 CreateTopics, per topic (Kafka's ``ControllerApis`` / ``ReplicationControlManager`` checks, in
 ``broker.cluster.backend.plan_topic``): illegal or colliding name -> INVALID_TOPIC_EXCEPTION (17); exists ->
@@ -10,6 +10,13 @@ config -> INVALID_CONFIG (40); a name twice in one request -> INVALID_REQUEST (4
 single node, by the controller in a cluster (a broker that is not the controller forwards the request).
 
 DeleteTopics: unknown -> UNKNOWN_TOPIC_OR_PARTITION (3); internal topics -> INVALID_TOPIC_EXCEPTION (17).
+
+CreatePartitions, per topic (``broker.cluster.backend.plan_partitions``): unknown -> UNKNOWN_TOPIC_OR_PARTITION;
+a count not above the current one -> INVALID_PARTITIONS (37); assignments of the wrong number, size or
+brokers -> INVALID_REPLICA_ASSIGNMENT (39); internal topics -> INVALID_TOPIC_EXCEPTION; a topic twice ->
+INVALID_REQUEST. New partitions are placed by Kafka's rules unless assigned, by the controller in a cluster
+(forwarded there), and answered once this broker's metadata shows them. Producers and consumers learn of
+them from their next metadata refresh.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.topics")
 
-CREATE_TOPICS, DELETE_TOPICS = 19, 20
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 
 
 async def handle_create_topics(ctx: RequestContext, request):
@@ -76,7 +83,31 @@ async def handle_delete_topics(ctx: RequestContext, request):
     return build(module.DeleteTopicsResponse, throttle_time=NO_THROTTLE, responses=tuple(results))
 
 
+async def handle_create_partitions(ctx: RequestContext, request):
+    broker = ctx.broker
+    module = response_module(CREATE_PARTITIONS, ctx.api_version)
+    counts = Counter(topic.name for topic in request.topics)
+    results = []
+    for topic in request.topics:
+        code, message = ErrorCode.none, None
+        if counts[topic.name] > 1:
+            code, message = ErrorCode.invalid_request, f"Duplicate topic in request: {topic.name}"
+        else:
+            assignments = None if topic.assignments is None else [list(a.broker_ids) for a in topic.assignments]
+            try:
+                await broker.create_partitions(topic.name, topic.count, assignments,
+                                               validate_only=request.validate_only)
+            except TopicError as exc:
+                code, message = exc.code, exc.message
+        if code != ErrorCode.none:
+            log.info("create partitions of %r for %s refused: %s %s", topic.name, ctx.client_id, code.name, message)
+        results.append(build(module.CreatePartitionsTopicResult, name=topic.name, error_code=code,
+                             error_message=message))
+    return build(module.CreatePartitionsResponse, throttle_time=NO_THROTTLE, results=tuple(results))
+
+
 HANDLERS = {
     CREATE_TOPICS: (2, 4, handle_create_topics),
     DELETE_TOPICS: (1, 3, handle_delete_topics),
+    CREATE_PARTITIONS: (0, 3, handle_create_partitions),
 }

@@ -1,11 +1,12 @@
-"""Durable small files: the recovery-point checkpoint and the clean-shutdown marker.
+"""Durable small files: the offset checkpoints and the clean-shutdown marker.
 
 Checkpoint format (Kafka's ``CheckpointFile``, text, one entry per line)::
 
     0                       version
     <count>
-    <topic> <partition> <offset>
-    ...
+    <topic> <partition> <offset>      the data dir's offset checkpoints (recovery point, high watermark,
+    ...                               log start offset), one line per partition
+    <epoch> <start_offset>            a partition's ``leader-epoch-checkpoint`` (leader_epoch_cache.py)
 
 Written as Kafka does: ``<file>.tmp`` is written and fsynced, renamed over ``<file>``, then the directory is
 fsynced so the rename itself survives a power cut. A reader therefore sees either the old file or the new
@@ -23,7 +24,8 @@ from pathlib import Path
 from . import blocking
 from ._failpoints import failpoint
 
-__all__ = ["write_checkpoint", "read_checkpoint", "fsync_directory", "write_marker", "remove_marker"]
+__all__ = ["write_checkpoint", "read_checkpoint", "write_entries", "read_entries", "fsync_directory", "write_marker",
+           "remove_marker"]
 
 log = logging.getLogger("copyless.storage")
 _VERSION = 0
@@ -41,10 +43,16 @@ def fsync_directory(directory) -> None:
 
 def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
     """Atomically replace ``path`` with ``entries``. Blocking (fsync x2): worker thread or shutdown only."""
+    write_entries(path, [(topic, partition, offset) for (topic, partition), offset in sorted(entries.items())])
+
+
+def write_entries(path: Path, entries: list[tuple]) -> None:
+    """Atomically replace ``path`` with a checkpoint of ``entries`` (each a tuple of fields, written
+    space-separated). Blocking (fsync x2): worker thread or shutdown only."""
     blocking.check("writing a checkpoint")
     tmp = path.with_name(path.name + ".tmp")
     lines = [str(_VERSION), str(len(entries))]
-    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(entries.items())]
+    lines += [" ".join(str(field) for field in entry) for entry in entries]
     data = ("\n".join(lines) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -67,23 +75,40 @@ def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
     fsync_directory(path.parent)
 
 
-def read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
-    """The entries of ``path``; {} when missing or malformed (logged)."""
+def read_entries(path: Path) -> list[str] | None:
+    """The entry lines of the checkpoint at ``path``: None when the file is missing.
+
+    Raises:
+        ValueError: the file is not a version-0 checkpoint or its count does not match its lines.
+    """
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return {}
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0] != str(_VERSION):
+        raise ValueError(f"version {lines[0] if lines else '(empty file)'}")
+    if len(lines) < 2:
+        raise ValueError("no count line")
+    count = int(lines[1])
+    entries = lines[2 : 2 + count]
+    if len(entries) != count or any(line.strip() for line in lines[2 + count :]):
+        raise ValueError(f"{len(entries)} entries, header says {count}")
+    return entries
+
+
+def read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    """The entries of ``path``; {} when missing or malformed (logged)."""
     try:
-        lines = text.splitlines()
-        if int(lines[0]) != _VERSION:
-            raise ValueError(f"version {lines[0]}")
-        count = int(lines[1])
+        lines = read_entries(path)
+        if lines is None:
+            return {}
         entries = {}
-        for line in lines[2 : 2 + count]:
+        for line in lines:
             topic, partition, offset = line.rsplit(" ", 2)
             entries[(topic, int(partition))] = int(offset)
-        if len(entries) != count:
-            raise ValueError(f"{len(entries)} entries, header says {count}")
+        if len(entries) != len(lines):
+            raise ValueError(f"{len(lines)} lines, {len(entries)} distinct partitions")
         return entries
     except (ValueError, IndexError) as exc:
         log.warning("ignoring malformed checkpoint %s: %s", path, exc)

@@ -9,8 +9,11 @@
                                                           of a roll; renamed to its base offset by the io
                                                           thread just after the roll (start-up adopts one
                                                           that already holds batches, removes the others)
+        leader-epoch-checkpoint                           (epoch, start offset) entries: leader_epoch_cache.py
     <data_dir>/<topic>-<partition>.<token>-delete/        a deleted partition, removed in the background
-    <data_dir>/recovery-point-offset-checkpoint           see checkpoint.py
+    <data_dir>/recovery-point-offset-checkpoint           per partition: recovery starts here (checkpoint.py)
+    <data_dir>/high-watermark-checkpoint                  per partition: the last high watermark written
+    <data_dir>/log-start-offset-checkpoint                per partition: the log start offset (DeleteRecords)
     <data_dir>/.copyless_cleanshutdown                    present only after a clean shutdown
 """
 
@@ -26,6 +29,9 @@ DELETED_SUFFIX = ".deleted"
 DELETE_DIR_SUFFIX = "-delete"
 PREPARED_PREFIX = "prepared"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".copyless_cleanshutdown"
 LOCK_FILE = ".lock"
 

@@ -12,9 +12,16 @@ tuple they read, pinning a segment before touching its fd.
 
 Positions and offsets::
 
-    log_start_offset <= flushed_offset <= high_watermark == log_end_offset     (single node)
+    log_start_offset <= high_watermark <= log_end_offset
+    log_start_offset <= flushed_offset <= log_end_offset
     recovery_point = flushed_offset, held back to the base of a rolled segment until its seal (trim + index
                      fdatasync) is done: recovery rescans from the segment holding it.
+
+The high watermark is replication's (the partition layer sets it: on a single node, to the log end after
+each append); the log keeps it so it survives a restart (the data dir's ``high-watermark-checkpoint``,
+written by LogManager) and reports it with each read. ``leader_epochs`` (leader_epoch_cache.py) records the
+leader epoch of each stretch of the log; its file covers every batch below the recovery point: each flush
+and seal writes it (when it changed) before the recovery point moves.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from copyless.client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_batches, iter_record_timestamps
+from copyless.client.protocol.records import (
+    LOG_OVERHEAD,
+    BatchHeader,
+    InvalidBatchError,
+    iter_batches,
+    iter_record_timestamps,
+    validate_batch,
+)
 
 from . import filenames
 from . import segment as segment_module
@@ -38,11 +52,14 @@ from . import blocking
 from .background import Background
 from .checkpoint import fsync_directory
 from .config import LogConfig
-from .errors import AppendNotReady, OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
+from .errors import (AppendNotReady, OffsetOutOfRangeError, StorageError, UnexpectedAppendOffsetError, free_bytes,
+                     storage_error_from)
 from .file_slice import FileSlice
+from .leader_epoch_cache import LeaderEpochCache
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
+from .truncation import TruncationMixin
 
-__all__ = ["PartitionLog", "AppendResult", "ReadResult", "LoadStats"]
+__all__ = ["PartitionLog", "AppendResult", "FollowerAppend", "ReadResult", "LoadStats"]
 
 log = logging.getLogger("copyless.storage")
 
@@ -85,6 +102,12 @@ class AppendResult(NamedTuple):
     log_start_offset: int
 
 
+class FollowerAppend(NamedTuple):
+    first_offset: int
+    last_offset: int  # first_offset - 1 when nothing was appended
+    headers: list[tuple[int, BatchHeader]]  # (base offset, header) of each appended batch
+
+
 class ReadResult(NamedTuple):
     slice: FileSlice | None
     high_watermark: int
@@ -100,8 +123,9 @@ class LoadStats(NamedTuple):
     seconds: float
 
 
-class PartitionLog:
-    """One partition's log. See the module docstring for the threading rules."""
+class PartitionLog(TruncationMixin):
+    """One partition's log. See the module docstring for the threading rules; truncation is in
+    truncation.py."""
 
     def __init__(self, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
                  segments: list[Segment]) -> None:
@@ -117,6 +141,15 @@ class PartitionLog:
         self.log_start_offset = segments[0].base_offset
         self.log_end_offset = self._active.next_offset
         self.flushed_offset = self.log_end_offset
+        # Replication's committed end (set_high_watermark, loop thread); load() restores the checkpointed one.
+        self.high_watermark = self.log_end_offset
+        self.leader_epochs = LeaderEpochCache(directory / filenames.LEADER_EPOCH_CHECKPOINT,
+                                              schedule_flush=self._submit_flush)
+        # LogManager's writer of the data dir's offset checkpoints (blocking): truncation and DeleteRecords
+        # call it before they return, so their new offsets survive a crash. None: a log outside a manager.
+        self.checkpoint_offsets = None
+        self._truncations = 0  # bumped by each truncation: a flush that raced one does not move flushed_offset
+        self._pending_log_start: int | None = None  # a full truncation's new start, checkpointed before it cuts
         # (log_end_offset, active segment, its committed position): one tuple, replaced atomically after each
         # append, so a flush thread reads a consistent snapshot without a lock.
         self._commit_point = (self.log_end_offset, self._active, self._active.committed_position)
@@ -147,13 +180,27 @@ class PartitionLog:
     # --- properties ----------------------------------------------------------------------------------------
 
     @property
-    def high_watermark(self) -> int:
-        """Committed end; a single node commits on append, so it equals log_end_offset."""
-        return self.log_end_offset
+    def log_start_offset_to_checkpoint(self) -> int:
+        """The log start offset the data dir's checkpoint must hold: the new start of a full truncation in
+        progress (written before its segments go), else the log start offset."""
+        pending = self._pending_log_start
+        return self.log_start_offset if pending is None else pending
+
+    def set_high_watermark(self, value: int) -> None:
+        """Record replication's high watermark (loop thread, O(1)); LogManager checkpoints it in the
+        background."""
+        self.high_watermark = value
+
+    def _submit_flush(self, function) -> None:
+        """Queue ``function`` on a flush thread (the epoch cache's background writes: off the io thread, whose
+        FIFO of seals and renames they would delay). Raises RuntimeError once the executors are shut down."""
+        self._background.flush.submit(function)
 
     @property
     def recovery_point(self) -> int:
         """Everything below is durable with trimmed, synced indexes: recovery rescans from here."""
+        if self._pending_log_start is not None:
+            return self._pending_log_start  # a full truncation: the log about to start there is empty
         point = self.flushed_offset
         for segment in list(self._sealing):
             point = min(point, segment.base_offset)
@@ -176,12 +223,13 @@ class PartitionLog:
 
     # --- append (loop thread) -------------------------------------------------------------------------------
 
-    def append(self, records, *, leader_epoch: int = 0, log_append_time_ms: int | None = None) -> AppendResult:
+    def append(self, records, *, leader_epoch: int | None = 0, log_append_time_ms: int | None = None) -> AppendResult:
         """Append one or more complete, validated v2 batches; assign their offsets. Loop thread, non-blocking.
 
         The batches are copied into the active segment's map and their baseOffset (and leader epoch; with
         ``log_append_time_ms``, the LogAppendTime timestamp and CRC) rewritten there. Records are never
-        decoded.
+        decoded. A ``leader_epoch`` newer than the epoch cache's latest is recorded as starting at the first
+        batch; None keeps each batch's epoch as it is (the follower path, which records them itself).
 
         Never blocks: what a worker thread has not prepared yet (the next segment at a roll, the next step of
         blocks, zeros being written where the batches would go) makes it raise AppendNotReady instead, with
@@ -218,6 +266,11 @@ class PartitionLog:
         if self._should_roll(active, total, record_count, now):
             active = self._roll(now)
         base_offset = self.log_end_offset
+        if leader_epoch is not None and leader_epoch != self.leader_epochs.latest_epoch():
+            # Before the copy: an append that fails part-way (a roll on a full disk) leaves whole batches of
+            # this epoch behind, which the entry must cover; an entry at the log end with nothing after it
+            # is harmless (a new leader records one before its first append).
+            self.leader_epochs.assign(leader_epoch, base_offset)
         if total <= active.room_bytes:
             self._require_allocated(active, active.written_position + total, now)
             next_offset = active.append_run(view, batches, base_offset, leader_epoch, log_append_time_ms)
@@ -245,6 +298,88 @@ class PartitionLog:
             self._request_flush(None)
         return AppendResult(base_offset, next_offset - 1,
                             -1 if log_append_time_ms is None else log_append_time_ms, self.log_start_offset)
+
+    def append_as_follower(self, records) -> FollowerAppend:
+        """Append the leader's batches as they are: offsets, leader epochs and timestamps kept, nothing
+        assigned. Loop thread, non-blocking; the same single copy into the map as ``append``.
+
+        Every batch is checked first (framing, magic, CRC-32C, count), so a corrupt fetch appends nothing. A
+        trailing partial batch is left out (the next fetch starts at the new log end), as Kafka's follower
+        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset.
+
+        Returns:
+            FollowerAppend: the offsets appended and each batch's header (producer state is rebuilt from them).
+        Raises:
+            UnexpectedAppendOffsetError: the first batch does not start at ``log_end_offset``.
+            InvalidBatchError: a batch is corrupt, or the batches' offsets do not follow on one another.
+            AppendNotReady: as ``append``; ``follower_headers`` lists the batches already in (if any).
+            StorageError: as ``append`` (nothing appended, the log stays consistent).
+        """
+        if self._closed:
+            raise StorageError("log is closed", path=self.directory)
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        total = len(view)
+        headers: list[tuple[int, BatchHeader]] = []
+        position = 0
+        next_offset = self.log_end_offset
+        while position < total:
+            try:
+                header = validate_batch(view, position, limit=total)
+            except InvalidBatchError as exc:
+                if exc.reason in ("truncated header", "truncated batch"):
+                    break  # a fetch cut at its byte limit: the rest comes with the next one
+                raise
+            if not headers and header.base_offset != next_offset:
+                raise UnexpectedAppendOffsetError(header.base_offset, next_offset, f"{self.topic}-{self.partition}")
+            if header.base_offset != next_offset:
+                raise InvalidBatchError("bad offsets", f"batch at {header.base_offset} after offset {next_offset - 1}")
+            headers.append((header.base_offset, header))
+            next_offset = header.next_offset
+            position += header.size
+        first_offset = self.log_end_offset
+        if not headers:
+            return FollowerAppend(first_offset, first_offset - 1, headers)
+        try:
+            result = self.append(view[:position], leader_epoch=None)
+        except AppendNotReady as exc:
+            # Batches a roll split off before the wait are in: their epochs and headers count now.
+            appended = [] if exc.appended is None else [(b, h) for b, h in headers if b <= exc.appended[1]]
+            self._assign_epochs(appended)
+            exc.follower_headers = appended
+            raise
+        assert result.base_offset == first_offset and result.last_offset == next_offset - 1, (result, next_offset)
+        self._assign_epochs(headers)
+        return FollowerAppend(first_offset, next_offset - 1, headers)
+
+    def append_as_follower_blocking(self, records, timeout_s: float = 60.0) -> FollowerAppend:
+        """``append_as_follower``, waiting (blocking) for whatever the worker threads are preparing. For
+        callers off the event loop's thread: tests, tools."""
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        first_offset = self.log_end_offset
+        done: list[tuple[int, BatchHeader]] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result = self.append_as_follower(view)
+            except AppendNotReady as exc:
+                done += exc.follower_headers
+                if exc.appended is not None:
+                    view = view[exc.appended[2]:]
+                blocking.check("waiting for the storage's worker threads")
+                exc.ready.result(max(0.0, deadline - time.monotonic()))
+                continue
+            return FollowerAppend(first_offset, result.last_offset, done + result.headers)
+
+    def _assign_epochs(self, headers: list[tuple[int, BatchHeader]]) -> None:
+        """Record in the epoch cache each new epoch the appended batches carry, at its first batch."""
+        cache = self.leader_epochs
+        for base_offset, header in headers:
+            if header.partition_leader_epoch != cache.latest_epoch():
+                cache.assign(header.partition_leader_epoch, base_offset)
 
     def _append_split(self, view, batches, leader_epoch, log_append_time_ms, now) -> int:
         """More bytes than one whole segment: append in runs, rolling between them. A StorageError part-way
@@ -552,6 +687,7 @@ class PartitionLog:
                 segment.seal_finish()
                 fsync_directory(self.directory)
                 self._directory_durable = True
+            self.leader_epochs.flush()  # before the recovery point passes this segment (module docstring)
         except (OSError, BufferError) as exc:
             # BufferError: something still exports the map (a memoryview), so it cannot be unmapped and the
             # file must not be trimmed under it. The segment stays readable through its fd; it is left out
@@ -626,10 +762,10 @@ class PartitionLog:
         """
         if self._closed:
             raise StorageError("log is closed", path=self.directory)
-        high_watermark = self.log_end_offset
+        high_watermark = self.high_watermark
         self._check_offset(fetch_offset)
         log_start_offset = self.log_start_offset
-        if fetch_offset == high_watermark or (max_offset is not None and fetch_offset >= max_offset):
+        if fetch_offset == self.log_end_offset or (max_offset is not None and fetch_offset >= max_offset):
             return ReadResult(None, high_watermark, log_start_offset)
         segments, bases = self._segments, self._bases
         slot = max(0, bisect.bisect_right(bases, fetch_offset) - 1)
@@ -764,8 +900,12 @@ class PartitionLog:
                     return
                 self._flush_requested = False
             log_end_offset, active, committed_position = self._commit_point
+            truncations = self._truncations
             try:
                 self._flush_segments(log_end_offset, active, committed_position)
+                # The recovery point moves with the flushed offset: the epochs of what lies below it must be
+                # in the file first (a write only when they changed, which is rare).
+                self.leader_epochs.flush()
             except OSError as exc:
                 error = storage_error_from(exc, "fdatasync", self.directory)
                 log.error("%s-%d: %s", self.topic, self.partition, error)
@@ -776,7 +916,8 @@ class PartitionLog:
                 return
             self.stats["flushes"] += 1
             self._last_flush_ms = now_ms()
-            self._advance_flushed(log_end_offset)
+            if truncations == self._truncations:  # else what it synced was cut meanwhile
+                self._advance_flushed(log_end_offset)
 
     def _flush_segments(self, log_end_offset: int, active: Segment, committed_position: int) -> None:
         with self._io_lock:
@@ -846,6 +987,10 @@ class PartitionLog:
                     candidates = candidates[: number - 1]
                     break
             count = 0
+            # Segments wholly below the log start (DeleteRecords moved it past them: Kafka's
+            # deleteLogStartOffsetBreachedSegments).
+            while count < len(candidates) and segments[count + 1].base_offset <= self.log_start_offset:
+                count += 1
             if retention_ms is not None:
                 while count < len(candidates):
                     segment = candidates[count]
@@ -862,6 +1007,8 @@ class PartitionLog:
                 return 0
             doomed = segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[count].base_offset)
+            # Never below the log start (Kafka moves it the same way when the start passes it).
+            self.high_watermark = max(self.high_watermark, self.log_start_offset)
             failpoint("retention.after_log_start")
             self._segments = segments[count:]
             self._bases = self._bases[count:]
@@ -879,6 +1026,36 @@ class PartitionLog:
         log.info("%s-%d: retention removed %d segment(s); log start offset now %d", self.topic, self.partition,
                  count, self.log_start_offset)
         return count
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: raise the log start offset to ``offset`` (-1: to the high watermark). Reads below it
+        answer OFFSET_OUT_OF_RANGE and ListOffsets(earliest) answers it at once; the whole segments below it go
+        the way retention removes segments. Blocking (writes the data dir's log start checkpoint before it
+        returns, so the records do not come back after a crash): a worker thread. An offset at or below the
+        log start changes nothing.
+
+        Returns:
+            the log start offset now.
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is above the high watermark (Kafka's rule: only committed
+                records can be deleted).
+        """
+        high_watermark = self.high_watermark
+        if offset == -1:
+            offset = high_watermark
+        if offset < 0 or offset > high_watermark:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, high_watermark,
+                                        f"{self.topic}-{self.partition} (DeleteRecords beyond the high watermark)")
+        with self._lock:
+            if offset <= self.log_start_offset:
+                return self.log_start_offset
+            self.log_start_offset = offset
+        self.leader_epochs.truncate_from_start(offset)
+        if self.checkpoint_offsets is not None:
+            self.checkpoint_offsets()
+        self.run_retention()
+        log.info("%s-%d: records before offset %d deleted (DeleteRecords)", self.topic, self.partition, offset)
+        return self.log_start_offset
 
     # --- loading (start-up, blocking) ------------------------------------------------------------------------
 
@@ -904,14 +1081,47 @@ class PartitionLog:
 
     @classmethod
     def load(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background, *,
-             clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
+             clean: bool, recovery_point: int, high_watermark: int | None = None,
+             log_start_offset: int | None = None) -> tuple["PartitionLog", LoadStats]:
         """Open an existing log directory (blocking, start-up).
 
         Clean: trust files and indexes (cheap sanity checks; a segment failing them is recovered). Unclean:
         rescan every segment from the one holding ``recovery_point``, truncating at the first torn or corrupt
         batch, removing later segments and rebuilding indexes; then fdatasync what was recovered so the
-        recovery point can be the log end.
+        recovery point can be the log end. The leader epoch cache is loaded and made to agree with the log
+        (its file's entries past the log end dropped, the batches from the recovery point scanned again), and
+        the checkpointed ``high_watermark`` restored (None: the log start), clamped to the log. A checkpointed
+        ``log_start_offset`` above the first segment's base is the log start (DeleteRecords); above the log
+        end, the log is emptied and restarted there (a full truncation a crash interrupted, Kafka's rule).
         """
+        log_, stats = cls._load_segments(topic, partition, directory, config, background, clean=clean,
+                                         recovery_point=max(recovery_point, log_start_offset or 0))
+        if log_start_offset is not None and log_start_offset > log_.log_start_offset:
+            if log_start_offset > log_.log_end_offset:
+                log.warning("%s: the log ends at %d, below its checkpointed start %d: restarting it there",
+                            directory, log_.log_end_offset, log_start_offset)
+                log_.truncate_fully_and_start_at(log_start_offset)
+            else:
+                log_.log_start_offset = log_start_offset
+        log_._restore_replication_state(rescan_from=None if clean else recovery_point,
+                                        high_watermark=high_watermark)
+        return log_, stats
+
+    def _restore_replication_state(self, *, rescan_from: int | None, high_watermark: int | None) -> None:
+        """Start-up, after the segments are loaded: the epoch cache and the high watermark. Blocking."""
+        cache = self.leader_epochs
+        cache.restore(self.batch_headers, log_start_offset=self.log_start_offset,
+                      log_end_offset=self.log_end_offset, rescan_from=rescan_from)
+        if self.log_end_offset == self.log_start_offset:
+            cache.clear()
+        # Written now: the recovery point written after an unclean start-up is the log end.
+        cache.flush()
+        start, end = self.log_start_offset, self.log_end_offset
+        self.high_watermark = min(max(start if high_watermark is None else high_watermark, start), end)
+
+    @classmethod
+    def _load_segments(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
+                       *, clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
         started = time.perf_counter()
         bases = cls._clean_directory(directory)
         if not bases:
@@ -1054,6 +1264,12 @@ class PartitionLog:
                     sync_data(segment.fd)
                     segment.flushed_position = segment.committed_position
             fsync_directory(self.directory)
+        try:
+            self.leader_epochs.flush()
+        except OSError as exc:
+            # The file then lags the log: start-up notices (the last batch's epoch is not the latest entry's)
+            # and rebuilds it from the batches.
+            log.warning("%s-%d: writing the leader epoch checkpoint failed: %s", self.topic, self.partition, exc)
         self._advance_flushed(self.log_end_offset)
         with self._lock:
             self._sealing.clear()

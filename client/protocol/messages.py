@@ -15,7 +15,7 @@ Why Produce and Fetch are written by hand:
   records, which ``fetch_records.PartitionRecords`` then parses lazily.
 
 Versions (non-flexible, accepted by Kafka 2.x-4.x and by copyless; see the protocol reference §1.4):
-Produce 7 (zstd needs >= 7), Fetch 11, Metadata 5, ListOffsets 2, FindCoordinator 1, JoinGroup 5,
+Produce 7 (zstd needs >= 7), Fetch 11, Metadata 8 (5 for brokers without it), ListOffsets 4, FindCoordinator 1, JoinGroup 5,
 SyncGroup 3, Heartbeat 1, LeaveGroup 1, OffsetCommit 3, OffsetFetch 3, CreateTopics 3, DeleteTopics 3,
 InitProducerId 1, ApiVersions 0.
 """
@@ -66,8 +66,8 @@ class ApiKey:
 API_VERSIONS = {
     ApiKey.PRODUCE: 7,
     ApiKey.FETCH: 11,
-    ApiKey.LIST_OFFSETS: 2,
-    ApiKey.METADATA: 5,
+    ApiKey.LIST_OFFSETS: 4,
+    ApiKey.METADATA: 8,
     ApiKey.OFFSET_COMMIT: 3,
     ApiKey.OFFSET_FETCH: 3,
     ApiKey.FIND_COORDINATOR: 1,
@@ -113,14 +113,19 @@ def encode_kio(request) -> bytes:
     return out.getvalue()
 
 
-def kio_decoder(response_cls):
-    """A function ``(frame, offset) -> response entity`` for a kio response class."""
+def kio_decoder(response_cls, *, skip_tagged_header: bool = False):
+    """A function ``(frame, offset) -> response entity`` for a kio response class.
+
+    ``skip_tagged_header``: the response header is v1 (flexible APIs): an empty tagged-field section, one
+    byte, follows the correlation id.
+    """
     reader = _READERS.get(response_cls)
     if reader is None:
         reader = _READERS[response_cls] = entity_reader(response_cls)
+    extra = 1 if skip_tagged_header else 0
 
     def decode(frame, offset: int = 0):
-        return reader(frame, offset)[0]
+        return reader(frame, offset + extra)[0]
 
     return decode
 
@@ -193,6 +198,7 @@ class FetchPartition(NamedTuple):
     partition: int
     fetch_offset: int
     partition_max_bytes: int
+    current_leader_epoch: int = -1  # KIP-320: the leader epoch the client knows (-1: no check)
 
 
 def encode_fetch_request(
@@ -212,8 +218,10 @@ def encode_fetch_request(
         out += _string(topic)
         out += _I32.pack(len(items))
         for item in items:
-            # partition, current_leader_epoch (-1: unknown), fetch_offset, log_start_offset (-1), max bytes
-            out += struct.pack(">iiqqi", item.partition, -1, item.fetch_offset, -1, item.partition_max_bytes)
+            # partition, current_leader_epoch, fetch_offset, log_start_offset (-1), max bytes
+            out += struct.pack(
+                ">iiqqi", item.partition, item.current_leader_epoch, item.fetch_offset, -1, item.partition_max_bytes
+            )
     out += _I32.pack(0)  # forgotten_topics_data
     out += _string("")  # rack_id
     return bytes(out)

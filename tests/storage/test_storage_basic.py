@@ -31,7 +31,11 @@ def test_offsets_are_assigned_contiguously_and_batches_stay_valid(manager_factor
     second = partition_log.append_blocking(build_batch([b"d"], [4]), leader_epoch=7)
     assert (first.base_offset, first.last_offset, first.log_append_time_ms) == (0, 2, -1)
     assert (second.base_offset, second.last_offset) == (3, 3)
-    assert partition_log.log_end_offset == partition_log.high_watermark == 4
+    assert partition_log.log_end_offset == 4
+    # The high watermark is replication's: the log reports what the partition layer last set.
+    assert partition_log.high_watermark == 0
+    partition_log.set_high_watermark(4)
+    assert partition_log.high_watermark == 4 and partition_log.leader_epochs.entries() == [(0, 0), (7, 3)]
     result = partition_log.read(0, 1 << 20)
     with result.slice as region:
         data = region.read_bytes()
@@ -83,6 +87,7 @@ def test_read_follows_kafka_fetch_rules(manager_factory):
         partition_log.append_blocking(batch)
     # Starts at the batch holding the offset and ends on a batch boundary within max_bytes: Kafka would
     # send 10 bytes of batch 3 that the client drops.
+    partition_log.set_high_watermark(5)
     result = partition_log.read(2, sizes[2] + 10)
     assert isinstance(result.slice, FileSlice) and result.slice.length == sizes[2]
     assert result.high_watermark == 5 and result.log_start_offset == 0

@@ -10,6 +10,7 @@ hand these out.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -284,6 +285,22 @@ class BrokerProcess:
                         pass
             latest = fields
         return latest
+
+    def stats_json(self, timeout_s: float = 10.0) -> dict:
+        """The broker's counters now: SIGUSR1 makes it print one ``stats-json {...}`` line, which this
+        waits for and parses."""
+        self.require_process("asking the broker for its counters")
+        assert self.process is not None
+        offset = self.log_size()
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in reversed(self.log_since(offset).splitlines()):
+                if line.startswith("stats-json "):
+                    return json.loads(line[len("stats-json "):])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no stats-json line within {timeout_s:g} s of SIGUSR1:\n{self.log_tail()}")
+            time.sleep(0.05)
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path is not None and self.log_path.exists() else 0

@@ -5,6 +5,10 @@ ports, all on one etcd (a private root per cluster), with helpers to read the cl
 leader epoch, replicas and ISR), as a client would; ``wait_until`` from ``tests.support.polling`` waits for
 a state with a deadline. Brokers are ``BrokerProcess`` objects: kill -9, SIGTERM, SIGSTOP/SIGCONT and
 restart on the same port work as for a single broker.
+
+Given a ``NetLab`` (``tests.support.netns``), each broker runs on a host of its own, ``b<node id>``, listening
+on that host's address and port 9092, so the network between two brokers, or between a broker and an etcd
+on another host of the lab, can be cut and healed; the test process still reaches every broker.
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ from kio.schema.metadata.v8 import response as metadata_v8_response
 from tests.support.broker_process import TEST_BROKER_CONFIG, BrokerProcess
 from tests.support.etcd import EtcdProcess, unique_root
 from tests.support.kio_requests import KafkaWire
+from tests.support.netns import Host, NetLab
 from tests.support.polling import wait_until
+
+# Brokers on hosts of a NetLab each have an address of their own, so all listen on Kafka's port and a
+# restarted broker is found where it was.
+NETLAB_BROKER_PORT = 9092
 
 # A cluster under test detects a dead broker within its etcd lease (2 s, etcd's minimum), checks the ISR
 # every half replica.lag.time.max.ms, and rebalances leadership every few seconds, so failover tests take
@@ -56,8 +65,8 @@ class MetadataView:
 
 def read_metadata(bootstrap: str, topics: list[str] | None = None, timeout_s: float = 5.0) -> MetadataView:
     """Metadata v8 from one broker (None: every topic). Raises OSError when it cannot be reached."""
-    _host, port = bootstrap.rsplit(":", 1)
-    wire = KafkaWire(int(port))
+    host, port = bootstrap.rsplit(":", 1)
+    wire = KafkaWire(int(port), host=host)
     try:
         wire.sock.settimeout(timeout_s)
         request = metadata_v8.MetadataRequest(
@@ -80,25 +89,36 @@ def read_metadata(bootstrap: str, topics: list[str] | None = None, timeout_s: fl
 
 
 class Cluster:
-    """``size`` brokers (node ids 1..size) on ``etcd`` under a fresh root. Start with ``start()``."""
+    """``size`` brokers (node ids 1..size) on ``etcd`` under a fresh root, each on a host of ``lab`` when
+    given (see the module docstring). Start with ``start()``."""
 
     def __init__(self, workdir: Path, etcd: EtcdProcess, size: int = 3, *, config: dict | None = None,
-                 extra_args: tuple[str, ...] = (), root: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), root: str | None = None, lab: NetLab | None = None) -> None:
         self.workdir = Path(workdir)
         self.etcd = etcd
         self.root = root or unique_root()
         self.url = etcd.url(self.root)
         self.config = {**CLUSTER_TEST_CONFIG, **(config or {})}
+        self.lab = lab
+        self.hosts: dict[int, Host] = {}
         self.brokers: dict[int, BrokerProcess] = {}
         for node_id in range(1, size + 1):
+            placement = {}
+            if lab is not None:
+                host = self.hosts[node_id] = lab.add_host(f"b{node_id}")
+                placement = dict(wrapper=tuple(lab.command(host, [])), listen_host=host.address)
             self.brokers[node_id] = BrokerProcess(
                 data_dir=self.workdir / f"broker{node_id}" / "data", log_path=self.workdir / f"broker{node_id}" / "broker.log",
                 config=dict(self.config),
-                extra_args=("--node-id", str(node_id), "--metadata", self.url, *extra_args))
+                extra_args=("--node-id", str(node_id), "--metadata", self.url, *extra_args), **placement)
+
+    @property
+    def start_port(self) -> int:
+        return NETLAB_BROKER_PORT if self.lab is not None else 0
 
     def start(self) -> "Cluster":
         for broker in self.brokers.values():
-            broker.start()
+            broker.start(port=self.start_port)
         wait_until(lambda: len(self.metadata().brokers) == len(self.brokers) and self.metadata().controller_id > 0,
                    what=f"{len(self.brokers)} brokers registered and a controller elected", timeout_s=30)
         return self
@@ -132,6 +152,19 @@ class Cluster:
             except (OSError, socket.timeout, struct.error) as exc:
                 last = exc
         raise OSError(f"no broker answered Metadata: {last}")
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int, *, via: list[int] | None = None,
+                     configs: dict[str, str] | None = None) -> dict[int, PartitionView]:
+        """CreateTopics through librdkafka's admin client (bootstrapping on brokers ``via``, else every live
+        one), then wait for every partition to have a live leader; returns the partitions."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        bootstrap = ",".join(self.brokers[n].bootstrap for n in via) if via else self.bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=dict(configs or {}))],
+                                      operation_timeout=20)
+        futures[name].result(30)
+        return self.wait_for_leaders(name, partitions)
 
     def leader_of(self, topic: str, partition: int = 0) -> int:
         return self.metadata([topic]).topics[topic][partition].leader

@@ -39,9 +39,9 @@ def create_topic(client, name: str, partitions: int = 1, configs=()):
     return response.topics[0]
 
 
-def produce(client, topic: str, records_by_partition: dict, acks: int = 1, module=produce_v8):
+def produce(client, topic: str, records_by_partition: dict, acks: int = 1, module=produce_v8, timeout_ms: int = 5000):
     request = module.ProduceRequest(
-        transactional_id=None, acks=acks, timeout=5000 * MS,
+        transactional_id=None, acks=acks, timeout=timeout_ms * MS,
         topic_data=(
             module.TopicProduceData(
                 name=topic,
@@ -89,8 +89,8 @@ def list_offsets(client, topic: str, timestamp: int, partition: int = 0):
 class KafkaWire:
     """A blocking Kafka-protocol client: kio entities in, kio entities out (response header v0)."""
 
-    def __init__(self, port: int, client_id: str = "wire-test") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    def __init__(self, port: int, client_id: str = "wire-test", host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=30)
         self.client_id = client_id.encode()
         self.correlation_id = 0
 

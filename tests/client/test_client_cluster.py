@@ -1,0 +1,153 @@
+"""The client against a real three-broker cluster (real etcd, ``copyless serve`` processes): a broker leading
+partitions is killed with kill -9 while the idempotent acks=all ``Producer`` writes to every partition,
+and every acknowledged record is read back exactly once by the ``Consumer``, at the offset it was
+acknowledged with. With replication factor 1 the partitions of the dead broker wait for it to restart on
+its port (the producer holds their batches, retrying, within delivery_timeout_ms); with replication factor
+3 a follower takes over and the producer follows the new leader."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+import pytest
+
+from copyless.client import Admin, Consumer, Producer, TopicPartition
+from tests.support.cluster import Cluster
+from tests.support.etcd import EtcdProcess, require_etcd
+from tests.support.topics import unique_topic
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    require_etcd()
+    server = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path):
+    cluster = Cluster(tmp_path / "cluster", etcd, 3).start()
+    yield cluster
+    cluster.stop()
+
+
+def run(coroutine):
+    import uvloop
+
+    return uvloop.run(coroutine)
+
+
+async def _produce_through(cluster: Cluster, topic: str, partitions: int, count: int, fault, *,
+                           at: int) -> tuple[dict, list, int]:
+    """Send ``count`` records round-robin over the partitions, calling ``fault()`` (in a thread) after
+    ``at`` of them; returns ({(partition, offset): value} acknowledged, failures, retries)."""
+    acknowledged: dict = {}
+    failures: list = []
+    async with Producer(cluster.bootstrap, linger_ms=2, batch_size=16 * 1024, retry_backoff_ms=50,
+                        delivery_timeout_ms=90_000, request_timeout_ms=10_000) as producer:
+        deliveries = []
+        fault_task = None
+        for i in range(count):
+            value = f"r{i:06d}".encode()
+            deliveries.append((await producer.send(topic, value, partition=i % partitions), value))
+            if i == at:
+                fault_task = asyncio.create_task(asyncio.to_thread(fault))
+            if i % 100 == 0:
+                await asyncio.sleep(0.01)  # a steady stream across the failure, not one burst
+        await producer.flush()
+        if fault_task is not None:
+            await fault_task
+        for delivery, value in deliveries:
+            try:
+                metadata = await delivery
+            except Exception as exc:  # noqa: BLE001 - the test asserts there are none
+                failures.append(exc)
+                continue
+            acknowledged[(metadata.partition, metadata.offset)] = value
+        retries = producer.stats["retries"]
+    return acknowledged, failures, retries
+
+
+async def _read_all(bootstrap: str, topic: str, partitions: int, expected: int) -> list:
+    consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        out = []
+        deadline = time.monotonic() + 90
+        while len(out) < expected:
+            assert time.monotonic() < deadline, f"only {len(out)} of {expected} records came back"
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(records)
+        for records in (await consumer.getmany(timeout_ms=500)).values():
+            out.extend(records)
+        return out
+    finally:
+        await consumer.close()
+
+
+def _assert_exactly_once(acknowledged: dict, records: list) -> None:
+    seen = collections.Counter((r.partition, r.offset) for r in records)
+    assert not [k for k, n in seen.items() if n > 1], "a record was handed out twice"
+    stored = {(r.partition, r.offset): r.value for r in records}
+    wrong = {k: v for k, v in acknowledged.items() if stored.get(k) != v}
+    assert not wrong, f"{len(wrong)} acknowledged records missing or different, e.g. {list(wrong.items())[:3]}"
+    duplicated = [v for v, n in collections.Counter(stored.values()).items() if n > 1]
+    assert not duplicated, f"values written twice: {duplicated[:5]}"
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_and_restarted_broker_loses_no_acknowledged_record_replication_factor_1(cluster):
+    topic = unique_topic("rf1")
+    partitions = 6
+
+    async def scenario():
+        async with Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([topic], num_partitions=partitions, replication_factor=1)
+        leaders = cluster.wait_for_leaders(topic, partitions)
+        victim = cluster.brokers[leaders[0].leader]
+        assert len({p.leader for p in leaders.values()}) > 1, "the partitions did not spread over brokers"
+
+        def kill_and_restart():
+            victim.kill()
+            time.sleep(1.5)  # the producer meanwhile finds the connection gone and retries
+            victim.start(port=victim.port)
+
+        acknowledged, failures, retries = await _produce_through(cluster, topic, partitions, 12_000,
+                                                                 kill_and_restart, at=3_000)
+        return acknowledged, failures, retries, await _read_all(cluster.bootstrap, topic, partitions, 12_000)
+
+    acknowledged, failures, retries, records = run(scenario())
+    assert not failures, failures[:3]
+    assert len(acknowledged) == 12_000
+    assert retries > 0, "no batch was retried: the kill did not reach the producer"
+    _assert_exactly_once(acknowledged, records)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_leader_moves_and_the_producer_follows_it_replication_factor_3(cluster):
+    topic = unique_topic("rf3")
+    partitions = 3
+
+    async def scenario():
+        async with Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([topic], num_partitions=partitions, replication_factor=3,
+                                      configs={"min.insync.replicas": "2"})
+        before = cluster.wait_for_isr(topic, partitions, 3)
+        victim = before[0].leader
+
+        acknowledged, failures, retries = await _produce_through(
+            cluster, topic, partitions, 12_000, cluster.brokers[victim].kill, at=3_000)
+        after = cluster.wait_for_leaders(topic, partitions, excluding={victim})
+        records = await _read_all(cluster.bootstrap, topic, partitions, 12_000)
+        return before, after, victim, acknowledged, failures, retries, records
+
+    before, after, victim, acknowledged, failures, retries, records = run(scenario())
+    assert after[0].leader != victim and after[0].leader_epoch > before[0].leader_epoch
+    assert not failures, failures[:3]
+    assert len(acknowledged) == 12_000
+    assert retries > 0, "no batch was retried: the kill did not reach the producer"
+    _assert_exactly_once(acknowledged, records)

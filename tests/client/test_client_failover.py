@@ -1,0 +1,187 @@
+"""The client when the network or a broker fails: connections reset mid-request (through a proxy that cuts
+them), and a broker of a real three-broker cluster killed with kill -9 while an idempotent acks=all
+producer writes to it. The invariant throughout: every acknowledged record is read back exactly once, at
+the offset it was acknowledged with; and metadata never goes back to an older leader epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import time
+
+import pytest
+from kio.schema.metadata.v8 import response as metadata_v8
+
+from copyless.client import Admin, Consumer, Producer, TopicPartition
+from copyless.client.cluster import Metadata
+from tests.support.proxy import CuttingProxy
+from tests.support.topics import unique_topic
+
+
+def run(coroutine):
+    import uvloop
+
+    return uvloop.run(coroutine)
+
+
+# --- metadata: leader epochs only move forward ------------------------------------------------------------
+
+
+def _metadata_response(leader: int, epoch: int, topic: str = "t") -> metadata_v8.MetadataResponse:
+    brokers = tuple(
+        metadata_v8.MetadataResponseBroker(node_id=n, host="127.0.0.1", port=9000 + n, rack=None) for n in (1, 2, 3)
+    )
+    partition = metadata_v8.MetadataResponsePartition(
+        error_code=0, partition_index=0, leader_id=leader, leader_epoch=epoch, replica_nodes=(1, 2, 3),
+        isr_nodes=(1, 2, 3), offline_replicas=())
+    return metadata_v8.MetadataResponse(
+        throttle_time=datetime.timedelta(0),
+        brokers=brokers, cluster_id="c", controller_id=1,
+        topics=(metadata_v8.MetadataResponseTopic(error_code=0, name=topic, is_internal=False,
+                                                  partitions=(partition,), topic_authorized_operations=-2147483648),),
+        cluster_authorized_operations=-2147483648)
+
+
+def test_metadata_keeps_the_newest_leader_epoch_against_a_lagging_broker():
+    metadata = Metadata()
+    assert metadata.update(_metadata_response(leader=1, epoch=4)) == set()
+    assert (metadata.leader("t", 0), metadata.leader_epoch("t", 0)) == (1, 4)
+    # A broker that has seen the failover answers with the new leader at a higher epoch...
+    metadata.update(_metadata_response(leader=2, epoch=5))
+    assert (metadata.leader("t", 0), metadata.leader_epoch("t", 0)) == (2, 5)
+    # ...and one that has not still names the old leader: that answer is stale and ignored for the partition.
+    assert metadata.update(_metadata_response(leader=1, epoch=4)) == {"t"}
+    assert (metadata.leader("t", 0), metadata.leader_epoch("t", 0)) == (2, 5)
+    # The same epoch is accepted (ISR changes do not bump the leader epoch).
+    assert metadata.update(_metadata_response(leader=2, epoch=5)) == set()
+    # Brokers and controller still come from the newest answer.
+    assert set(metadata.brokers) == {1, 2, 3}
+
+
+# --- connections reset mid-request ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxied_broker(broker_factory):
+    proxy = CuttingProxy()
+    broker = broker_factory(extra_args=("--advertise", proxy.address))
+    proxy.start(("127.0.0.1", broker.port))
+    yield proxy, broker
+    proxy.close()
+
+
+async def _cut_every(proxy: CuttingProxy, interval_s: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(interval_s)
+        await asyncio.to_thread(proxy.cut)
+
+
+async def _read_back(bootstrap: str, topic: str, partitions: int, expected: int, **options) -> list:
+    consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", **options)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        out = []
+        deadline = time.monotonic() + 90
+        while len(out) < expected:
+            assert time.monotonic() < deadline, f"only {len(out)} of {expected} records came back"
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(records)
+        for records in (await consumer.getmany(timeout_ms=500)).values():
+            out.extend(records)
+        return out
+    finally:
+        await consumer.close()
+
+
+def _assert_exactly_once(acknowledged: dict, records: list) -> None:
+    """``acknowledged``: {(partition, offset): value}. Every one read back once, nothing else read."""
+    seen = collections.Counter((r.partition, r.offset) for r in records)
+    assert not [k for k, n in seen.items() if n > 1], "a record was read twice"
+    stored = {(r.partition, r.offset): r.value for r in records}
+    missing = {k: v for k, v in acknowledged.items() if stored.get(k) != v}
+    assert not missing, f"{len(missing)} acknowledged records missing or different, e.g. {list(missing.items())[:3]}"
+    # Nothing was written twice: the idempotent producer's retries were deduplicated by the broker.
+    values = collections.Counter(stored.values())
+    assert not [v for v, n in values.items() if n > 1], "a value was written twice"
+
+
+@pytest.mark.timeout(180)
+def test_idempotent_producer_and_consumer_through_connections_cut_every_200_ms(proxied_broker):
+    proxy, _broker = proxied_broker
+    topic = unique_topic("cut")
+
+    async def scenario():
+        async with Admin(proxy.address) as admin:
+            await admin.create_topics([topic], num_partitions=3)
+        stop = asyncio.Event()
+        cutter = asyncio.create_task(_cut_every(proxy, 0.2, stop))
+        acknowledged: dict = {}
+        failures = []
+        async with Producer(proxy.address, linger_ms=2, batch_size=16 * 1024, retry_backoff_ms=20) as producer:
+            deliveries = []
+            for i in range(20_000):
+                deliveries.append((await producer.send(topic, f"v{i:06d}".encode() * 4), f"v{i:06d}".encode() * 4))
+                if i % 200 == 0:
+                    await asyncio.sleep(0.005)  # a steady stream over several cuts
+            await producer.flush()
+            for delivery, value in deliveries:
+                try:
+                    metadata = await delivery
+                except Exception as exc:  # noqa: BLE001 - counted below: there must be none
+                    failures.append(exc)
+                    continue
+                acknowledged[(metadata.partition, metadata.offset)] = value
+            retries = producer.stats["retries"]
+        assert not failures, failures[:3]
+        assert len(acknowledged) == 20_000
+        records = await _read_back(proxy.address, topic, 3, 20_000, fetch_max_wait_ms=100)
+        stop.set()
+        await cutter
+        return acknowledged, records, retries
+
+    acknowledged, records, retries = run(scenario())
+    assert proxy.cuts >= 5, "the proxy cut too few connections for the test to mean anything"
+    assert retries > 0, "no produce request was ever retried: the cuts missed the producer"
+    _assert_exactly_once(acknowledged, records)
+
+
+@pytest.mark.timeout(180)
+def test_group_commits_survive_cut_connections(proxied_broker):
+    proxy, _broker = proxied_broker
+    topic = unique_topic("cutgroup")
+    group = unique_topic("g")
+
+    async def scenario():
+        async with Admin(proxy.address) as admin:
+            await admin.create_topics([topic], num_partitions=2)
+        async with Producer(proxy.address) as producer:
+            for i in range(3000):
+                await producer.send(topic, b"%d" % i, partition=i % 2)
+            await producer.flush()
+        stop = asyncio.Event()
+        cutter = asyncio.create_task(_cut_every(proxy, 0.3, stop))
+        consumer = Consumer(topic, bootstrap_servers=proxy.address, group_id=group, auto_offset_reset="earliest",
+                            enable_auto_commit=False, heartbeat_interval_ms=200, session_timeout_ms=10_000)
+        await consumer.start()
+        received = set()
+        try:
+            deadline = time.monotonic() + 90
+            while len(received) < 3000:
+                assert time.monotonic() < deadline, f"{len(received)} of 3000 records"
+                batch = await consumer.getmany(timeout_ms=300, max_records=100)
+                for records in batch.values():
+                    received.update((r.partition, r.offset) for r in records)
+                if batch:
+                    await consumer.commit()  # retried through lost connections and coordinator lookups
+            stop.set()
+            await cutter
+            committed = {p: await consumer.committed(TopicPartition(topic, p)) for p in (0, 1)}
+        finally:
+            await consumer.close()
+        return received, committed
+
+    received, committed = run(scenario())
+    assert received == {(i % 2, i // 2) for i in range(3000)}
+    assert committed == {0: 1500, 1: 1500}
