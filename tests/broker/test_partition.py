@@ -81,8 +81,12 @@ def make(isr=(LEADER, F1, F2), epoch=3, lease=lambda: True):
     return partition, clock
 
 
+async def append_async(partition: Partition, count: int = 1, acks: int = -1):
+    return await partition.append_as_leader(count, SimpleNamespace(), acks=acks)
+
+
 def append(partition: Partition, count: int = 1, acks: int = -1):
-    return partition.append_as_leader(count, SimpleNamespace(), acks=acks)
+    return asyncio.run(append_async(partition, count, acks))
 
 
 def test_a_new_leader_records_its_epoch_at_the_log_end():
@@ -185,7 +189,7 @@ def test_acks_all_below_min_insync_replicas_is_refused_before_appending():
 def test_acks_all_completes_when_the_high_watermark_passes_the_batch():
     async def scenario():
         partition, _ = make()
-        info = append(partition, 2)
+        info = await append_async(partition, 2)
         waiting = asyncio.ensure_future(partition.wait_replicated(info.last_offset + 1, 5, partition.leader_epoch))
         await asyncio.sleep(0)
         partition.update_follower_fetch_state(F1, 2)
@@ -200,7 +204,7 @@ def test_acks_all_completes_when_the_high_watermark_passes_the_batch():
 def test_acks_all_times_out_with_the_requests_timeout():
     async def scenario():
         partition, _ = make()
-        info = append(partition, 1)
+        info = await append_async(partition, 1)
         with pytest.raises(RequestTimedOut):
             await partition.wait_replicated(info.last_offset + 1, 0.05, partition.leader_epoch)
 
@@ -210,7 +214,7 @@ def test_acks_all_times_out_with_the_requests_timeout():
 def test_a_write_waiting_when_leadership_moves_is_never_acknowledged_even_if_regained():
     async def scenario():
         partition, _ = make(epoch=3)
-        info = append(partition, 1)
+        info = await append_async(partition, 1)
         waiting = asyncio.ensure_future(partition.wait_replicated(info.last_offset + 1, 5, 3))
         await asyncio.sleep(0)
         # Deposed, then (after truncating, in real life) elected again at a later epoch; the high watermark
