@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -174,10 +175,26 @@ def remove_leftovers() -> list[str]:
     return removed
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Host ports for published listeners come from below Linux's ephemeral range (32768-60999 by default): a port
+# picked there by binding port 0 was taken, while its broker was killed, by another process's outgoing
+# connection or port-0 listener, and `docker start` then failed with "address already in use" (seen here).
+PUBLISHED_PORTS = range(20000, 32000)
+
+
+def free_port(exclude=()) -> int:
+    """A port in PUBLISHED_PORTS, not in ``exclude``, free on the host's loopback now (random, so parallel runs
+    differ)."""
+    for _ in range(200):
+        port = random.choice(PUBLISHED_PORTS)
+        if port in exclude:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise DockerError(f"no free port in {PUBLISHED_PORTS.start}-{PUBLISHED_PORTS.stop - 1} after 200 tries")
 
 
 # ---- a compose project ----------------------------------------------------------------------------------------
@@ -209,7 +226,8 @@ class ComposeProject:
     def __post_init__(self) -> None:
         if not self.ports:
             services = ("copyless",) if self.kind == "single" else ("broker1", "broker2", "broker3")
-            self.ports = {service: free_port() for service in services}
+            for service in services:
+                self.ports[service] = free_port(exclude=set(self.ports.values()))
 
     @property
     def file(self) -> Path:
