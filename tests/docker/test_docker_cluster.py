@@ -77,7 +77,7 @@ def test_cluster_from_a_clean_state(compose_project):
         node_id = int(key.rsplit("/", 1)[1])
         service = harness.broker_service(node_id)
         assert json.loads(value)["endpoints"] == {
-            "INTERNAL": f"{service}:9092",
+            "INTERNAL": f"{service}-internal:9092",
             "EXTERNAL": f"127.0.0.1:{project.ports[service]}",
         }
 
