@@ -120,7 +120,7 @@ class EtcdServer:
         self.etcd = shutil.which("etcd")
         if self.etcd is None:
             raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server etcd-client)")
-        self.workdir = workdir
+        self.workdir = workdir.resolve()  # brokers and etcd run in directories of their own
         self.client_port = ports.take()
         self.peer_port = ports.take()
         self.process: subprocess.Popen | None = None
@@ -446,6 +446,7 @@ class CopylessCluster(Cluster):
         super().__init__()
         self.name = name
         self.root = f"bench{uuid.uuid4().hex[:10]}"
+        workdir = workdir.resolve()  # each broker runs in its own directory: every path absolute
         workdir.mkdir(parents=True, exist_ok=True)
         config_path = workdir / "broker.toml"
         config_path.write_text(toml_text(config or {}))
@@ -479,6 +480,7 @@ class SingleCopyless(Cluster):
     def __init__(self, workdir: Path, ports: PortPool, *, config: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.name = "copyless single node"
+        workdir = workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         config_path = workdir / "broker.toml"
         config_path.write_text(toml_text(config or {}))
@@ -501,8 +503,8 @@ class KafkaCluster(Cluster):
 
     def __init__(self, workdir: Path, ports: PortPool, kafka_home: Path = DEFAULT_KAFKA_HOME) -> None:
         super().__init__()
-        self.workdir = workdir
-        self.kafka_home = kafka_home
+        self.workdir = workdir.resolve()
+        self.kafka_home = kafka_home.resolve()
         self.base = ports.take_block(3, span=10)
 
     @staticmethod
