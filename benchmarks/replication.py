@@ -347,6 +347,9 @@ def main(argv=None) -> dict[str, Any]:
         if use_kafka and {"failover", "produce", "latency"} & set(sections):
             try:
                 kafka = stack.enter_context(KafkaCluster(scratch / "kafka", ports, args.kafka_home))
+                if kafka.delete_delay_kept:
+                    bench.note(f"Kafka kept log.segment.delete.delay.ms 60 s (alter configs failed: "
+                               f"{kafka.delete_delay_kept})")
             except Exception as exc:
                 bench.note(f"reference Kafka cluster did not start: {exc}")
                 sides = ["copyless"]
