@@ -5,6 +5,7 @@ Each area registers its own subcommands through an ``add_parsers(subparsers)`` f
 
     copyless serve ...                     broker.server.cli
     copyless groups list|describe ...      broker.groups.cli
+    copyless inspect ...                   broker.inspect_log
     copyless produce|consume|topics ...    client.cli
 """
 
@@ -18,6 +19,7 @@ import sys
 _COMMAND_MODULES = (
     "copyless.broker.server.cli",
     "copyless.broker.groups.cli",
+    "copyless.broker.inspect_log",
     "copyless.client.cli",
 )
 

@@ -23,6 +23,14 @@ partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writin
 meanwhile: ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest); and
 ``prefault_outrun_bytes``, bytes appended with pwrite because they ran past the pre-faulted pages.
 
+Per API (the Prometheus endpoint, ``broker.metrics``, exposes these): ``requests`` by API key,
+``request_errors`` by (API key, error code) for every non-zero error code a response carries, and
+``request_latency``, a histogram per API of the time from a request's decoding to its response's last byte
+(a long poll's parked time included: what the client waited). Per topic, ``topic_bytes_in`` (produced
+batches appended) and ``topic_bytes_out`` (record bytes sent to consumers; followers' fetches are the
+replica counters above). Each costs one dict increment per request or partition, and the latency two clock
+reads and a log2 per request.
+
 A histogram's snapshot carries its raw buckets, so whoever reads two snapshots can subtract them and get
 the quantiles of the window in between (the throughput benchmark does, for each consume).
 
@@ -31,6 +39,7 @@ Plain integers on the loop thread: no locks (a torn read by the stats line costs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -38,7 +47,7 @@ from dataclasses import dataclass, field
 
 from copyless.broker.storage.segment import PREFAULT_STATS
 
-__all__ = ["BrokerStats", "LatencyHistogram", "histogram_quantile"]
+__all__ = ["BrokerStats", "LatencyHistogram", "histogram_quantile", "bucket_upper_s", "response_error_codes"]
 
 # Buckets of a quarter power of two of microseconds: bucket i holds [2^(i/4), 2^((i+1)/4)) us, so a quantile
 # read back as its bucket's upper bound is at most 19% high. 1 us to 2^30 us (18 min) takes 121 buckets.
@@ -55,6 +64,11 @@ def _bucket(seconds: float) -> int:
 
 def _bucket_upper_ms(index: int) -> float:
     return 2 ** ((index + 1) / _SUB_BUCKETS) / 1000
+
+
+def bucket_upper_s(index: int) -> float:
+    """The upper bound of ``LatencyHistogram`` bucket ``index``, in seconds (bucket 0 holds up to 1 us)."""
+    return 1e-6 if index == 0 else 2 ** ((index + 1) / _SUB_BUCKETS) / 1e6
 
 
 def histogram_quantile(buckets: dict, q: float) -> float | None:
@@ -76,16 +90,18 @@ def histogram_quantile(buckets: dict, q: float) -> float | None:
 class LatencyHistogram:
     """Counts of durations in logarithmic buckets; ``record`` costs one log2 (about 0.1 us)."""
 
-    __slots__ = ("counts", "count", "max_s")
+    __slots__ = ("counts", "count", "max_s", "sum_s")
 
     def __init__(self) -> None:
         self.counts = [0] * _BUCKETS
         self.count = 0
         self.max_s = 0.0
+        self.sum_s = 0.0
 
     def record(self, seconds: float) -> None:
         self.counts[_bucket(seconds)] += 1
         self.count += 1
+        self.sum_s += seconds
         if seconds > self.max_s:
             self.max_s = seconds
 
@@ -122,9 +138,20 @@ class BrokerStats:
     fetch_cold_warmups: int = 0  # slices read into the page cache by a worker before their sendfile
     write_eagain_waits: int = 0
     response_bytes: int = 0
+    request_errors: Counter = field(default_factory=Counter)  # (api_key, error code) -> count
+    request_latency: dict = field(default_factory=dict)  # api_key -> LatencyHistogram
+    topic_bytes_in: Counter = field(default_factory=Counter)  # topic -> bytes appended by producers
+    topic_bytes_out: Counter = field(default_factory=Counter)  # topic -> record bytes sent to consumers
     fetch_prepare: LatencyHistogram = field(default_factory=LatencyHistogram)
     fetch_send: LatencyHistogram = field(default_factory=LatencyHistogram)
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def record_request(self, api_key: int, seconds: float) -> None:
+        """One request answered after ``seconds`` (loop thread)."""
+        histogram = self.request_latency.get(api_key)
+        if histogram is None:
+            histogram = self.request_latency[api_key] = LatencyHistogram()
+        histogram.record(seconds)
 
     @property
     def sendfile_share(self) -> float:
@@ -154,6 +181,9 @@ class BrokerStats:
             "write_eagain_waits": self.write_eagain_waits,
             "sendfile_share": round(self.sendfile_share, 6),
             "response_bytes": self.response_bytes,
+            "request_errors": {f"{key}:{int(code)}": count for (key, code), count in sorted(self.request_errors.items())},
+            "topic_bytes_in": dict(sorted(self.topic_bytes_in.items())),
+            "topic_bytes_out": dict(sorted(self.topic_bytes_out.items())),
             "fetch_prepare": self.fetch_prepare.snapshot(),
             "fetch_send": self.fetch_send.snapshot(),
             "loop_lag": self.loop_lag.snapshot(),
@@ -178,6 +208,43 @@ class BrokerStats:
             f"prefault_append_wait_max_ms={PREFAULT_STATS['append_wait_max_s'] * 1000:.1f} "
             f"prefault_outrun_bytes={PREFAULT_STATS['outrun_bytes']}"
         )
+
+
+_ERROR_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _error_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(error-code fields, nested fields) of a kio entity class, worked out once per class."""
+    found = _ERROR_FIELDS.get(cls)
+    if found is None:
+        names = tuple(field.name for field in dataclasses.fields(cls))
+        codes = tuple(name for name in names if name == "error_code")
+        nested = tuple(name for name in names if name != "error_code" and "tuple[" in str(
+            next(f.type for f in dataclasses.fields(cls) if f.name == name)))
+        found = _ERROR_FIELDS[cls] = (codes, nested)
+    return found
+
+
+def response_error_codes(entity) -> list[int]:
+    """Every non-zero ``error_code`` in a kio response entity and the entities nested in it (top-level,
+    per topic, per partition). O(entities); the Produce and Fetch responses, encoded by hand, never come
+    here (their handlers count their errors)."""
+    found = []
+    stack = [entity]
+    while stack:
+        item = stack.pop()
+        if not dataclasses.is_dataclass(item):
+            continue
+        codes, nested = _error_fields(type(item))
+        for name in codes:
+            code = getattr(item, name)
+            if code:
+                found.append(int(code))
+        for name in nested:
+            value = getattr(item, name)
+            if value:
+                stack.extend(value)
+    return found
 
 
 def _text(value: float | None) -> str:

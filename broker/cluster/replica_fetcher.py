@@ -41,6 +41,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.partition import Partition, Role
+from copyless.broker.storage.errors import UnexpectedAppendOffsetError
 
 __all__ = ["FetcherManager", "ReplicaFetcher"]
 
@@ -285,6 +286,11 @@ class ReplicaFetcher:
                     records = view[answer.records_start:answer.records_end]
                     try:
                         partition.append_as_follower(records)
+                    except UnexpectedAppendOffsetError as exc:
+                        # The log moved under the fetch (a truncation): ask where to cut again.
+                        log.info("%s-%d: %s; truncating again", partition.topic, partition.partition, exc)
+                        follow.needs_truncation = True
+                        continue
                     finally:
                         records.release()
                     self.stats["bytes"] += answer.records_end - answer.records_start

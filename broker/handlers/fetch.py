@@ -136,10 +136,19 @@ async def handle(ctx: RequestContext, request):
     except BaseException:
         release_all(topics)
         raise
-    broker.stats.fetch_responses += 1
+    stats = broker.stats
+    stats.fetch_responses += 1
+    if has_error or (total and getattr(request, "replica_id", -1) < 0):
+        # Per topic bytes out (consumers only: followers' bytes are the replica counters) and errors by code.
+        for name, results in topics:
+            for result in results:
+                if result.error_code:
+                    stats.request_errors[(API_KEY, int(result.error_code))] += 1
+                elif result.records is not None and getattr(request, "replica_id", -1) < 0:
+                    stats.topic_bytes_out[name] += result.records_bytes
     if total:
         # The last pass's lookups, reads and encoding; a long poll's parked time is not in it.
-        broker.stats.fetch_prepare.record(time.perf_counter() - started)
+        stats.fetch_prepare.record(time.perf_counter() - started)
     return EncodedResponse(segments, replica=getattr(request, "replica_id", -1) >= 0)
 
 

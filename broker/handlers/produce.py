@@ -157,12 +157,14 @@ async def handle(ctx: RequestContext, request):
                     stats.produce_batches += 1
                     stats.produce_records += header.records_count
                     stats.produce_bytes += header.size
+                    stats.topic_bytes_in[name] += len(partition_data.records)
                 if acks == -1:
                     # A retry of an acknowledged batch waits too: the original may not be replicated yet.
                     required = (partition, info.last_offset + 1)
             except Exception as exc:
                 code, message = error_for(exc)
                 stats.produce_errors += 1
+                stats.request_errors[(API_KEY, int(code))] += 1
                 if first_error is None:
                     first_error = f"{name}-{index}: {code.name}: {message}"
             entry = [index, int(code), base_offset, append_ms, log_start, message]
@@ -186,6 +188,7 @@ async def handle(ctx: RequestContext, request):
                 code, message = error_for(exc)
                 entry[1], entry[5] = int(code), message
                 stats.produce_errors += 1
+                stats.request_errors[(API_KEY, int(code))] += 1
                 if first_error is None:
                     first_error = f"partition {entry[0]}: {code.name}: {message}"
 

@@ -21,6 +21,7 @@ import threading
 import time
 
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
+from copyless.broker.stats import response_error_codes
 from copyless.broker.server.transfer import send_bytes, send_segments, wait_readable
 from copyless.broker.wire.codecs import encode_response
 from copyless.broker.wire.headers import RemoteProtocolError
@@ -162,6 +163,7 @@ class Connection:
             listener=self.listener,
         )
         handler = broker.handlers.handler(header.api_key)
+        started = time.perf_counter()
         try:
             response = await handler(ctx, decoded.body)
         except CloseConnection as exc:
@@ -176,26 +178,34 @@ class Connection:
                 header.api_key, header.api_version, self.peer, header.correlation_id,
             )
             return False
+        stats = broker.stats
         if response is None:
+            stats.record_request(header.api_key, time.perf_counter() - started)
             return True
         if isinstance(response, EncodedResponse):
             # More than one segment: a response with records (a fetch's head, FileSlices, tail), whose write
-            # time goes into the fetch_send histogram; one segment is an all-bytes response.
-            started = time.perf_counter() if len(response.segments) > 1 else None
+            # time goes into the fetch_send histogram; one segment is an all-bytes response. Its handler
+            # counted its errors.
+            send_started = time.perf_counter() if len(response.segments) > 1 else None
             try:
                 await send_segments(
-                    loop, self.sock, response.segments, broker.stats, use_sendfile=self.server.use_sendfile,
+                    loop, self.sock, response.segments, stats, use_sendfile=self.server.use_sendfile,
                     replica=response.replica,
                 )
             finally:
                 response.release()
-            if started is not None:
-                broker.stats.fetch_send.record(time.perf_counter() - started)
+            done = time.perf_counter()
+            if send_started is not None:
+                stats.fetch_send.record(done - send_started)
+            stats.record_request(header.api_key, done - started)
             return True
         try:
             data = encode_response(header.correlation_id, header.api_key, header.api_version, response)
         except Exception:
             log.exception("encoding the response to API key %d v%d failed; closing", header.api_key, header.api_version)
             return False
-        await send_bytes(loop, self.sock, data, broker.stats)
+        for code in response_error_codes(response):
+            stats.request_errors[(header.api_key, code)] += 1
+        await send_bytes(loop, self.sock, data, stats)
+        stats.record_request(header.api_key, time.perf_counter() - started)
         return True

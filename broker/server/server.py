@@ -14,7 +14,9 @@ Lifecycle:
    hooks; leave the cluster (the lease is revoked, so the partitions this broker led move at once);
    ``LogManager.shutdown()`` in a worker thread (flush, checkpoint, clean-shutdown marker).
 
-Counters: ``broker.stats``; SIGUSR1 and shutdown print them as one ``stats-json {...}`` line on stdout.
+Counters: ``broker.stats``; SIGUSR1 and shutdown print them as one ``stats-json {...}`` line on stdout, and
+``--metrics-listen`` serves them to Prometheus (``metrics_http``), started after the startup hooks and closed
+first at shutdown.
 Periodic work: the stats log line every ``stats_interval_s``, the idle reaper and the loop-lag probe. Flush
 policy, retention and recovery-point checkpoints run on the storage's own housekeeping thread (they fsync
 and unlink; never on the loop).
@@ -60,6 +62,7 @@ class Server:
         self._periodic: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
         self._last_accept_warning = 0.0
+        self.metrics = None  # the /metrics endpoint (--metrics-listen), once started
 
     # --- start -----------------------------------------------------------------------------------------------
 
@@ -100,6 +103,15 @@ class Server:
             self.config = self.broker.config
         await self.broker.start_cluster()
         await self.broker.run_startup_hooks()
+        if config.metrics_listen is not None:
+            from copyless.broker.server.metrics_http import MetricsServer
+
+            self.metrics = MetricsServer(self.broker)
+            try:
+                await self.metrics.start(*config.metrics_listen)
+            except OSError:
+                self._close_listeners()
+                raise
         for name, sock in self.listen_sockets.items():
             self._accept_tasks.append(asyncio.create_task(self._accept_loop(name, sock), name=f"copyless-accept-{name}"))
         if self.config.stats_interval_s > 0:
@@ -233,6 +245,8 @@ class Server:
         self._close_listeners()
         for task in self._periodic:
             task.cancel()
+        if self.metrics is not None:
+            await self.metrics.close()
         if self.config.clustered:
             # Hand leadership over first: the lease goes, the controller moves this broker's partitions at
             # once, and requests waiting on them answer NOT_LEADER_OR_FOLLOWER, so clients move on.

@@ -8,10 +8,10 @@ Layers, inner to outer:
 """
 
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, StorageError
+from .errors import OffsetOutOfRangeError, StorageError, UnexpectedAppendOffsetError
 from .file_slice import FileSlice
 from .log_manager import LogManager
-from .partition_log import AppendResult, PartitionLog, ReadResult
+from .partition_log import AppendResult, FollowerAppend, PartitionLog, ReadResult
 
 __all__ = [
     "LogConfig",
@@ -19,7 +19,9 @@ __all__ = [
     "PartitionLog",
     "FileSlice",
     "AppendResult",
+    "FollowerAppend",
     "ReadResult",
     "StorageError",
     "OffsetOutOfRangeError",
+    "UnexpectedAppendOffsetError",
 ]

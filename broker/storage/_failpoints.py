@@ -29,6 +29,15 @@ POINTS = (
     "retention.before_unlink",  # .deleted files about to be removed
 )
 
+# The steps of a truncation (truncation.py), in protocol order; a test truncates at each of them.
+TRUNCATION_POINTS = (
+    "truncate_fully.after_log_start_checkpoint",  # full: the new start checkpointed, no file touched yet
+    "truncate.after_segment_rename",  # one more segment past the cut renamed .deleted (from the last one)
+    "truncate.after_log_cut",  # the segment holding the target cut (zeros or ftruncate), indexes not yet
+    "truncate_fully.after_new_segment",  # full: the old segments renamed, the empty one created and named
+    "truncate.after_epoch_checkpoint",  # the leader epoch file cut, the data dir's checkpoints not yet
+)
+
 
 def failpoint(name: str) -> None:
     """SIGKILL this process if ``name`` is the armed failpoint (after the configured number of skips)."""

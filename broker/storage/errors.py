@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 
-__all__ = ["StorageError", "OffsetOutOfRangeError", "free_bytes", "storage_error_from"]
+__all__ = ["StorageError", "OffsetOutOfRangeError", "UnexpectedAppendOffsetError", "free_bytes", "storage_error_from"]
 
 
 class StorageError(Exception):
@@ -44,6 +44,18 @@ class OffsetOutOfRangeError(Exception):
         )
         self.offset = offset
         self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class UnexpectedAppendOffsetError(Exception):
+    """A follower append whose first batch does not start at the log end (Kafka's
+    ``UnexpectedAppendOffsetException``): the follower's log moved (a truncation) while the fetch was in
+    flight, or the leader answered for another offset. Nothing was appended; the fetcher truncates again."""
+
+    def __init__(self, first_offset: int, log_end_offset: int, where: str = "") -> None:
+        super().__init__(f"follower append starts at offset {first_offset}, the log ends at {log_end_offset}"
+                         + (f" in {where}" if where else ""))
+        self.first_offset = first_offset
         self.log_end_offset = log_end_offset
 
 

@@ -181,6 +181,21 @@ class SparseIndex:
             self.entries = 0
         self.in_memory = False
 
+    def truncate_entries(self, count: int) -> None:
+        """Keep only the first ``count`` entries (the log was truncated; worker thread, appends paused). A
+        writable index forgets the rest (they are overwritten by the next entries, cut at seal, and never
+        trusted after a crash); a sealed one is cut on disk and mapped again on its next lookup."""
+        if count >= self.entries:
+            return
+        if self.writable:
+            self.entries = count
+            return
+        region, self._data = self._data, None
+        if isinstance(region, mmap.mmap):
+            region.close()
+        os.ftruncate(self.fd, count * self.entry.size)
+        self.entries = self.max_entries = count
+
     def trim(self) -> None:
         """Cut the preallocated tail (worker thread; after seal_readers, so nothing maps the tail)."""
         os.ftruncate(self.fd, self.entries * self.entry.size)
@@ -237,6 +252,12 @@ class OffsetIndex(SparseIndex):
 
         return self._search(lookup, position)
 
+    def entries_below_position(self, position: int) -> int:
+        """How many entries point below file ``position``."""
+        if position <= 0:
+            return 0
+        return self._search(index_search.floor_position_slot, position - 1) + 1
+
     def sane(self, next_relative_offset: int, size_bytes: int) -> bool:
         """O(1) check of a trusted index (Kafka's ``sanityCheck``): the last entry lies inside the segment."""
         if self.entries == 0:
@@ -269,6 +290,16 @@ class TimeIndex(SparseIndex):
             if timestamp_ms <= last_timestamp or relative_offset < last_relative_offset:
                 return
         self._append(timestamp_ms, relative_offset)
+
+    def entries_below_offset(self, relative_offset: int) -> int:
+        """How many entries name a relative offset below ``relative_offset`` (their offsets never decrease)."""
+
+        def count(data, entries, target):
+            while entries and index_search.time_entry(data, entries - 1)[1] >= target:
+                entries -= 1
+            return entries
+
+        return self._search(count, relative_offset)
 
     def floor_below(self, timestamp_ms: int) -> tuple[int, int] | None:
         """``(timestamp, relative_offset)`` of the last entry with timestamp < ``timestamp_ms``; None if none."""

@@ -102,6 +102,7 @@ class LogManager:
             clean = remove_marker(self.data_dir / filenames.CLEAN_SHUTDOWN_MARKER)
             recovery_points = {} if clean else read_checkpoint(self.data_dir / filenames.RECOVERY_POINT_CHECKPOINT)
             high_watermarks = read_checkpoint(self.data_dir / filenames.HIGH_WATERMARK_CHECKPOINT)
+            log_start_offsets = read_checkpoint(self.data_dir / filenames.LOG_START_OFFSET_CHECKPOINT)
             entries = sorted(os.scandir(self.data_dir), key=lambda entry: entry.name)
             # No marker because no log was ever written here: a new data directory, not a crash. The broker
             # keeps its own files beside the logs (meta.properties, topics.json) and writes them first, so
@@ -128,7 +129,8 @@ class LogManager:
                 partition_log, stats = PartitionLog.load(
                     topic, partition, Path(entry.path), config, self._background, clean=clean,
                     recovery_point=recovery_points.get((topic, partition), 0),
-                    high_watermark=high_watermarks.get((topic, partition)))
+                    high_watermark=high_watermarks.get((topic, partition)),
+                    log_start_offset=log_start_offsets.get((topic, partition)))
             except OSError as exc:
                 raise storage_error_from(exc, "loading a log", entry.path) from None
             self._add(topic, partition, partition_log)

@@ -35,7 +35,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from copyless.client.protocol.records import LOG_OVERHEAD, BatchHeader, iter_batches, iter_record_timestamps
+from copyless.client.protocol.records import (
+    LOG_OVERHEAD,
+    BatchHeader,
+    InvalidBatchError,
+    iter_batches,
+    iter_record_timestamps,
+    validate_batch,
+)
 
 from . import filenames
 from . import segment as segment_module
@@ -43,12 +50,13 @@ from ._failpoints import failpoint
 from .background import Background
 from .checkpoint import fsync_directory
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, StorageError, free_bytes, storage_error_from
+from .errors import OffsetOutOfRangeError, StorageError, UnexpectedAppendOffsetError, free_bytes, storage_error_from
 from .file_slice import FileSlice
 from .leader_epoch_cache import LeaderEpochCache
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
+from .truncation import TruncationMixin
 
-__all__ = ["PartitionLog", "AppendResult", "ReadResult", "LoadStats"]
+__all__ = ["PartitionLog", "AppendResult", "FollowerAppend", "ReadResult", "LoadStats"]
 
 log = logging.getLogger("copyless.storage")
 
@@ -93,6 +101,12 @@ class AppendResult(NamedTuple):
     log_start_offset: int
 
 
+class FollowerAppend(NamedTuple):
+    first_offset: int
+    last_offset: int  # first_offset - 1 when nothing was appended
+    headers: list[tuple[int, BatchHeader]]  # (base offset, header) of each appended batch
+
+
 class ReadResult(NamedTuple):
     slice: FileSlice | None
     high_watermark: int
@@ -108,8 +122,9 @@ class LoadStats(NamedTuple):
     seconds: float
 
 
-class PartitionLog:
-    """One partition's log. See the module docstring for the threading rules."""
+class PartitionLog(TruncationMixin):
+    """One partition's log. See the module docstring for the threading rules; truncation is in
+    truncation.py."""
 
     def __init__(self, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
                  segments: list[Segment]) -> None:
@@ -183,6 +198,8 @@ class PartitionLog:
     @property
     def recovery_point(self) -> int:
         """Everything below is durable with trimmed, synced indexes: recovery rescans from here."""
+        if self._pending_log_start is not None:
+            return self._pending_log_start  # a full truncation: the log about to start there is empty
         point = self.flushed_offset
         for segment in list(self._sealing):
             point = min(point, segment.base_offset)
@@ -274,6 +291,55 @@ class PartitionLog:
             self._request_flush(None)
         return AppendResult(base_offset, next_offset - 1,
                             -1 if log_append_time_ms is None else log_append_time_ms, self.log_start_offset)
+
+    def append_as_follower(self, records) -> FollowerAppend:
+        """Append the leader's batches as they are: offsets, leader epochs and timestamps kept, nothing
+        assigned. Loop thread, non-blocking; the same single copy into the map as ``append``.
+
+        Every batch is checked first (framing, magic, CRC-32C, count), so a corrupt fetch appends nothing. A
+        trailing partial batch is left out (the next fetch starts at the new log end), as Kafka's follower
+        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset.
+
+        Returns:
+            FollowerAppend: the offsets appended and each batch's header (producer state is rebuilt from them).
+        Raises:
+            UnexpectedAppendOffsetError: the first batch does not start at ``log_end_offset``.
+            InvalidBatchError: a batch is corrupt, or the batches' offsets do not follow on one another.
+            StorageError: as ``append`` (nothing appended, the log stays consistent).
+        """
+        if self._closed:
+            raise StorageError("log is closed", path=self.directory)
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        total = len(view)
+        headers: list[tuple[int, BatchHeader]] = []
+        position = 0
+        next_offset = self.log_end_offset
+        while position < total:
+            try:
+                header = validate_batch(view, position, limit=total)
+            except InvalidBatchError as exc:
+                if exc.reason in ("truncated header", "truncated batch"):
+                    break  # a fetch cut at its byte limit: the rest comes with the next one
+                raise
+            if not headers and header.base_offset != next_offset:
+                raise UnexpectedAppendOffsetError(header.base_offset, next_offset, f"{self.topic}-{self.partition}")
+            if header.base_offset != next_offset:
+                raise InvalidBatchError("bad offsets", f"batch at {header.base_offset} after offset {next_offset - 1}")
+            headers.append((header.base_offset, header))
+            next_offset = header.next_offset
+            position += header.size
+        first_offset = self.log_end_offset
+        if not headers:
+            return FollowerAppend(first_offset, first_offset - 1, headers)
+        cache = self.leader_epochs
+        for base_offset, header in headers:
+            if header.partition_leader_epoch != cache.latest_epoch():
+                cache.assign(header.partition_leader_epoch, base_offset)
+        result = self.append(view[:position], leader_epoch=None)
+        assert result.base_offset == first_offset and result.last_offset == next_offset - 1, (result, next_offset)
+        return FollowerAppend(first_offset, next_offset - 1, headers)
 
     def _append_split(self, view, batches, leader_epoch, log_append_time_ms, now) -> int:
         """More bytes than one whole segment: append in runs, rolling between them. A StorageError part-way
@@ -841,6 +907,10 @@ class PartitionLog:
                     candidates = candidates[: number - 1]
                     break
             count = 0
+            # Segments wholly below the log start (DeleteRecords moved it past them: Kafka's
+            # deleteLogStartOffsetBreachedSegments).
+            while count < len(candidates) and segments[count + 1].base_offset <= self.log_start_offset:
+                count += 1
             if retention_ms is not None:
                 while count < len(candidates):
                     segment = candidates[count]
@@ -877,6 +947,36 @@ class PartitionLog:
                  count, self.log_start_offset)
         return count
 
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: raise the log start offset to ``offset`` (-1: to the high watermark). Reads below it
+        answer OFFSET_OUT_OF_RANGE and ListOffsets(earliest) answers it at once; the whole segments below it go
+        the way retention removes segments. Blocking (writes the data dir's log start checkpoint before it
+        returns, so the records do not come back after a crash): a worker thread. An offset at or below the
+        log start changes nothing.
+
+        Returns:
+            the log start offset now.
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is above the high watermark (Kafka's rule: only committed
+                records can be deleted).
+        """
+        high_watermark = self.high_watermark
+        if offset == -1:
+            offset = high_watermark
+        if offset < 0 or offset > high_watermark:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, high_watermark,
+                                        f"{self.topic}-{self.partition} (DeleteRecords beyond the high watermark)")
+        with self._lock:
+            if offset <= self.log_start_offset:
+                return self.log_start_offset
+            self.log_start_offset = offset
+        self.leader_epochs.truncate_from_start(offset)
+        if self.checkpoint_offsets is not None:
+            self.checkpoint_offsets()
+        self.run_retention()
+        log.info("%s-%d: records before offset %d deleted (DeleteRecords)", self.topic, self.partition, offset)
+        return self.log_start_offset
+
     # --- loading (start-up, blocking) ------------------------------------------------------------------------
 
     @classmethod
@@ -902,7 +1002,8 @@ class PartitionLog:
 
     @classmethod
     def load(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background, *,
-             clean: bool, recovery_point: int, high_watermark: int | None = None) -> tuple["PartitionLog", LoadStats]:
+             clean: bool, recovery_point: int, high_watermark: int | None = None,
+             log_start_offset: int | None = None) -> tuple["PartitionLog", LoadStats]:
         """Open an existing log directory (blocking, start-up).
 
         Clean: trust files and indexes (cheap sanity checks; a segment failing them is recovered). Unclean:
@@ -910,10 +1011,19 @@ class PartitionLog:
         batch, removing later segments and rebuilding indexes; then fdatasync what was recovered so the
         recovery point can be the log end. The leader epoch cache is loaded and made to agree with the log
         (its file's entries past the log end dropped, the batches from the recovery point scanned again), and
-        the checkpointed ``high_watermark`` restored (None: the log start), clamped to the log.
+        the checkpointed ``high_watermark`` restored (None: the log start), clamped to the log. A checkpointed
+        ``log_start_offset`` above the first segment's base is the log start (DeleteRecords); above the log
+        end, the log is emptied and restarted there (a full truncation a crash interrupted, Kafka's rule).
         """
         log_, stats = cls._load_segments(topic, partition, directory, config, background, clean=clean,
-                                         recovery_point=recovery_point)
+                                         recovery_point=max(recovery_point, log_start_offset or 0))
+        if log_start_offset is not None and log_start_offset > log_.log_start_offset:
+            if log_start_offset > log_.log_end_offset:
+                log.warning("%s: the log ends at %d, below its checkpointed start %d: restarting it there",
+                            directory, log_.log_end_offset, log_start_offset)
+                log_.truncate_fully_and_start_at(log_start_offset)
+            else:
+                log_.log_start_offset = log_start_offset
         log_._restore_replication_state(rescan_from=None if clean else recovery_point,
                                         high_watermark=high_watermark)
         return log_, stats

@@ -75,8 +75,13 @@ def aiokafka_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list:
                 except Exception as exc:
                     outcomes.append(exc)
         finally:
-            async with asyncio.timeout(10):
-                await producer.stop()
+            # Its unacknowledged batches keep retrying NOT_ENOUGH_REPLICAS, so stop() may not finish: what
+            # matters is what was acknowledged, so a stop that times out is let go.
+            try:
+                async with asyncio.timeout(10):
+                    await producer.stop()
+            except TimeoutError:
+                pass
         return outcomes
 
     return asyncio.run(go())
