@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import signal
 import sys
 import threading
@@ -106,18 +107,34 @@ def _parse_headers(items) -> list[tuple[str, bytes]] | None:
 
 
 def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-    """The stdin reader thread: each line goes to ``queue`` as soon as it is complete (None at EOF). A
-    daemon thread, so a Ctrl-C while it blocks in ``readline`` does not hold up the exit."""
-    stdin = sys.stdin.buffer
-    try:
-        for line in iter(stdin.readline, b""):
-            loop.call_soon_threadsafe(queue.put_nowait, line)
-    except (OSError, ValueError, RuntimeError):  # stdin closed, or the loop is gone
-        pass
-    try:
-        loop.call_soon_threadsafe(queue.put_nowait, None)
-    except RuntimeError:
-        pass
+    """The stdin reader thread: the complete lines of each read go to ``queue`` at once, as a list (None at
+    EOF), so a line piped or typed slowly is sent when it arrives, not when 64 KiB have. ``os.read`` on the
+    descriptor, not ``sys.stdin.buffer``: a daemon thread blocked inside the buffered reader holds its lock,
+    and the interpreter aborts at exit (after Ctrl-C) when it finds the lock held."""
+    fd = sys.stdin.fileno()
+    pending = b""
+
+    def put(item) -> bool:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the loop is gone
+            return False
+
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if lines and not put(lines):
+            return
+    if pending:
+        put([pending])
+    put(None)
 
 
 def _install_stop(on_stop) -> callable:
@@ -200,19 +217,20 @@ async def _produce(args) -> int:
                 threading.Thread(target=_read_lines, args=(loop, queue), name="stdin", daemon=True).start()
                 delimiter = args.key_delimiter.encode() if args.key_delimiter else None
                 while True:
-                    line = await queue.get()
-                    if line is None:
+                    lines = await queue.get()
+                    if lines is None:
                         break
-                    line = line.rstrip(b"\r\n")
-                    key = None
-                    if delimiter is not None and delimiter in line:
-                        key, line = line.split(delimiter, 1)
-                    last = await producer.send(topic, line, key, partition=partition, headers=headers)
-                    records += 1
-                    total_bytes += len(line) + (len(key) if key else 0)
-                    progress.advance(1)
+                    for line in lines:
+                        line = line.rstrip(b"\r")
+                        key = None
+                        if delimiter is not None and delimiter in line:
+                            key, line = line.split(delimiter, 1)
+                        last = await producer.send(topic, line, key, partition=partition, headers=headers)
+                        records += 1
+                        total_bytes += len(line) + (len(key) if key else 0)
+                    progress.advance(len(lines))
                     if queue.empty():
-                        producer.flush_nowait()  # a line typed or piped slowly goes out now, not at EOF
+                        producer.flush_nowait()  # what has arrived goes out now, not after linger or at EOF
         except asyncio.CancelledError:
             if not stopping.is_set():
                 raise
