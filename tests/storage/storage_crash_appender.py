@@ -48,7 +48,7 @@ def main() -> None:
             batches += build_batch([expected_value(offset + i) for i in range(count)],
                                    [1_000 + offset + i for i in range(count)], codec=rng.choice((0, 0, 1)))
             offset += count
-        result = partition_log.append(batches)
+        result = partition_log.append_blocking(batches)
         assert result.last_offset == offset - 1
         print(f"ACK {result.last_offset}", flush=True)
         if number % 7 == 3:

@@ -86,7 +86,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
             data += build_batch(values, timestamps, codec=codec)
             expected.append((values, timestamps))
         append_time_ms = self.clock_ms + 1 if append_time else None
-        result = self.log.append(data, log_append_time_ms=append_time_ms)
+        result = self.log.append_blocking(data, log_append_time_ms=append_time_ms)
         assert result.base_offset == self.log_end_offset
         offset = result.base_offset
         for values, timestamps in expected:
@@ -108,9 +108,9 @@ class PartitionLogMachine(RuleBasedStateMachine):
             batch = build_batch(values, timestamps, codec=codec)
             if len(batch) > self.config.segment_bytes:
                 with pytest.raises(ValueError):  # a batch never straddles segments: too big is refused
-                    self.log.append(batch)
+                    self.log.append_blocking(batch)
                 continue
-            result = self.log.append(batch)
+            result = self.log.append_blocking(batch)
             assert result.base_offset == self.log_end_offset
             for offset, (value, timestamp) in enumerate(zip(values, timestamps), start=result.base_offset):
                 self.records.append((offset, value, timestamp))
