@@ -128,9 +128,6 @@ def test_a_killed_and_restarted_broker_loses_no_acknowledged_record_replication_
     _assert_exactly_once(acknowledged, records)
 
 
-# Leader failover of replicated partitions lands with the storage side of replication; until then the
-# killed leader's partition stays leaderless and tests/cluster/test_replication.py fails the same way.
-@pytest.mark.xfail(reason="needs replication's leader failover on main", strict=False)
 @pytest.mark.timeout(300)
 def test_a_killed_leader_moves_and_the_producer_follows_it_replication_factor_3(cluster):
     topic = unique_topic("rf3")
