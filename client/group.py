@@ -31,7 +31,6 @@ from kio.schema.sync_group.v3.response import SyncGroupResponse
 from copyless.client.assignors import (
     ASSIGNORS,
     Subscription,
-    TopicPartition,
     decode_assignment,
     decode_subscription,
     encode_assignment,

@@ -40,6 +40,8 @@ CLUSTER_DIR = REPO_ROOT / "cluster"
 CLUSTER_FILE = REPO_ROOT / "docker-compose.yml"
 SINGLE_FILE = REPO_ROOT / "docker-compose.single.yml"
 PROJECT_PREFIX = "copyless-test-"
+# Services of docker-compose.yml's opt-in "metrics" profile: started only by a project with the Prometheus image.
+OPTIONAL_SERVICES = ("prometheus",)
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -111,16 +113,23 @@ class Images:
     base: str
     copyless: str
     build_seconds: float
+    prometheus: str | None = None
 
 
-def build_images() -> Images:
-    """cluster/build-images.sh: builds what is missing or stale, reuses the rest (a no-op when nothing changed)."""
+def build_images(*, prometheus: bool = False) -> Images:
+    """cluster/build-images.sh: builds what is missing or stale, reuses the rest (a no-op when nothing changed);
+    with ``prometheus`` also the opt-in Prometheus image."""
     started = time.monotonic()
-    result = run([str(CLUSTER_DIR / "build-images.sh")], timeout_s=BUILD_TIMEOUT_S, check=False)
+    result = run([str(CLUSTER_DIR / "build-images.sh"), *(["--prometheus"] if prometheus else [])],
+                 timeout_s=BUILD_TIMEOUT_S, check=False)
     if result.returncode != 0:
         raise DockerError(f"cluster/build-images.sh failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
-    base, copyless = result.stdout.split()[-2:]
-    return Images(base=base, copyless=copyless, build_seconds=time.monotonic() - started)
+    if prometheus:
+        base, copyless, prometheus_image = result.stdout.split()[-3:]
+    else:
+        (base, copyless), prometheus_image = result.stdout.split()[-2:], None
+    return Images(base=base, copyless=copyless, build_seconds=time.monotonic() - started,
+                  prometheus=prometheus_image)
 
 
 # ---- leftovers ------------------------------------------------------------------------------------------------
@@ -228,6 +237,8 @@ class ComposeProject:
     def __post_init__(self) -> None:
         if not self.ports:
             services = ("copyless",) if self.kind == "single" else ("broker1", "broker2", "broker3")
+            if self.kind == "cluster" and self.images.prometheus is not None:
+                services += ("prometheus",)
             for service in services:
                 self.ports[service] = free_port(exclude=set(self.ports.values()))
 
@@ -239,6 +250,10 @@ class ComposeProject:
     def env(self) -> dict[str, str]:
         env = dict(os.environ, COPYLESS_IMAGE=self.images.copyless, COPYLESS_BASE_IMAGE=self.images.base)
         env.pop("COMPOSE_PROJECT_NAME", None)
+        env.pop("COMPOSE_PROFILES", None)
+        if self.images.prometheus is not None:
+            # The opt-in "metrics" profile (Prometheus), for a project made with the Prometheus image.
+            env.update(COMPOSE_PROFILES="metrics", COPYLESS_PROMETHEUS_IMAGE=self.images.prometheus)
         if self.kind == "single":
             env["COPYLESS_PORT"] = str(self.ports["copyless"])
         else:
@@ -282,7 +297,10 @@ class ComposeProject:
         return remove_project_objects(self.name)
 
     def services(self) -> list[str]:
-        return self.run_compose("config", "--services").stdout.split()
+        """The services an `up` without names starts: a profile's services only when the profile is on
+        (`docker-compose config --services` 1.29 lists them either way)."""
+        services = self.run_compose("config", "--services").stdout.split()
+        return [s for s in services if s not in OPTIONAL_SERVICES or self.images.prometheus is not None]
 
     # -- containers by service name ----------------------------------------------------------------------------
     def container(self, service: str) -> str | None:
@@ -409,7 +427,8 @@ class ComposeProject:
     # -- clients from the host ----------------------------------------------------------------------------------
     def bootstrap(self, *services: str) -> str:
         """Host addresses of the brokers' published ports (all brokers when none named)."""
-        return ",".join(f"127.0.0.1:{self.ports[s]}" for s in (services or self.ports))
+        services = services or [s for s in self.ports if s not in OPTIONAL_SERVICES]
+        return ",".join(f"127.0.0.1:{self.ports[s]}" for s in services)
 
     def cli(self, *args: str, input_text: str | None = None, check: bool = True,
             timeout_s: float = 120.0) -> subprocess.CompletedProcess:

@@ -87,6 +87,13 @@ def test_cluster_from_a_clean_state(compose_project):
     for service in BROKERS:
         assert harness.metadata_brokers(project.bootstrap(service)) == expected
 
+    # Every broker serves Prometheus metrics on the cluster network (cluster/broker.toml), where the opt-in
+    # Prometheus scrapes them: asked from broker1's container, by each broker's cluster-only alias.
+    for service in BROKERS:
+        body = project.exec("broker1", "python3", "-c", "import sys, urllib.request; sys.stdout.write(urllib.request"
+                            f".urlopen('http://{service}-internal:9404/metrics', timeout=10).read().decode())").stdout
+        assert "\ncopyless_" in body and "# TYPE " in body, body[:500]
+
 
 def test_cluster_rf3_topic_round_trip_through_the_published_ports(compose_project):
     project = compose_project("cluster")
