@@ -392,10 +392,11 @@ class Partition:
             return log_.read(offset, max_bytes, min_one_message=min_one_message)
         return log_.read(offset, max_bytes, min_one_message=min_one_message, max_offset=max_offset)
 
-    def delete_records_before(self, offset: int) -> int:
+    async def delete_records_before(self, offset: int) -> int:
         """DeleteRecords on the leader: move the log start offset up to ``offset`` (-1: the high watermark),
         so the records below it are no longer served and their whole segments are retired. Returns the new
-        log start offset (the low watermark). Loop thread.
+        log start offset (the low watermark). Loop thread; the log's part (which writes the log start
+        checkpoint before it returns) runs on a worker thread.
 
         Kafka's rule: only records every ISR member has (below the high watermark) may be deleted.
 
@@ -410,7 +411,7 @@ class Partition:
             raise BrokerError(ErrorCode.offset_out_of_range,
                               f"{self.topic}-{self.partition}: cannot delete records before offset {offset}: it is "
                               f"not in [0, {self.high_watermark}] (the high watermark)")
-        return self.log.delete_records_before(offset)
+        return await asyncio.to_thread(self.log.delete_records_before, offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp_ms`` below the high watermark, or

@@ -35,7 +35,7 @@ async def handle(ctx: RequestContext, request):
             code, low_watermark = ErrorCode.none, NO_LOW_WATERMARK
             try:
                 partition = broker.replicas.leader(topic.name, item.partition_index)
-                low_watermark = partition.delete_records_before(item.offset)
+                low_watermark = await partition.delete_records_before(item.offset)
                 log.info("%s-%d: records before offset %d deleted for %s (log start offset %d)", topic.name,
                          item.partition_index, item.offset, ctx.client_id, low_watermark)
             except Exception as exc:
