@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import blocking
+from . import blocking, clock
 
 log = logging.getLogger("copyless.storage")
 
@@ -128,9 +128,7 @@ class Background:
 
     def reap(self, now_ms: int | None = None) -> int:
         """Close and unlink retired segments that are unpinned and past their delay (io thread)."""
-        from .segment import now_ms as _now
-
-        now = _now() if now_ms is None else now_ms
+        now = clock.now_ms() if now_ms is None else now_ms
         ready = []
         with self._lock:
             keep = []

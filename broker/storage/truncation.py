@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import logging
 
-from . import segment as segment_module
 from ._failpoints import failpoint
 from .checkpoint import fsync_directory
 from .errors import StorageError, storage_error_from
-from .segment import PreparedSegment, Segment, now_ms
+from .clock import now_ms
+from .prepared_segment import PreparedSegment
+from .segment import Segment
 
 __all__ = ["TruncationMixin"]
 

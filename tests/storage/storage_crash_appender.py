@@ -16,7 +16,7 @@ import sys
 from storage_batches import build_batch
 
 from copyless.broker.storage import LogConfig, LogManager
-from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import prefault as prefault_module
 
 CONFIG = LogConfig(segment_bytes=24 << 10, segment_index_bytes=1024, index_interval_bytes=1024, retention_ms=None,
                    retention_bytes=96 << 10, file_delete_delay_ms=0)
@@ -30,11 +30,11 @@ def expected_value(offset: int) -> bytes:
 def main() -> None:
     data_dir, seed, max_appends = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if sys.argv[4:] == ["zeros-racing"]:
-        segment_module.PREFAULT_WRITES_ZEROS = True
-        segment_module.ZERO_MARGIN_BYTES = 0
-        segment_module.ZERO_MARGIN_APPENDS = 0
-        segment_module.ZERO_MARGIN_MS = 0
-        segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
+        prefault_module.PREFAULT_WRITES_ZEROS = True
+        prefault_module.ZERO_MARGIN_BYTES = 0
+        prefault_module.ZERO_MARGIN_APPENDS = 0
+        prefault_module.ZERO_MARGIN_MS = 0
+        prefault_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
     rng = random.Random(seed)
     manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
     manager.startup()
