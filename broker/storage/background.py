@@ -106,9 +106,7 @@ class Background:
 
     def retire(self, segment, delete_after_ms: int) -> None:
         """Queue a segment whose files were renamed ``.deleted``; it is closed and unlinked once unpinned."""
-        with segment._lock:
-            segment.retired = True
-            segment.delete_after_ms = delete_after_ms
+        segment.retire(delete_after_ms)
         with self._lock:
             self._retired.append(segment)
 
@@ -133,12 +131,11 @@ class Background:
         with self._lock:
             keep = []
             for segment in self._retired:
-                with segment._lock:
-                    if segment._pins == 0 and now >= segment.delete_after_ms and not segment.closed:
-                        segment.closed = True
-                        ready.append(segment)
-                    elif not segment.closed:
-                        keep.append(segment)
+                taken = segment.take_for_deletion(now)
+                if taken:
+                    ready.append(segment)
+                elif taken is not None:
+                    keep.append(segment)
             self._retired = keep
         for segment in ready:
             try:

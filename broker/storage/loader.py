@@ -180,7 +180,7 @@ class LogLoader:
         if roll_error is not None:
             log_._roll_error = roll_error
         if last.map is not None:
-            background.submit_warm(last._warm_done, last.warm_remainder)
+            background.submit_warm(last.warm_done, last.warm_remainder)
             window_end = min(last.written_position + config.prefault_window_bytes, last.allocated_bytes)
             if last.prefault.want(window_end):
                 background.submit_warm(last.prefault.idle, last.chase, background.prefault_helper)

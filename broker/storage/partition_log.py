@@ -31,7 +31,6 @@ and seal writes it (when it changed) before the recovery point moves.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -161,6 +160,11 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
     def segments(self) -> tuple[Segment, ...]:
         return self._segments
 
+    @property
+    def next_segment(self) -> PreparedSegment | None:
+        """The next segment being prepared for the roll, if any (tests, benchmarks)."""
+        return self._prepared
+
     def segment_base_offsets(self) -> list[int]:
         return list(self._bases)
 
@@ -239,7 +243,7 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
                     or active.extension_failed_s < 0) and active.start_extension():
                 self.stats["extensions"] += 1
-                self._background.submit_warm(active._extension_done, active.extend_ahead,
+                self._background.submit_warm(active.extension_done, active.extend_ahead,
                                              active.written_position + ahead)
         if self._prepared is None and self._should_prepare(active, now, rate):
             self._prepare_next()
@@ -483,16 +487,10 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         leaves them (page cache intact). The Background executors must already be stopped (no task may touch
         these fds any more). For crash tests and emergency stops."""
         self.stop_for_abandon()
-        prepared = self._prepared
-        if prepared is not None and prepared.map is not None:
-            prepared.map.close()
-            os.close(prepared.fd)
-            prepared.offset_index.close()
-            prepared.time_index.close()
+        if self._prepared is not None:
+            self._prepared.abandon()
         for segment in self._segments:
-            segment._warm_done = None
-            segment._prepared = None
-            segment.close()
+            segment.abandon()
         with self._flush_lock:
             self._fail_waiters(StorageError("log abandoned", path=self.directory))
 

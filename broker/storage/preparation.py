@@ -124,7 +124,7 @@ class SegmentPreparation:
         if end <= active.allocated_bytes:
             return
         self.stats["extensions_waited"] += 1
-        extending = not active._extension_done.is_set()
+        extending = not active.extension_done.is_set()
         failed_recently = (active.extension_failed_s >= 0
                            and time.monotonic() - active.extension_failed_s < ROLL_RETRY_INTERVAL_S)
         if not extending and failed_recently:
@@ -134,8 +134,8 @@ class SegmentPreparation:
         if not extending and active.start_extension():
             self.stats["extensions"] += 1
             target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
-            self._background.submit_warm(active._extension_done, active.extend_ahead, target)
-        raise AppendNotReady("the next step of blocks", active._extension_done.future())
+            self._background.submit_warm(active.extension_done, active.extend_ahead, target)
+        raise AppendNotReady("the next step of blocks", active.extension_done.future())
 
     def _should_prepare(self, active: Segment, now: int, bytes_per_ms: float) -> bool:
         """True once the active segment should fill (by bytes, index entries or segment.ms) within
@@ -239,7 +239,7 @@ class SegmentPreparation:
         far as their windows ask. For benchmarks and tests; never on the loop thread. Returns False on
         timeout."""
         prepared = self._prepared
-        events = [event for event in (self._active._warm_done, self._active._extension_done,
+        events = [event for event in (self._active.warm_done, self._active.extension_done,
                                       self._active.prefault.idle,
                                       prepared.warm_done if prepared is not None else None,
                                       prepared.prefault.idle if prepared is not None else None)

@@ -18,7 +18,7 @@ from pathlib import Path
 from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD
 
 from . import filenames
-from ._fileops import no_readaround, populate, preallocate, remove_file, set_readahead
+from ._fileops import no_readaround, preallocate, remove_file, set_readahead
 from .background import Completion
 from .config import LogConfig
 from .index import OffsetIndex, TimeIndex
@@ -131,7 +131,7 @@ class PreparedSegment:
             for index in (self.offset_index, self.time_index):
                 length = min(index.allocated_entries, expected_entries) * index.entry.size
                 if length and not self.stop_warm:
-                    populate(index._writable_map, 0, length, stop)
+                    index.prefault(0, length, stop)
         except OSError as exc:  # not fatal: the segment works, its first appends just fault pages in
             log.warning("pre-faulting %s failed: %s", self.log_path, exc)
         finally:
@@ -169,6 +169,16 @@ class PreparedSegment:
                 os.close(self.fd)
                 self.fd = -1
         self.remove_files()
+
+    def abandon(self) -> None:
+        """Close map and fds, files left as they are (crash tests: the executors are already stopped)."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+            os.close(self.fd)
+            self.fd = -1
+            self.offset_index.close()
+            self.time_index.close()
 
     def remove_files(self) -> None:
         for path in (self.log_path, self.index_path, self.time_index_path):

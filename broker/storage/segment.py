@@ -103,7 +103,7 @@ class Segment(SegmentRecovery):
         # first, in steps ahead of the write position (extend_ahead, warm thread) or, when they outrun
         # that, synchronously (allocate_to).
         self.allocated_bytes = size_bytes
-        self._extension_done = Completion(done=True)
+        self.extension_done = Completion(done=True)
         self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
@@ -120,10 +120,10 @@ class Segment(SegmentRecovery):
         self.bytes_since_last_index_entry = 0
         self.sealed = True
         self.named = True  # False while the files still carry their prepared names
-        self._warm_done: Completion | None = None  # index warm-up (and creation) of this segment
+        self.warm_done: Completion | None = None  # index warm-up (and creation) of this segment
         self.prefault = Prefault(size_bytes)  # the log's pre-fault window (only an active segment moves it)
         self.stop_warm = False
-        self._prepared: PreparedSegment | None = None
+        self.prepared_from: PreparedSegment | None = None  # the spare it was made from (its warm-up)
         # Pinning.
         self._lock = threading.Lock()
         self._pins = 0
@@ -171,9 +171,9 @@ class Segment(SegmentRecovery):
         segment.index_ahead_bytes = prepared.index_ahead_bytes
         segment.window_floor_bytes = prepared.window_floor_bytes
         segment.sealed = False
-        segment._warm_done = prepared.warm_done
+        segment.warm_done = prepared.warm_done
         segment.prefault = prepared.prefault  # a chase of the spare's head may still be running: it carries on
-        segment._prepared = prepared
+        segment.prepared_from = prepared
         return segment
 
     def assign_name(self) -> bool:
@@ -203,9 +203,9 @@ class Segment(SegmentRecovery):
 
     def start_extension(self) -> bool:
         """Loop thread: mark an extend_ahead as queued (False if one already is). seal/close wait for it."""
-        if not self._extension_done.is_set() or self.sealed:
+        if not self.extension_done.is_set() or self.sealed:
             return False
-        self._extension_done.clear()
+        self.extension_done.clear()
         return True
 
     def extend_ahead(self, end: int) -> None:
@@ -384,14 +384,38 @@ class Segment(SegmentRecovery):
     def pins(self) -> int:
         return self._pins
 
+    def retire(self, delete_after_ms: int) -> None:
+        """Mark the segment retired (renamed ``.deleted``): it is closed and unlinked once unpinned and past
+        ``delete_after_ms`` (``take_for_deletion``). Any thread."""
+        with self._lock:
+            self.retired = True
+            self.delete_after_ms = delete_after_ms
+
+    def take_for_deletion(self, now_ms: int) -> bool | None:
+        """The reaper's check (any thread): True when the segment is unpinned and past its delay (it is then
+        marked closed: the caller closes and unlinks it), False to keep waiting, None when already closed."""
+        with self._lock:
+            if self.closed:
+                return None
+            if self._pins == 0 and now_ms >= self.delete_after_ms:
+                self.closed = True
+                return True
+            return False
+
+    def abandon(self) -> None:
+        """Close map and fds without waiting for warm-ups (crash tests: the executors are already stopped)."""
+        self.warm_done = None
+        self.prepared_from = None
+        self.close()
+
     # --- worker threads ------------------------------------------------------------------------------------
 
     def stop_warming(self) -> None:
         """Ask a running pre-fault of this segment to stop at its next step (any thread)."""
         self.stop_warm = True
         self.prefault.stopped = True
-        if self._prepared is not None:
-            self._prepared.stop_warm = True
+        if self.prepared_from is not None:
+            self.prepared_from.stop_warm = True
 
     def seal_begin(self) -> None:
         """Loop thread, at a roll: no more appends; record the final time-index entry (Kafka
@@ -404,13 +428,13 @@ class Segment(SegmentRecovery):
     def _unmap(self) -> None:
         """Stop and wait out every pre-fault of this segment, then unmap it (worker thread): a pre-fault
         running into a closed map would touch freed memory."""
-        if self._prepared is not None:
-            self._prepared.stop_warm = True
+        if self.prepared_from is not None:
+            self.prepared_from.stop_warm = True
         self.prefault.stopped = True
-        if self._warm_done is not None:
-            self._warm_done.wait()
+        if self.warm_done is not None:
+            self.warm_done.wait()
         self.prefault.idle.wait()
-        self._extension_done.wait()
+        self.extension_done.wait()
         region, self.map = self.map, None
         if region is not None:
             region.close()

@@ -26,7 +26,7 @@ from copyless.client.protocol.records import (
 )
 
 from . import filenames
-from ._fileops import no_readaround, populate, preallocate, set_readahead, sync_data
+from ._fileops import no_readaround, preallocate, set_readahead, sync_data
 from .background import Completion
 from .config import LogConfig
 from .prefault import Prefault
@@ -200,7 +200,7 @@ class SegmentRecovery:
         self.capacity_bytes = capacity
         self.allocated_bytes = allocated
         self.sealed = False
-        self._warm_done = Completion()
+        self.warm_done = Completion()
         self.prefault = Prefault(self.committed_position)
 
     def make_read_only(self) -> None:
@@ -213,7 +213,7 @@ class SegmentRecovery:
         set_readahead(self.fd, True)
         self.capacity_bytes = self.allocated_bytes = self.written_position = self.committed_position
         self.sealed = True
-        self._warm_done = None
+        self.warm_done = None
 
     def warm_remainder(self) -> None:
         """Pre-fault the unused part of a reopened active segment's indexes (worker thread)."""
@@ -225,11 +225,11 @@ class SegmentRecovery:
                     start = index.entries * index.entry.size
                     end = min(index.allocated_entries, expected_entries) * index.entry.size
                     if index.writable and end > start and not stop():
-                        populate(index._writable_map, start, end - start, stop)
+                        index.prefault(start, end - start, stop)
         except OSError as exc:
             log.warning("warming %s failed: %s", self.log_path, exc)
         finally:
-            self._warm_done.set()
+            self.warm_done.set()
 
     def seal_recovered(self) -> None:
         """A recovered segment that is not the last one: final time entry, trim the rebuilt indexes,

@@ -105,7 +105,7 @@ class TruncationMixin:
                       self._roll_error)
             segment.make_read_only()
             return
-        self._background.submit_warm(segment._warm_done, segment.warm_remainder)
+        self._background.submit_warm(segment.warm_done, segment.warm_remainder)
 
     def _set_truncated_end(self, new_end: int, active: Segment) -> None:
         self.log_end_offset = new_end

@@ -114,7 +114,7 @@ def test_the_window_spills_into_the_next_segment_before_a_roll(window_log):
     active = window_log.segments[-1]
     append_until(window_log, SEGMENT - WINDOW // 4)
     assert window_log.wait_warm(30)
-    prepared = window_log._prepared
+    prepared = window_log.next_segment
     assert prepared is not None and prepared.ready.is_set(), "the next segment is prepared before the roll"
     spill = prepared.prefault.position // PAGE * PAGE
     assert spill == WINDOW, "a whole window at the spare's head once the window reaches past the end"
@@ -139,11 +139,11 @@ def test_the_next_head_is_asked_for_as_early_as_pre_faulting_it_takes(window_log
     monkeypatch.setattr(prefault_module, "_prefault_bytes_per_ms", prefault_bytes_per_ms)
     active = window_log.segments[-1]
     number = 0
-    while window_log._prepared is None:
+    while window_log.next_segment is None:
         append_batch(window_log, number)
         number += 1
     append_batch(window_log, number)
-    prepared = window_log._prepared
+    prepared = window_log.next_segment
     room = SEGMENT - active.written_position
     assert room > WINDOW, "the spare was prepared only at the segment's very end"
     assert window_log.wait_warm(30)
