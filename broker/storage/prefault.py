@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -80,8 +79,7 @@ def _observe_prefault(length: int, seconds: float) -> None:
 # on memory the guest had used before; 1.47 against 1.39 on a freshly booted guest, where the hypervisor's
 # own first touch of each page sets the price either way. A profile of the broker at 1 KB records had 62% of
 # its samples in MADV_POPULATE_WRITE. The madvise after the zeros only fills page tables (0.12 s per GiB), so
-# the appends' memcpy takes no fault. COPYLESS_PREFAULT_ZEROS=0 turns the zeros off.
-PREFAULT_WRITES_ZEROS = os.environ.get("COPYLESS_PREFAULT_ZEROS", "1") != "0"
+# the appends' memcpy takes no fault. LogConfig.prefault_zeros = False turns the zeros off (Prefault.zeros).
 # Unlike MADV_POPULATE_WRITE, a write of zeros changes the file: one that raced an append would wipe records
 # just copied into the map. So zeros go only under a claim (Prefault.claim), a margin past the furthest byte
 # an append has begun writing; nearer (a chase that fell behind the appends), the pages are only populated.
@@ -102,9 +100,8 @@ ZERO_MARGIN_MS = 40
 # pre-faulted pages, 0.15-0.18 for the memcpy and 0.20 for pwrite, so pre-faulted pages keep the memcpy.
 # The header rewrites still go through the map (a minor fault on a page already cached). It is a syscall on
 # the loop thread (0.25 ms per MiB, GIL released), where a memcpy into unpopulated pages held the loop
-# 1.8 ms per MiB; dirty-page throttling can hold either the same way. COPYLESS_OUTRUN_PWRITE=0 turns it off
-# (those appends then fault their pages in through the map).
-OUTRUN_PWRITE = os.environ.get("COPYLESS_OUTRUN_PWRITE", "1") != "0"
+# 1.8 ms per MiB; dirty-page throttling can hold either the same way. LogConfig.outrun_pwrite = False turns
+# it off (those appends then fault their pages in through the map; Prefault.outrun_pwrite).
 # How the chases went, all logs together: bytes zeroed, appends that had to wait for a zero chunk (how many,
 # their seconds in all and the longest wait: time the event loop was held), and bytes appended with pwrite
 # because they ran past the pre-faulted pages.
@@ -121,7 +118,7 @@ def observe_append_wait(seconds: float) -> None:
 
 
 def observe_outrun(length: int) -> None:
-    """An append wrote ``length`` bytes with pwrite, past the pre-faulted pages (OUTRUN_PWRITE)."""
+    """An append wrote ``length`` bytes with pwrite, past the pre-faulted pages (Prefault.outrun_pwrite)."""
     with _stats_lock:
         PREFAULT_STATS["outrun_bytes"] += length
 
@@ -144,10 +141,15 @@ class Prefault:
     """
 
     __slots__ = ("position", "target", "stopped", "idle", "method", "seconds", "append_end", "append_span",
-                 "rate_margin", "_claims", "_released", "_release_future")
+                 "rate_margin", "_claims", "_released", "_release_future",
+                 "zeros", "outrun_pwrite")
 
-    def __init__(self, position: int = 0) -> None:
+    def __init__(self, position: int = 0, *, zeros: bool = True, outrun_pwrite: bool = True) -> None:
         self.position = position
+        self.zeros = zeros  # write zeros over each chunk before mapping it (LogConfig.prefault_zeros)
+        # Appends past ``position`` write with pwrite (LogConfig.outrun_pwrite), so a step's pages count as
+        # pre-faulted as soon as it is done.
+        self.outrun_pwrite = outrun_pwrite
         self.target = position
         self.stopped = False
         self.idle = Completion(done=True)  # set while no chase is queued or running
@@ -218,7 +220,7 @@ class Prefault:
         chunks, then MADV_POPULATE_WRITE over the whole step (it changes no byte, so it may run where the
         appends are). Step by step, so the appends find mapped pages as soon as possible. ``advance`` (the
         caller's range starts at ``position`` or at the write position past it): move ``position`` past each step
-        as it is done, so an append there copies into the map instead of writing with pwrite (OUTRUN_PWRITE).
+        as it is done, so an append there copies into the map instead of writing with pwrite (``outrun_pwrite``).
         Returns the method."""
         method = ""
         step_start = start
@@ -226,10 +228,10 @@ class Prefault:
             if stopped():
                 return method + "-stopped"
             step_end = min(end, step_start + POPULATE_STEP_BYTES)
-            if PREFAULT_WRITES_ZEROS:
+            if self.zeros:
                 self._write_zeros(fd, step_start, step_end)
             method = populate(region, step_start, step_end - step_start, stopped)
-            if PREFAULT_WRITES_ZEROS and method == "madvise":
+            if self.zeros and method == "madvise":
                 method = "zeros+madvise"
             if advance and method in ("madvise", "zeros+madvise"):
                 self.position = max(self.position, step_end)
@@ -283,11 +285,11 @@ class Prefault:
                     middle -= middle % mmap.PAGESIZE
                     upper = helper.submit(self.fill, region, fd, middle, end, stopped)
                     try:
-                        self.method = self.fill(region, fd, start, middle, stopped, advance=OUTRUN_PWRITE)
+                        self.method = self.fill(region, fd, start, middle, stopped, advance=self.outrun_pwrite)
                     finally:
                         upper.result()  # the map stays open until both halves are done
                 else:
-                    self.method = self.fill(region, fd, start, end, stopped, advance=OUTRUN_PWRITE)
+                    self.method = self.fill(region, fd, start, end, stopped, advance=self.outrun_pwrite)
                 if not self.stopped:
                     _observe_prefault(end - start, time.perf_counter() - step_started)
                 self.position = end

@@ -75,7 +75,7 @@ class PreparedSegment:
         self.ready = Completion()  # the files exist, preallocated and mapped (or create() failed: see failed)
         self.failed: BaseException | None = None
         self.warm_done = Completion()  # create + index warm-up finished (or failed)
-        self.prefault = Prefault()
+        self.prefault = Prefault(zeros=config.prefault_zeros, outrun_pwrite=config.outrun_pwrite)
         self.stop_warm = False
         self.taken = False
         self.create_seconds = 0.0

@@ -19,7 +19,7 @@ pre-faulted on the warm thread in a window that runs ahead of the write position
 segment is created ahead of the roll (prepared_segment.py); start-up's part (clean load, recovery,
 reopening for appends) is segment_recovery.py; header scans are scan.py. Appends are a memcpy into the map plus in-place
 header rewrites; an append that runs past the pre-faulted pages writes them with pwrite instead
-(OUTRUN_PWRITE: the page cache takes them as from write(), for a seventh of a fault's CPU). A segment's
+(LogConfig.outrun_pwrite: the page cache takes them as from write(), for a seventh of a fault's CPU). A segment's
 first append puts its base offset in before the rest of the batch (see ``adopt_prepared``). Reads
 never touch the map: they hand out ``(fd, position, length)`` regions and scan headers with ``os.pread``
 (coherent with the map: one page cache). Sealing (at a roll) unmaps, trims the zero or sparse tail and
@@ -250,7 +250,7 @@ class Segment(SegmentRecovery):
         follower does). Returns the next offset. Loop thread.
 
         The copy is one memcpy (6.7 GB/s into pre-faulted pages here vs 2.35 GB/s first-touch), or, for an
-        append past the pages the chase has pre-faulted, one pwrite (OUTRUN_PWRITE); the header rewrites
+        append past the pages the chase has pre-faulted, one pwrite (LogConfig.outrun_pwrite); the header rewrites
         happen in the map so the caller's buffer is never copied twice and never changed. A segment's first
         append writes its base offset first: until then the file may hold no whole batch.
 
@@ -279,7 +279,7 @@ class Segment(SegmentRecovery):
             # below must not leave a whole batch that still carries the client's base offset 0.
             set_base_offset(region, 0, first_offset)
             head = _BASE_OFFSET_BYTES
-        if prefault_module.OUTRUN_PWRITE and end > self.prefault.position:
+        if self.prefault.outrun_pwrite and end > self.prefault.position:
             try:
                 write_at(self.fd, view[head:], start + head)
             except OSError as exc:

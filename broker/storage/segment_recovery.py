@@ -201,7 +201,8 @@ class SegmentRecovery:
         self.allocated_bytes = allocated
         self.sealed = False
         self.warm_done = Completion()
-        self.prefault = Prefault(self.committed_position)
+        self.prefault = Prefault(self.committed_position, zeros=config.prefault_zeros,
+                                 outrun_pwrite=config.outrun_pwrite)
 
     def make_read_only(self) -> None:
         """After make_active failed (disk full): give back any partial preallocation and take no appends

@@ -14,6 +14,7 @@ appends racing a chase on real threads with no margin at all, every byte kept.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import random
@@ -35,7 +36,7 @@ WINDOW = 256 * KIB
 SEGMENT = 4 * MIB
 PRESENT = 1 << 63
 CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None,
-                   preallocate=True, prefault_window_bytes=WINDOW)
+                   preallocate=True, prefault_window_bytes=WINDOW, outrun_pwrite=False)
 
 
 def present_pages(region, start: int, end: int) -> list[bool]:
@@ -54,10 +55,9 @@ def mapped_bytes(region, start: int, end: int) -> int:
 @pytest.fixture
 def window_manager(manager_factory, monkeypatch):
     """Logs with whole-segment allocation and a fixed 256 KiB window (no rate-based growth). Appends that
-    outrun the window fault their pages in here, as they did before OUTRUN_PWRITE: these tests read which
+    outrun the window fault their pages in here (outrun_pwrite off): these tests read which
     pages are mapped, and a page an append wrote with pwrite is cached but not mapped (the outrun tests
     below cover that path)."""
-    monkeypatch.setattr(prefault_module, "OUTRUN_PWRITE", False)
     monkeypatch.setattr(preparation_module, "WARM_AHEAD_MS", 0)
     return manager_factory(CONFIG)
 
@@ -302,8 +302,7 @@ def test_appends_past_the_pre_faulted_pages_are_written_not_faulted_in(window_ma
     it are written with pwrite (counted), their pages cached but not mapped, and their headers rewritten in
     the map all the same (offsets; with LogAppendTime, the timestamp and a CRC recomputed over pwrite'd
     bytes)."""
-    monkeypatch.setattr(prefault_module, "OUTRUN_PWRITE", True)
-    partition_log = window_manager.create_log("outrun", 0)
+    partition_log = window_manager.create_log("outrun", 0, dataclasses.replace(CONFIG, outrun_pwrite=True))
     assert partition_log.wait_warm(30)
     active = partition_log.segments[-1]
     active.prefault.stopped = True  # no chase moves the pre-faulted end from here on
@@ -356,7 +355,6 @@ def segment_file(tmp_path):
 
 def test_a_chase_writes_zeros_then_maps_the_pages(segment_file, monkeypatch):
     fd, region = segment_file
-    monkeypatch.setattr(prefault_module, "PREFAULT_WRITES_ZEROS", True)
     zeroed = prefault_module.PREFAULT_STATS["zeroed_bytes"]
     prefault = prefault_module.Prefault()
     assert prefault.want(6 * MIB)
@@ -366,7 +364,7 @@ def test_a_chase_writes_zeros_then_maps_the_pages(segment_file, monkeypatch):
     assert prefault_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - prefault_module.ZERO_MARGIN_BYTES
     assert all(present_pages(region, 0, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
     assert region[:6 * MIB] == bytes(6 * MIB)
-    monkeypatch.setattr(prefault_module, "PREFAULT_WRITES_ZEROS", False)
+    prefault.zeros = False
     assert prefault.want(7 * MIB)
     prefault.chase(region, fd, lambda: 8 * MIB)
     assert prefault.method == "madvise"
@@ -403,7 +401,6 @@ def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatc
     into the same pages. The append is told to wait (a future, which the loop awaits instead of blocking)
     and copies only once the chunk is released; copied before, the zeros written after it would wipe it."""
     fd, region = segment_file
-    monkeypatch.setattr(prefault_module, "PREFAULT_WRITES_ZEROS", True)
     monkeypatch.setattr(prefault_module, "ZERO_MARGIN_BYTES", 0)
     monkeypatch.setattr(prefault_module, "ZERO_MARGIN_APPENDS", 0)
     writing, resume = threading.Event(), threading.Event()
@@ -444,7 +441,6 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
     """Real threads, no holds: one chase zeroes page-sized chunks right behind the appends (margin 0) while
     this thread appends odd-sized runs; every appended byte must be in the file afterwards."""
     fd, region = segment_file
-    monkeypatch.setattr(prefault_module, "PREFAULT_WRITES_ZEROS", True)
     monkeypatch.setattr(prefault_module, "ZERO_MARGIN_BYTES", 0)
     monkeypatch.setattr(prefault_module, "ZERO_MARGIN_APPENDS", 0)
     monkeypatch.setattr(prefault_module, "ZERO_CHUNK_BYTES", PAGE)

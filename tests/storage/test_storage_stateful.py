@@ -325,10 +325,9 @@ class ZerosRacingAppendsMachine(PartitionLogMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved = (prefault_module.PREFAULT_WRITES_ZEROS, prefault_module.ZERO_MARGIN_BYTES,
+        self.saved = (prefault_module.ZERO_MARGIN_BYTES,
                       prefault_module.ZERO_MARGIN_APPENDS, prefault_module.ZERO_MARGIN_MS,
                       prefault_module.ZERO_CHUNK_BYTES)
-        prefault_module.PREFAULT_WRITES_ZEROS = True
         prefault_module.ZERO_MARGIN_BYTES = 0
         prefault_module.ZERO_MARGIN_APPENDS = 0
         prefault_module.ZERO_MARGIN_MS = 0
@@ -338,7 +337,7 @@ class ZerosRacingAppendsMachine(PartitionLogMachine):
         try:
             super().teardown()
         finally:
-            (prefault_module.PREFAULT_WRITES_ZEROS, prefault_module.ZERO_MARGIN_BYTES,
+            (prefault_module.ZERO_MARGIN_BYTES,
              prefault_module.ZERO_MARGIN_APPENDS, prefault_module.ZERO_MARGIN_MS,
              prefault_module.ZERO_CHUNK_BYTES) = self.saved
 
