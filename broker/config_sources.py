@@ -100,6 +100,7 @@ _SETTINGS = (
     _setting("log.flush.interval.ms", "flush_ms", LONG, "flush.ms", dynamic=True),
     _setting("log.message.timestamp.type", "message_timestamp_type", STRING, "message.timestamp.type",
              dynamic=True),
+    _setting("log.preallocate", "preallocate", BOOLEAN, "preallocate", dynamic=True),
     _setting("log.retention.check.interval.ms", "retention_check_interval_ms", LONG),
     _setting("min.insync.replicas", "min_insync_replicas", INT, "min.insync.replicas", dynamic=True),
     _setting("unclean.leader.election.enable", "unclean_leader_election", BOOLEAN,
@@ -140,7 +141,7 @@ _TOPIC_CONFIGS: dict[str, tuple[str | None, int, str | None]] = {
     "message.timestamp.type": ("log.message.timestamp.type", STRING, None),
     "min.insync.replicas": ("min.insync.replicas", INT, None),
     "unclean.leader.election.enable": ("unclean.leader.election.enable", BOOLEAN, None),
-    "preallocate": (None, BOOLEAN, "true"),
+    "preallocate": ("log.preallocate", BOOLEAN, None),
 }
 TOPIC_CONFIG_NAMES = tuple(_TOPIC_CONFIGS)
 # Topic configs that hold comma-separated lists (IncrementalAlterConfigs APPEND / SUBTRACT apply to them).

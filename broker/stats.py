@@ -19,8 +19,8 @@ Three latency histograms say whether the broker itself kept a consumer waiting:
 
 Three storage counters, kept by the log's pre-fault chases (``broker.storage.segment.PREFAULT_STATS``, all
 partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writing zeros ahead of the appends;
-``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (the event loop held
-meanwhile: ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest); and
+``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (awaited: the event loop
+served others meanwhile; ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest); and
 ``prefault_outrun_bytes``, bytes appended with pwrite because they ran past the pre-faulted pages.
 
 Per API (the Prometheus endpoint, ``broker.metrics``, exposes these): ``requests`` by API key,

@@ -308,7 +308,9 @@ class Run:
     topic: str
     interval_s: float
     acknowledged: list[Ack] = field(default_factory=list)
+    send_times: dict[int, float] = field(default_factory=dict)  # sequence -> monotonic time of the send
     ack_times: dict[int, float] = field(default_factory=dict)  # sequence -> monotonic time of the ack
+    producer_stats: dict = field(default_factory=dict)
     failed: list[tuple[int, str]] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     sent: int = 0
@@ -332,6 +334,7 @@ async def produce(run: Run) -> None:
         while not run.stop_producing.is_set():
             sequence = run.sent
             value = f"{run.topic}-{sequence:07d}".encode()
+            run.send_times[sequence] = time.monotonic()
             delivery = await producer.send(run.topic, value, key=b"k%d" % sequence, partition=sequence % PARTITIONS)
             delivery.add_done_callback(lambda d, s=sequence, v=value: _acknowledged(run, s, v, d))
             run.sent += 1
@@ -339,6 +342,7 @@ async def produce(run: Run) -> None:
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     finally:
         await producer.close(timeout_s=run.drain_s)
+        run.producer_stats = dict(producer.stats)
 
 
 def _acknowledged(run: Run, sequence: int, value: bytes, delivery) -> None:
@@ -522,6 +526,13 @@ async def demo(args) -> int:
               f"{run.failed[0][1]}); acks=all promised nothing about them")
     print(f"demo: sent {run.sent:,}, acknowledged {len(run.acknowledged):,}, the group read "
           f"{len(run.deliveries):,}")
+    longest_wait = None
+    if run.acknowledged:
+        ack = max(run.acknowledged, key=lambda a: run.ack_times[a.sequence] - run.send_times[a.sequence])
+        seconds = run.ack_times[ack.sequence] - run.send_times[ack.sequence]
+        longest_wait = (seconds, ack)
+        print(f"demo: the producer retried {run.producer_stats.get('retries', 0):,} batch(es); the longest a record "
+              f"waited for its acknowledgement: {seconds:.3f} s (partition {ack.partition}, record {ack.sequence})")
     ok = error is None and verdict.ok
     if error is None:
         print(f"verdict: {verdict.summary()}", flush=True)
@@ -538,6 +549,8 @@ async def demo(args) -> int:
             "sent": run.sent,
             "acknowledged": len(run.acknowledged),
             "failed": len(run.failed),
+            "retries": run.producer_stats.get("retries", 0),
+            "longest_wait_s": round(longest_wait[0], 3) if longest_wait else None,
             "read": verdict.read,
             "redelivered": verdict.redelivered,
             "lost": len(verdict.lost),

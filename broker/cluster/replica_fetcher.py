@@ -285,7 +285,7 @@ class ReplicaFetcher:
                 if answer.records_end > answer.records_start:
                     records = view[answer.records_start:answer.records_end]
                     try:
-                        partition.append_as_follower(records)
+                        await partition.append_as_follower(records)
                     except UnexpectedAppendOffsetError as exc:
                         # The log moved under the fetch (a truncation): ask where to cut again.
                         log.info("%s-%d: %s; truncating again", partition.topic, partition.partition, exc)

@@ -47,10 +47,13 @@ from copyless.client.protocol.records import (
 from . import filenames
 from . import segment as segment_module
 from ._failpoints import failpoint
+from ._fileops import sync_data
+from . import blocking
 from .background import Background
 from .checkpoint import fsync_directory
 from .config import LogConfig
-from .errors import OffsetOutOfRangeError, StorageError, UnexpectedAppendOffsetError, free_bytes, storage_error_from
+from .errors import (AppendNotReady, OffsetOutOfRangeError, StorageError, UnexpectedAppendOffsetError, free_bytes,
+                     storage_error_from)
 from .file_slice import FileSlice
 from .leader_epoch_cache import LeaderEpochCache
 from .segment import PreparedSegment, RecoveryOutcome, Segment, now_ms, scan_headers
@@ -74,8 +77,6 @@ log = logging.getLogger("copyless.storage")
 PREPARE_MIN_FILL = 0.5
 PREPARE_HORIZON_MS = 10_000
 RATE_SAMPLE_MS = 100
-# A roll that finds the warm-up still creating the files waits this long before creating its own.
-PREPARED_WAIT_S = 5.0
 # After a roll failed for lack of space, how often an append may start a background preallocation retry.
 ROLL_RETRY_INTERVAL_S = 0.25
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
@@ -84,7 +85,7 @@ MAX_RELATIVE_OFFSET = 0x7FFFFFFF
 ALLOCATE_AHEAD_MS = 1_000
 RATE_FLOOR_MS = 10
 # Pre-fault at least this much of the observed append rate ahead of the write position (see
-# segment.WARM_AHEAD_BYTES for the floor and why it is a window). Half a second: the warm thread pre-faults
+# LogConfig.prefault_window_bytes for the floor and segment.py for why it is a window). Half a second: the warm thread pre-faults
 # recycled memory at ~6.7 GB/s, so it stays ahead of any append rate this machine reaches once it has a head
 # start of a few milliseconds; a longer window only pre-faults more pages a run may never use. A partition
 # appending at 6 GB/s (the storage benchmark's 1 MiB batches) gets whole segments, as before.
@@ -174,7 +175,7 @@ class PartitionLog(TruncationMixin):
         self._rate_sample_segment: Segment | None = None
         self._recent_bytes_per_ms = 0.0
         self.stats = {"rolls": 0, "rolls_unprepared": 0, "roll_waits": 0, "flushes": 0, "appends": 0,
-                      "segments_deleted": 0, "extensions": 0, "extensions_sync": 0}
+                      "segments_deleted": 0, "extensions": 0, "extensions_waited": 0}
 
     # --- properties ----------------------------------------------------------------------------------------
 
@@ -230,9 +231,15 @@ class PartitionLog(TruncationMixin):
         decoded. A ``leader_epoch`` newer than the epoch cache's latest is recorded as starting at the first
         batch; None keeps each batch's epoch as it is (the follower path, which records them itself).
 
+        Never blocks: what a worker thread has not prepared yet (the next segment at a roll, the next step of
+        blocks, zeros being written where the batches would go) makes it raise AppendNotReady instead, with
+        the worker's work queued; the caller awaits ``ready`` and appends again (``Partition``), or, off the
+        event loop, calls ``append_blocking``.
+
         Raises:
-            StorageError: a needed roll could not create a segment (ENOSPC, ...); nothing was appended, the
-                log stays consistent and readable.
+            AppendNotReady: nothing (or, for more batches than one segment holds, only ``appended``) went in.
+            StorageError: a needed roll could not create a segment, or blocks could not be allocated (ENOSPC,
+                ...); nothing was appended, the log stays consistent and readable.
             ValueError: ``records`` is not a sequence of whole batches, or a batch exceeds segment_bytes.
         """
         if self._closed:
@@ -265,7 +272,7 @@ class PartitionLog(TruncationMixin):
             # is harmless (a new leader records one before its first append).
             self.leader_epochs.assign(leader_epoch, base_offset)
         if total <= active.room_bytes:
-            self._ensure_allocated(active, active.written_position + total, now)
+            self._require_allocated(active, active.written_position + total, now)
             next_offset = active.append_run(view, batches, base_offset, leader_epoch, log_append_time_ms)
         else:
             next_offset = self._append_split(view, batches, leader_epoch, log_append_time_ms, now)
@@ -275,17 +282,17 @@ class PartitionLog(TruncationMixin):
         self.stats["appends"] += 1
         rate = self._append_rate(active, now)
         if active.allocated_bytes < active.capacity_bytes:
-            step = max(segment_module.allocation_step_bytes(self.config.segment_bytes), int(rate * ALLOCATE_AHEAD_MS))
+            ahead = self._ahead_bytes(rate)
             # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
-            if active.allocated_bytes - active.written_position < step // 2 and (
+            if active.allocated_bytes - active.written_position < ahead // 2 and (
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
                     or active.extension_failed_s < 0) and active.start_extension():
                 self.stats["extensions"] += 1
                 self._background.submit_warm(active._extension_done, active.extend_ahead,
-                                             active.allocated_bytes + step)
+                                             active.written_position + ahead)
         if self._prepared is None and self._should_prepare(active, now, rate):
             self._prepare_next()
-        self._prefault_ahead(active, max(segment_module.warm_ahead_bytes(), int(rate * WARM_AHEAD_MS)), rate)
+        self._prefault_ahead(active, max(self.config.prefault_window_bytes, int(rate * WARM_AHEAD_MS)), rate)
         flush_messages = self.config.flush_messages
         if flush_messages is not None and next_offset - self.flushed_offset >= flush_messages:
             self._request_flush(None)
@@ -305,6 +312,7 @@ class PartitionLog(TruncationMixin):
         Raises:
             UnexpectedAppendOffsetError: the first batch does not start at ``log_end_offset``.
             InvalidBatchError: a batch is corrupt, or the batches' offsets do not follow on one another.
+            AppendNotReady: as ``append``; ``follower_headers`` lists the batches already in (if any).
             StorageError: as ``append`` (nothing appended, the log stays consistent).
         """
         if self._closed:
@@ -333,19 +341,52 @@ class PartitionLog(TruncationMixin):
         first_offset = self.log_end_offset
         if not headers:
             return FollowerAppend(first_offset, first_offset - 1, headers)
+        try:
+            result = self.append(view[:position], leader_epoch=None)
+        except AppendNotReady as exc:
+            # Batches a roll split off before the wait are in: their epochs and headers count now.
+            appended = [] if exc.appended is None else [(b, h) for b, h in headers if b <= exc.appended[1]]
+            self._assign_epochs(appended)
+            exc.follower_headers = appended
+            raise
+        assert result.base_offset == first_offset and result.last_offset == next_offset - 1, (result, next_offset)
+        self._assign_epochs(headers)
+        return FollowerAppend(first_offset, next_offset - 1, headers)
+
+    def append_as_follower_blocking(self, records, timeout_s: float = 60.0) -> FollowerAppend:
+        """``append_as_follower``, waiting (blocking) for whatever the worker threads are preparing. For
+        callers off the event loop's thread: tests, tools."""
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        first_offset = self.log_end_offset
+        done: list[tuple[int, BatchHeader]] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result = self.append_as_follower(view)
+            except AppendNotReady as exc:
+                done += exc.follower_headers
+                if exc.appended is not None:
+                    view = view[exc.appended[2]:]
+                blocking.check("waiting for the storage's worker threads")
+                exc.ready.result(max(0.0, deadline - time.monotonic()))
+                continue
+            return FollowerAppend(first_offset, result.last_offset, done + result.headers)
+
+    def _assign_epochs(self, headers: list[tuple[int, BatchHeader]]) -> None:
+        """Record in the epoch cache each new epoch the appended batches carry, at its first batch."""
         cache = self.leader_epochs
         for base_offset, header in headers:
             if header.partition_leader_epoch != cache.latest_epoch():
                 cache.assign(header.partition_leader_epoch, base_offset)
-        result = self.append(view[:position], leader_epoch=None)
-        assert result.base_offset == first_offset and result.last_offset == next_offset - 1, (result, next_offset)
-        return FollowerAppend(first_offset, next_offset - 1, headers)
 
     def _append_split(self, view, batches, leader_epoch, log_append_time_ms, now) -> int:
         """More bytes than one whole segment: append in runs, rolling between them. A StorageError part-way
-        leaves the earlier runs appended (they are whole batches with contiguous offsets)."""
+        leaves the earlier runs appended (they are whole batches with contiguous offsets); so does an
+        AppendNotReady, which then says how far the append got (``appended``)."""
         index = 0
-        next_offset = self.log_end_offset
+        first_offset = next_offset = self.log_end_offset
         while index < len(batches):
             active = self._active
             start = batches[index][0]
@@ -358,17 +399,52 @@ class PartitionLog(TruncationMixin):
                         last_offset - active.base_offset > MAX_RELATIVE_OFFSET):
                     break
                 stop += 1
-            if stop == index:
-                active = self._roll(now)
-                continue
-            run_end = batches[stop - 1][0] + batches[stop - 1][1].size
-            run = [(position - start, header) for position, header in batches[index:stop]]
-            self._ensure_allocated(active, active.written_position + run_end - start, now)
-            next_offset = active.append_run(view[start:run_end], run, next_offset, leader_epoch, log_append_time_ms)
+            try:
+                if stop == index:
+                    active = self._roll(now)
+                    continue
+                run_end = batches[stop - 1][0] + batches[stop - 1][1].size
+                run = [(position - start, header) for position, header in batches[index:stop]]
+                self._require_allocated(active, active.written_position + run_end - start, now)
+                next_offset = active.append_run(view[start:run_end], run, next_offset, leader_epoch,
+                                                log_append_time_ms)
+            except AppendNotReady as exc:
+                if next_offset > first_offset:
+                    exc.appended = (first_offset, next_offset - 1, start)
+                raise
             self.log_end_offset = next_offset
             self._commit_point = (next_offset, active, active.committed_position)
             index = stop
         return next_offset
+
+    def append_blocking(self, records, *, leader_epoch: int = 0, log_append_time_ms: int | None = None,
+                        timeout_s: float = 60.0) -> AppendResult:
+        """``append``, waiting (blocking) for whatever the worker threads are preparing. For callers off the
+        event loop's thread: tests, benchmarks, tools. Raises StorageError (and TimeoutError after
+        ``timeout_s`` of waiting)."""
+        view = memoryview(records)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        first: AppendResult | None = None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result = self.append(view, leader_epoch=leader_epoch, log_append_time_ms=log_append_time_ms)
+            except AppendNotReady as exc:
+                if exc.appended is not None:
+                    base_offset, _last_offset, consumed = exc.appended
+                    if first is None:
+                        first = AppendResult(base_offset, base_offset, -1, self.log_start_offset)
+                    view = view[consumed:]
+                blocking.check("waiting for the storage's worker threads")
+                started = time.monotonic()
+                exc.ready.result(max(0.0, deadline - started))
+                exc.waited(time.monotonic() - started)
+                continue
+            if first is None:
+                return result
+            return AppendResult(first.base_offset, result.last_offset, result.log_append_time_ms,
+                                result.log_start_offset)
 
     def _append_rate(self, active: Segment, now: int) -> float:
         """Bytes per ms appended to the active segment: the larger of its lifetime average and the last
@@ -385,11 +461,17 @@ class PartitionLog(TruncationMixin):
             return self._recent_bytes_per_ms
         return max(self._recent_bytes_per_ms, written / max(now - started, RATE_FLOOR_MS))
 
-    def _allocation_step_bytes(self, active: Segment, now: int) -> int:
-        """How far ahead of the write position to allocate: the configured step (default: the whole segment),
-        or ALLOCATE_AHEAD_MS of the observed append rate when that is more."""
-        return max(segment_module.allocation_step_bytes(self.config.segment_bytes),
-                   int(self._append_rate(active, now) * ALLOCATE_AHEAD_MS))
+    def _ahead_bytes(self, bytes_per_ms: float) -> int:
+        """How many blocks the active segment should own past its write position: ALLOCATE_AHEAD_MS of the
+        append rate, at least a first step, at most what the log may reserve (LogConfig.log_ahead_bytes) less
+        what a prepared next segment already holds. So the first step of a new partition is small (an
+        idle partition holds 4 MiB) and the next ones follow the rate at once (a burst gets whole budgets)."""
+        config = self.config
+        budget = config.log_ahead_bytes
+        prepared = self._prepared
+        if prepared is not None and not config.preallocate:
+            budget -= prepared.allocated_bytes
+        return max(config.first_step_bytes, min(budget, int(bytes_per_ms * ALLOCATE_AHEAD_MS)))
 
     def _prefault_ahead(self, active: Segment, window: int, bytes_per_ms: float) -> None:
         """Keep ``window`` bytes ahead of the write position pre-faulted (loop thread; a few comparisons per
@@ -421,22 +503,26 @@ class PartitionLog(TruncationMixin):
         if room < lead and head.want(min(window, prepared.allocated_bytes)):
             self._background.submit_warm(head.idle, prepared.chase, self._background.prefault_helper)
 
-    def _ensure_allocated(self, active: Segment, end: int, now: int) -> None:
-        """Before writing up to ``end``: the rare append that outran extend_ahead allocates synchronously
-        (one posix_fallocate on this thread, counted). Raises StorageError (disk full), nothing appended."""
+    def _require_allocated(self, active: Segment, end: int, now: int) -> None:
+        """Before writing up to ``end``: blocks must cover it. An append that outran extend_ahead queues the
+        next step on the warm thread and raises AppendNotReady (the caller awaits it); once an extension
+        has failed (disk full), appends past the blocks get StorageError, and a new attempt is queued at
+        most every ROLL_RETRY_INTERVAL_S. Loop thread, never blocks; nothing appended when it raises."""
         if end <= active.allocated_bytes:
             return
-        self.stats["extensions_sync"] += 1
-        try:
-            if active.extension_failed_s < 0:  # a whole step, unless the disk is known to be (nearly) full
-                try:
-                    active.allocate_to(active.allocated_bytes + self._allocation_step_bytes(active, now))
-                except OSError:
-                    active.extension_failed_s = time.monotonic()
-            active.allocate_to(end)  # at least this append
-        except OSError as exc:
-            raise storage_error_from(exc, "allocating", active.log_path,
-                                     bytes_needed=end - active.allocated_bytes) from None
+        self.stats["extensions_waited"] += 1
+        extending = not active._extension_done.is_set()
+        failed_recently = (active.extension_failed_s >= 0
+                           and time.monotonic() - active.extension_failed_s < ROLL_RETRY_INTERVAL_S)
+        if not extending and failed_recently:
+            raise StorageError("allocating failed: no space for the next step of the segment",
+                               path=active.log_path, bytes_needed=end - active.allocated_bytes,
+                               bytes_free=free_bytes(self.directory))
+        if not extending and active.start_extension():
+            self.stats["extensions"] += 1
+            target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
+            self._background.submit_warm(active._extension_done, active.extend_ahead, target)
+        raise AppendNotReady("the next step of blocks", active._extension_done.future())
 
     def _should_roll(self, active: Segment, total_bytes: int, record_count: int, now: int) -> bool:
         """Kafka ``LogSegment.shouldRoll``: size, segment.ms, index full, relative offset overflow."""
@@ -471,69 +557,56 @@ class PartitionLog(TruncationMixin):
     def _prepare_next(self) -> None:
         """Queue creation + warm-up of the next segment on the warm thread (non-blocking)."""
         self._prepared_sequence += 1
+        config, active = self.config, self._active
+        # Its first step: the rate's, within what the active segment leaves of the budget.
+        rate_bytes = int(self._append_rate(active, now_ms()) * ALLOCATE_AHEAD_MS)
+        left = config.log_ahead_bytes - max(0, active.allocated_bytes - active.written_position)
         prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
-                                   self.config.segment_bytes, self.config.segment_index_bytes,
-                                   self._allocation_step_bytes(self._active, now_ms()))
+                                   config, max(config.first_step_bytes, min(rate_bytes, left)))
         self._prepared = prepared
         self._prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
                                                              self.config.index_interval_bytes)
 
     def _take_prepared(self) -> PreparedSegment:
-        """The prepared next segment; created synchronously (counted, logged) if the warm-up is not there."""
+        """The prepared next segment. When it is not ready (still being created on the warm thread, or never
+        asked for: appends outran the preparation horizon), its creation is queued if need be and
+        AppendNotReady raised: the roll happens on the append after it is ready. Loop thread, never blocks."""
         if self._roll_error is not None:
             return self._take_prepared_after_error()
-        prepared, future = self._prepared, self._prepared_future
-        self._prepared = self._prepared_future = None
-        if prepared is not None and not prepared.ready.is_set():
-            if future.cancel():
-                prepared = None  # never started: the warm thread is busy with other logs
-            else:
-                # The warm thread is inside posix_fallocate for this very segment: waiting is cheaper than a
-                # second preallocation (RocketMQ's AllocateMappedFileService waits up to 5 s the same way).
-                self.stats["roll_waits"] += 1
-                started = time.perf_counter()
-                deadline = started + PREPARED_WAIT_S
-                while not prepared.ready.wait(0.001) and not future.done() and time.perf_counter() < deadline:
-                    pass
-                log.warning("%s-%d: roll waited %.1f ms for the next segment's preallocation", self.topic,
-                            self.partition, (time.perf_counter() - started) * 1e3)
-                if not prepared.ready.is_set():
-                    error = future.exception() if future.done() else "timed out"
-                    log.warning("%s-%d: preparing the next segment failed (%s); creating it on the roll",
-                                self.topic, self.partition, error)
-                    prepared = None
-        if prepared is not None:
-            return prepared
-        # Slow path: preallocate on this thread. Correct, but it is exactly the stall the warm-up avoids.
-        self.stats["rolls_unprepared"] += 1
-        self._prepared_sequence += 1
-        prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
-                                   self.config.segment_bytes, self.config.segment_index_bytes)
-        started = time.perf_counter()
-        try:
-            prepared.create()
-        except OSError as exc:
-            prepared.warm_done.set()
-            self._roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
-                                                  bytes_needed=self.config.segment_bytes)
+        prepared = self._prepared
+        if prepared is not None and prepared.ready.is_set():
+            if prepared.failed is None:
+                self._prepared = self._prepared_future = None
+                return prepared
+            # Creating it failed (create() removed its files): rolls pause until a retry succeeds.
+            self._prepared = self._prepared_future = None
+            exc = prepared.failed
+            self._roll_error = (storage_error_from(exc, "creating a segment", prepared.log_path,
+                                                   bytes_needed=self.config.segment_bytes)
+                                if isinstance(exc, OSError) else
+                                StorageError(f"creating a segment failed: {exc}", path=prepared.log_path))
             self._roll_retry_s = time.monotonic() + ROLL_RETRY_INTERVAL_S
             log.error("%s-%d: appends paused: %s", self.topic, self.partition, self._roll_error)
-            raise self._paused_error() from None
-        now = time.monotonic()
-        if now - self._last_unprepared_warning_s >= 60:
-            self._last_unprepared_warning_s = now
-            log.warning("%s-%d: rolled without a prepared segment (created in %.1f ms on the append path; %d such"
-                        " rolls so far): appends outran the warm-up", self.topic, self.partition,
-                        (time.perf_counter() - started) * 1e3, self.stats["rolls_unprepared"])
-        self._background.submit_warm(prepared.warm_done, prepared.warm, self.config.index_interval_bytes)
-        return prepared
+            raise self._paused_error()
+        if prepared is None:
+            # Appends outran the preparation (it starts once a roll is near at the current rate).
+            self.stats["rolls_unprepared"] += 1
+            now = time.monotonic()
+            if now - self._last_unprepared_warning_s >= 60:
+                self._last_unprepared_warning_s = now
+                log.info("%s-%d: a roll found no prepared segment (%d such rolls so far): appends wait for "
+                         "its creation", self.topic, self.partition, self.stats["rolls_unprepared"])
+            self._prepare_next()
+            prepared = self._prepared
+        self.stats["roll_waits"] += 1
+        raise AppendNotReady("the next segment", prepared.ready.future())
 
     def _take_prepared_after_error(self) -> PreparedSegment:
         """Rolls are paused since a segment could not be preallocated: take a segment the background retry
         has prepared, else start such a retry (at most every ROLL_RETRY_INTERVAL_S, and only when statvfs
         shows room for it: one syscall, ~2 us) and refuse this append. Loop thread, never blocks."""
         prepared, future = self._prepared, self._prepared_future
-        if prepared is not None and prepared.ready.is_set():
+        if prepared is not None and prepared.ready.is_set() and prepared.failed is None:
             self._prepared = self._prepared_future = None
             self._roll_error = None
             log.info("%s-%d: a segment could be preallocated again: appends resume", self.topic, self.partition)
@@ -629,17 +702,24 @@ class PartitionLog(TruncationMixin):
                 self._sealing.remove(segment)
         self._advance_flushed(segment.next_offset)
 
-    def roll(self) -> Segment | None:
-        """Roll now (Kafka ``UnifiedLog.roll``) unless the active segment is empty. Loop thread.
+    def roll(self, timeout_s: float = 60.0) -> Segment | None:
+        """Roll now (Kafka ``UnifiedLog.roll``) unless the active segment is empty, waiting for the next
+        segment if it is still being prepared. Blocking: off the event loop's thread (tests, tools).
 
         Raises:
             StorageError: the next segment could not be created.
         """
-        if self._closed:
-            raise StorageError("log is closed", path=self.directory)
-        if self._active.written_position == 0:
-            return None
-        return self._roll(now_ms())
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._closed:
+                raise StorageError("log is closed", path=self.directory)
+            if self._active.written_position == 0:
+                return None
+            try:
+                return self._roll(now_ms())
+            except AppendNotReady as exc:
+                blocking.check("waiting for the next segment")
+                exc.ready.result(max(0.0, deadline - time.monotonic()))
 
     def wait_warm(self, timeout_s: float | None = None) -> bool:
         """Block until the active segment and the prepared next one (if any) are created and pre-faulted as
@@ -848,7 +928,7 @@ class PartitionLog(TruncationMixin):
                 if segment.flushed_position >= end or not segment.try_pin():
                     continue
                 try:
-                    os.fdatasync(segment.fd)
+                    sync_data(segment.fd)
                 finally:
                     if segment.unpin():
                         self._background.on_unpinned(segment)
@@ -890,14 +970,30 @@ class PartitionLog(TruncationMixin):
 
     def run_retention(self, now: int | None = None) -> int:
         """Delete the oldest whole segments past retention.ms (by their largest timestamp) or beyond
-        retention.bytes; never the active segment. The log start offset moves first, then the files are
-        renamed ``.deleted`` and handed to the reaper, which removes them once no FileSlice pins them and
-        file_delete_delay_ms has passed. Returns the number of segments retired."""
+        retention.bytes; never the active segment, and only segments wholly below the high watermark
+        (Kafka's ``deletableSegments`` rule). The log start offset moves first, then the files are renamed
+        ``.deleted`` and handed to the reaper, which removes them once no FileSlice pins them and
+        file_delete_delay_ms has passed. Returns the number of segments retired.
+
+        Why the high watermark bounds it: on a leader, records above it are not yet on every ISR member. If
+        retention removed them, the log start would pass a follower that is still in the ISR, and that
+        follower would have to restart its log at the leader's start, dropping records it never received
+        (and the high watermark, held at or above the log start, would jump over them: acks=all writes
+        acknowledged without being replicated). A single-node broker's partition layer keeps the high
+        watermark at the log end, so there it bounds nothing.
+        """
         now = now_ms() if now is None else now
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         with self._lock:
             segments = self._segments
             candidates = segments[:-1]
+            # Only segments whose every record is below the high watermark: the next segment starts at or
+            # below it.
+            upper_bound = min(self.high_watermark, self.log_end_offset)
+            for number, segment in enumerate(segments[1:len(candidates) + 1], start=1):
+                if segment.base_offset > upper_bound:
+                    candidates = candidates[: number - 1]
+                    break
             # The segment before one that still carries its prepared name stays until the rename (io thread,
             # just after the roll) is done: after a crash in that window the successor's base offset is
             # known only from its first batch, and if that batch was torn this named predecessor is what
@@ -927,7 +1023,8 @@ class PartitionLog(TruncationMixin):
                 return 0
             doomed = segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[count].base_offset)
-            # Never below the log start (Kafka moves it the same way when the start passes it).
+            # The bound above keeps the new start at or below the high watermark; this only lifts one that
+            # was already below the start (a checkpointed value older than a DeleteRecords start).
             self.high_watermark = max(self.high_watermark, self.log_start_offset)
             failpoint("retention.after_log_start")
             self._segments = segments[count:]
@@ -984,8 +1081,7 @@ class PartitionLog(TruncationMixin):
                    background: Background, base_offset: int = 0) -> "PartitionLog":
         """A new, empty log with one segment at ``base_offset`` (blocking: allocates its first step)."""
         directory.mkdir(parents=True, exist_ok=True)
-        prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config.segment_bytes,
-                                   config.segment_index_bytes)
+        prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config)
         try:
             prepared.create()
         except OSError as exc:
@@ -996,7 +1092,7 @@ class PartitionLog(TruncationMixin):
         fsync_directory(directory)
         fsync_directory(directory.parent)
         background.submit_warm(prepared.warm_done, prepared.warm, config.index_interval_bytes)
-        if segment.prefault.want(min(segment_module.warm_ahead_bytes(), segment.allocated_bytes)):
+        if segment.prefault.want(min(config.prefault_window_bytes, segment.allocated_bytes)):
             background.submit_warm(segment.prefault.idle, segment.chase, background.prefault_helper)
         return cls(topic, partition, directory, config, background, [segment])
 
@@ -1080,9 +1176,14 @@ class PartitionLog(TruncationMixin):
                 # torn or corrupt batch. Later segments survive only if they still follow on by offset (the
                 # continuity check above): a rolled-but-untrimmed segment keeps its successors, a cut in the
                 # middle of the data does not.
-                level = logging.INFO if outcome.stop_reason == "bad length" else logging.WARNING
-                log.log(level, "%s: truncated %s at position %d (%s), %d bytes discarded", directory,
-                        segment.log_path.name, outcome.valid_bytes, outcome.stop_reason, outcome.discarded_bytes)
+                if outcome.stop_reason == "bad length":
+                    log.info("%s: %s: trimmed %d bytes of preallocated space past the last batch (at position"
+                             " %d)", directory, segment.log_path.name, outcome.discarded_bytes, outcome.valid_bytes)
+                else:
+                    log.warning("%s: %s: cut at position %d, the end of the last whole batch (%s); the %d bytes"
+                                " after it (a torn or corrupt write, and preallocated space) were dropped",
+                                directory, segment.log_path.name, outcome.valid_bytes, outcome.stop_reason,
+                                outcome.discarded_bytes)
             kept.append(segment)
         if not kept:
             log_ = cls.create_new(topic, partition, directory, config, background, recovery_point)
@@ -1093,7 +1194,7 @@ class PartitionLog(TruncationMixin):
         last = kept[-1]
         roll_error: StorageError | None = None
         try:
-            last.make_active(config.segment_bytes, config.segment_index_bytes)
+            last.make_active(config)
         except OSError as exc:
             # Typically ENOSPC: start degraded. The log serves reads; appends get StorageError until a
             # segment can be preallocated (retried in the background, see _take_prepared).
@@ -1101,7 +1202,7 @@ class PartitionLog(TruncationMixin):
             log.error("%s: cannot reopen %s for appends: %s", directory, last.log_path.name, roll_error)
             last.make_read_only()
         if recovered:
-            os.fdatasync(last.fd)
+            sync_data(last.fd)
             last.flushed_position = last.committed_position
         fsync_directory(directory)
         log_ = cls(topic, partition, directory, config, background, kept)
@@ -1109,7 +1210,7 @@ class PartitionLog(TruncationMixin):
             log_._roll_error = roll_error
         if last.map is not None:
             background.submit_warm(last._warm_done, last.warm_remainder)
-            window_end = min(last.written_position + segment_module.warm_ahead_bytes(), last.allocated_bytes)
+            window_end = min(last.written_position + config.prefault_window_bytes, last.allocated_bytes)
             if last.prefault.want(window_end):
                 background.submit_warm(last.prefault.idle, last.chase, background.prefault_helper)
         stats = LoadStats(len(kept), recovered, rescanned, discarded, removed, time.perf_counter() - started)
@@ -1177,7 +1278,7 @@ class PartitionLog(TruncationMixin):
             active.trim_for_shutdown()
             for segment in self._segments:
                 if segment.flushed_position < segment.committed_position:
-                    os.fdatasync(segment.fd)
+                    sync_data(segment.fd)
                     segment.flushed_position = segment.committed_position
             fsync_directory(self.directory)
         try:

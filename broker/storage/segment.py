@@ -43,6 +43,7 @@ import mmap
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -60,7 +61,7 @@ from copyless.client.protocol.records import (
     validate_batch,
 )
 
-from . import filenames
+from . import blocking, filenames
 from ._failpoints import failpoint
 from ._fileops import (
     POPULATE_STEP_BYTES,
@@ -68,11 +69,15 @@ from ._fileops import (
     no_readaround,
     populate,
     preallocate,
+    remove_file,
     set_readahead,
+    sync_data,
     write_at,
     write_zeros,
 )
-from .errors import storage_error_from
+from .background import Completion
+from .config import LogConfig
+from .errors import AppendNotReady, storage_error_from
 from .index import OffsetIndex, TimeIndex
 
 __all__ = ["Segment", "PreparedSegment", "scan_headers", "RecoveryOutcome"]
@@ -94,18 +99,18 @@ SCAN_MAX_WINDOW_BYTES = 64 << 10
 # Every header-scan pread, counted (bytes copied into Python by scans; proves the windows stay small).
 SCAN_STATS = {"preads": 0, "bytes": 0}
 # The active segment's file has its logical size (segment_bytes, so one map covers it) from the start, but
-# only a prefix owns blocks, and an append never writes past the allocated prefix. By default the prefix is
-# the whole segment (the RocketMQ pattern: disk reserved up front, so a full disk fails a roll, never an
-# append in the middle of a segment; posix_fallocate of 1 GiB takes milliseconds on ext4). A positive
-# COPYLESS_ALLOCATION_STEP_BYTES allocates in steps of that size (or a second of the observed append rate, if
-# more) on the warm thread instead: 1 GiB up front per partition reserves 1 TB for a 1000-partition topic,
-# so steps are for brokers with many quiet partitions.
-ALLOCATION_STEP_BYTES = int(os.environ.get("COPYLESS_ALLOCATION_STEP_BYTES", 0))
+# only a prefix owns blocks, and an append never writes past the allocated prefix. The prefix grows in steps
+# ahead of the writer (LogConfig.preallocate_*), or is the whole segment with LogConfig.preallocate (the
+# RocketMQ pattern: 1 GiB up front per partition reserves 1 TB for a 1000-partition topic).
 
 
-def allocation_step_bytes(segment_bytes: int) -> int:
-    """Bytes to allocate ahead of the write position: the whole segment unless configured."""
-    return ALLOCATION_STEP_BYTES if ALLOCATION_STEP_BYTES > 0 else segment_bytes
+def index_allocation_bytes(log_bytes: int, entry_size: int, used_bytes: int, index_interval_bytes: int,
+                           ahead_bytes: int) -> int:
+    """Bytes of an index that need blocks while the log has ``log_bytes`` of them: an entry per
+    index_interval_bytes (or per batch) of log, plus the final time entry, at most ``ahead_bytes`` past the
+    ``used_bytes`` of entries it holds."""
+    entries = log_bytes // max(index_interval_bytes, RECORD_BATCH_OVERHEAD) + 2
+    return min(entries * entry_size, used_bytes + ahead_bytes)
 
 
 # Pre-faulting runs a window ahead of the write position, not over whole segments. Allocation (blocks) is
@@ -114,15 +119,9 @@ def allocation_step_bytes(segment_bytes: int) -> int:
 # (the hypervisor backs each page on first touch), and it dirties zero pages that writeback would write out
 # if the appends did not overwrite them first. Pre-faulting a whole 1 GiB segment at creation, plus the next
 # one at half full, cost up to 6 s of CPU on a 2-core machine for a topic that received 768 MiB, and kept
-# the warm thread busy through the consumers' reads. The window is the larger of this floor and
-# WARM_AHEAD_MS of the observed append rate (PartitionLog), so a partition taking 6 GB/s still writes into
-# warm pages while a quiet one holds only the floor.
-WARM_AHEAD_BYTES = int(os.environ.get("COPYLESS_WARM_AHEAD_BYTES", 16 << 20))
-
-
-def warm_ahead_bytes() -> int:
-    """The floor of the pre-fault window ahead of the write position."""
-    return WARM_AHEAD_BYTES
+# the warm thread busy through the consumers' reads. The window is the larger of a floor
+# (LogConfig.prefault_window_bytes, 16 MiB) and WARM_AHEAD_MS of the observed append rate (PartitionLog), so
+# a partition taking 6 GB/s still writes into warm pages while a quiet one holds only the floor.
 
 
 # A chase this far behind its target (appends outrunning one thread's pre-faulting) splits each step: the upper
@@ -202,6 +201,13 @@ PREFAULT_STATS = {"zeroed_bytes": 0, "append_waits": 0, "append_wait_s": 0.0, "a
 _stats_lock = threading.Lock()
 
 
+def _observe_append_wait(seconds: float) -> None:
+    """An append awaited a zero chunk's release for ``seconds`` (the event loop served others meanwhile)."""
+    with _stats_lock:
+        PREFAULT_STATS["append_wait_s"] += seconds
+        PREFAULT_STATS["append_wait_max_s"] = max(PREFAULT_STATS["append_wait_max_s"], seconds)
+
+
 class Prefault:
     """Pre-faulting of one segment's log map, chasing a target the appends move ahead of them.
 
@@ -220,13 +226,13 @@ class Prefault:
     """
 
     __slots__ = ("position", "target", "stopped", "idle", "method", "seconds", "append_end", "append_span",
-                 "rate_margin", "_claims", "_released")
+                 "rate_margin", "_claims", "_released", "_release_future")
 
     def __init__(self, position: int = 0) -> None:
         self.position = position
         self.target = position
         self.stopped = False
-        self.idle = threading.Event()  # set while no chase is queued or running
+        self.idle = Completion(done=True)  # set while no chase is queued or running
         self.idle.set()
         self.method = ""
         self.seconds = 0.0
@@ -234,7 +240,8 @@ class Prefault:
         self.append_span = 0  # the recent appends' size: the largest, decaying by an eighth per append
         self.rate_margin = 0  # ZERO_MARGIN_MS of the append rate, in bytes (set by the log, loop thread)
         self._claims: list[tuple[int, int]] = []  # ranges being zeroed (at most one per chasing thread)
-        self._released = threading.Condition(threading.Lock())
+        self._released = threading.Lock()
+        self._release_future: Future | None = None  # what appends waiting for a claim's release await
 
     def want(self, end: int) -> bool:
         """Loop thread: pre-fault up to ``end``. True when the caller must queue a chase (none is queued)."""
@@ -245,23 +252,23 @@ class Prefault:
         self.idle.clear()
         return True
 
-    def begin_append(self, start: int, end: int) -> None:
-        """Loop thread, before copying [start, end) into the map: publish ``end`` and wait out any zero chunk
-        being written over the range (rare: see ZERO_MARGIN_MS)."""
+    def begin_append(self, start: int, end: int) -> Future | None:
+        """Loop thread, before copying [start, end) into the map: publish ``end``. Returns None when the
+        append may go ahead, or, when a chunk of zeros is being written over the range (rare: see
+        ZERO_MARGIN_MS), a Future resolved once that chunk is released: the append must wait for it (by
+        awaiting, never by blocking the loop) and try again."""
         with self._released:
             if end > self.append_end:
                 self.append_end = end
             span = self.append_span - (self.append_span >> 3)
             self.append_span = max(span, end - start)
             if self._claims and self._overlaps(start, end):
-                waited = time.perf_counter()
-                while self._overlaps(start, end):
-                    self._released.wait()
-                waited = time.perf_counter() - waited
                 with _stats_lock:
                     PREFAULT_STATS["append_waits"] += 1
-                    PREFAULT_STATS["append_wait_s"] += waited
-                    PREFAULT_STATS["append_wait_max_s"] = max(PREFAULT_STATS["append_wait_max_s"], waited)
+                if self._release_future is None:
+                    self._release_future = Future()
+                return self._release_future
+            return None
 
     def _overlaps(self, start: int, end: int) -> bool:
         return any(claim_start < end and start < claim_end for claim_start, claim_end in self._claims)
@@ -283,7 +290,9 @@ class Prefault:
     def release(self, claim: tuple[int, int]) -> None:
         with self._released:
             self._claims.remove(claim)
-            self._released.notify_all()
+            future, self._release_future = self._release_future, None
+        if future is not None and future.set_running_or_notify_cancel():
+            future.set_result(None)
 
     def fill(self, region: mmap.mmap, fd: int, start: int, end: int, stopped=lambda: False,
              advance: bool = False) -> str:
@@ -434,15 +443,18 @@ class PreparedSegment:
     (``prefault``, moved by the appends), so a spare that is never rolled into costs no pre-faulting.
     """
 
-    def __init__(self, directory: Path, name: str, segment_bytes: int, index_bytes: int,
-                 allocate_bytes: int | None = None) -> None:
+    def __init__(self, directory: Path, name: str, config: LogConfig, allocate_bytes: int | None = None) -> None:
         self.directory = directory
         self.name = name
-        self.segment_bytes = segment_bytes
+        self.segment_bytes = config.segment_bytes
         # The prefix given real blocks (and pre-faulted) up front; the rest follows in steps while appends
         # approach it (Segment.extend_ahead).
-        self.allocated_bytes = min(segment_bytes, allocate_bytes or allocation_step_bytes(segment_bytes))
-        self.index_bytes = index_bytes
+        self.allocated_bytes = min(self.segment_bytes, max(0, config.first_step_bytes if allocate_bytes is None
+                                                           else allocate_bytes))
+        self.index_bytes = config.segment_index_bytes
+        self.index_interval_bytes = config.index_interval_bytes
+        self.index_ahead_bytes = config.index_ahead_bytes
+        self.window_floor_bytes = config.prefault_window_bytes
         self.log_path = directory / f"{name}{filenames.LOG_SUFFIX}"
         self.index_path = directory / f"{name}{filenames.INDEX_SUFFIX}"
         self.time_index_path = directory / f"{name}{filenames.TIME_INDEX_SUFFIX}"
@@ -450,8 +462,9 @@ class PreparedSegment:
         self.map: mmap.mmap | None = None
         self.offset_index: OffsetIndex | None = None
         self.time_index: TimeIndex | None = None
-        self.ready = threading.Event()
-        self.warm_done = threading.Event()  # create + index warm-up finished (or failed)
+        self.ready = Completion()  # the files exist, preallocated and mapped (or create() failed: see failed)
+        self.failed: BaseException | None = None
+        self.warm_done = Completion()  # create + index warm-up finished (or failed)
         self.prefault = Prefault()
         self.stop_warm = False
         self.taken = False
@@ -471,18 +484,23 @@ class PreparedSegment:
             region = mmap.mmap(fd, self.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             no_readaround(region)
             try:
-                offset_index = OffsetIndex.create(self.index_path, self.index_bytes)
+                offset_index = OffsetIndex.create(self.index_path, self.index_bytes, index_allocation_bytes(
+                    self.allocated_bytes, OffsetIndex.entry.size, 0, self.index_interval_bytes, self.index_ahead_bytes))
                 try:
-                    time_index = TimeIndex.create(self.time_index_path, self.index_bytes)
+                    time_index = TimeIndex.create(self.time_index_path, self.index_bytes, index_allocation_bytes(
+                        self.allocated_bytes, TimeIndex.entry.size, 0, self.index_interval_bytes,
+                        self.index_ahead_bytes))
                 except BaseException:
                     offset_index.close()
                     raise
             except BaseException:
                 region.close()
                 raise
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             self.remove_files()
+            self.failed = exc
+            self.ready.set()  # whoever awaits the files learns of the failure (failed)
             raise
         self.fd, self.map, self.offset_index, self.time_index = fd, region, offset_index, time_index
         self.create_seconds = time.perf_counter() - started
@@ -501,7 +519,7 @@ class PreparedSegment:
             stop = lambda: self.stop_warm  # noqa: E731
             expected_entries = self.segment_bytes // max(index_interval_bytes, 64) + 2
             for index in (self.offset_index, self.time_index):
-                length = min(index.max_entries, expected_entries) * index.entry.size
+                length = min(index.allocated_entries, expected_entries) * index.entry.size
                 if length and not self.stop_warm:
                     populate(index._writable_map, 0, length, stop)
         except OSError as exc:  # not fatal: the segment works, its first appends just fault pages in
@@ -544,10 +562,7 @@ class PreparedSegment:
 
     def remove_files(self) -> None:
         for path in (self.log_path, self.index_path, self.time_index_path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            remove_file(path)
 
 
 class Segment:
@@ -571,6 +586,8 @@ class Segment:
         self.offset_index = offset_index
         self.time_index = time_index
         self.index_interval_bytes = index_interval_bytes
+        self.index_ahead_bytes = 1 << 20  # the most index blocks past its entries (set from LogConfig)
+        self.window_floor_bytes = 16 << 20  # the pre-fault window's floor (set from LogConfig)
         self.map: mmap.mmap | None = None
         self.capacity_bytes = size_bytes
         # Bytes [0, allocated_bytes) own real blocks. The map covers capacity_bytes but nothing may ever
@@ -578,8 +595,7 @@ class Segment:
         # first, in steps ahead of the write position (extend_ahead, warm thread) or, when they outrun
         # that, synchronously (allocate_to).
         self.allocated_bytes = size_bytes
-        self._extension_done = threading.Event()
-        self._extension_done.set()
+        self._extension_done = Completion(done=True)
         self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
@@ -596,7 +612,7 @@ class Segment:
         self.bytes_since_last_index_entry = 0
         self.sealed = True
         self.named = True  # False while the files still carry their prepared names
-        self._warm_done: threading.Event | None = None  # index warm-up (and creation) of this segment
+        self._warm_done: Completion | None = None  # index warm-up (and creation) of this segment
         self.prefault = Prefault(size_bytes)  # the log's pre-fault window (only an active segment moves it)
         self.stop_warm = False
         self._prepared: PreparedSegment | None = None
@@ -644,6 +660,8 @@ class Segment:
         segment.map = prepared.map
         segment.capacity_bytes = prepared.segment_bytes
         segment.allocated_bytes = prepared.allocated_bytes
+        segment.index_ahead_bytes = prepared.index_ahead_bytes
+        segment.window_floor_bytes = prepared.window_floor_bytes
         segment.sealed = False
         segment._warm_done = prepared.warm_done
         segment.prefault = prepared.prefault  # a chase of the spare's head may still be running: it carries on
@@ -783,11 +801,15 @@ class Segment:
         self.flushed_position = 0
         return RecoveryOutcome(position, file_size - position, batches, stop_reason)
 
-    def make_active(self, segment_bytes: int, index_bytes: int) -> None:
-        """Preallocate and map a reopened last segment so appends can continue (start-up). Pre-faulting is
-        left to worker threads (warm_remainder for the indexes, the appends' pre-fault window for the log)."""
+    def make_active(self, config: LogConfig) -> None:
+        """Allocate a first step past the data and map a reopened last segment so appends can continue
+        (start-up). Pre-faulting is left to worker threads (warm_remainder for the indexes, the appends'
+        pre-fault window for the log)."""
+        segment_bytes, index_bytes = config.segment_bytes, config.segment_index_bytes
+        self.index_ahead_bytes = config.index_ahead_bytes
+        self.window_floor_bytes = config.prefault_window_bytes
         capacity = max(segment_bytes, self.committed_position)
-        allocated = min(capacity, self.committed_position + allocation_step_bytes(segment_bytes))
+        allocated = min(capacity, self.committed_position + config.first_step_bytes)
         preallocate(self.fd, allocated)
         os.ftruncate(self.fd, capacity)
         set_readahead(self.fd, False)
@@ -797,7 +819,9 @@ class Segment:
             for index in (self.offset_index, self.time_index):
                 full_entries = index_bytes // index.entry.size
                 if not index.writable or index.in_memory or index.max_entries < full_entries:
-                    index.make_writable(index_bytes)
+                    index.make_writable(index_bytes, allocate_bytes=index_allocation_bytes(
+                        allocated - self.committed_position, index.entry.size, 0, self.index_interval_bytes,
+                        self.index_ahead_bytes))
         except BaseException:
             region.close()
             raise
@@ -805,7 +829,7 @@ class Segment:
         self.capacity_bytes = capacity
         self.allocated_bytes = allocated
         self.sealed = False
-        self._warm_done = threading.Event()
+        self._warm_done = Completion()
         self.prefault = Prefault(self.committed_position)
 
     def make_read_only(self) -> None:
@@ -828,7 +852,7 @@ class Segment:
                 expected_entries = self.capacity_bytes // max(self.index_interval_bytes, 64) + 2
                 for index in (self.offset_index, self.time_index):
                     start = index.entries * index.entry.size
-                    end = min(index.max_entries, expected_entries) * index.entry.size
+                    end = min(index.allocated_entries, expected_entries) * index.entry.size
                     if index.writable and end > start and not stop():
                         populate(index._writable_map, start, end - start, stop)
         except OSError as exc:
@@ -845,13 +869,6 @@ class Segment:
     @property
     def room_bytes(self) -> int:
         return self.capacity_bytes - self.written_position
-
-    def allocate_to(self, end: int) -> None:
-        """Give [allocated_bytes, end) real blocks now (loop thread: the rare append that outran
-        extend_ahead; one posix_fallocate, no pre-faulting). Raises OSError (ENOSPC...)."""
-        end = min(max(end, self.allocated_bytes), self.capacity_bytes)
-        preallocate(self.fd, end, self.allocated_bytes)
-        self.allocated_bytes = max(self.allocated_bytes, end)  # an extend_ahead may have gone further
 
     def start_extension(self) -> bool:
         """Loop thread: mark an extend_ahead as queued (False if one already is). seal/close wait for it."""
@@ -871,9 +888,13 @@ class Segment:
             end = min(end, self.capacity_bytes)
             if end <= start:
                 return
+            # Index blocks first: an entry is written only once the log bytes it points at are written.
+            for index in (self.offset_index, self.time_index):
+                index.allocate_to(index_allocation_bytes(end, index.entry.size, index.entries * index.entry.size,
+                                                         self.index_interval_bytes, self.index_ahead_bytes))
             preallocate(self.fd, end, start)
             self.allocated_bytes = max(self.allocated_bytes, end)
-        except OSError as exc:  # the append path extends synchronously and reports the error there
+        except OSError as exc:  # the append path reports it (StorageError) to the appends that need blocks
             first = self.extension_failed_s < 0
             self.extension_failed_s = time.monotonic()
             log.log(logging.WARNING if first else logging.DEBUG, "extending %s failed: %s", self.log_path, exc)
@@ -889,7 +910,7 @@ class Segment:
         arriving; once they have paused for PREFAULT_IDLE_S, the floor window past the write position."""
         if time.monotonic() - self.last_append_s < PREFAULT_IDLE_S:
             return self.capacity_bytes
-        return self.written_position + warm_ahead_bytes()
+        return self.written_position + self.window_floor_bytes
 
     def append_run(self, view: memoryview, batches: list[tuple[int, BatchHeader]], first_offset: int,
                    leader_epoch: int | None, log_append_time_ms: int | None) -> int:
@@ -902,19 +923,23 @@ class Segment:
         happen in the map so the caller's buffer is never copied twice and never changed. A segment's first
         append writes its base offset first: until then the file may hold no whole batch.
 
-        Raises StorageError if the pwrite fails (EIO, ...; nothing is committed: the bytes past
+        Raises AppendNotReady (nothing written) while a pre-fault chunk of zeros is being written over the
+        range; StorageError if the pwrite fails (EIO, ...; nothing is committed: the bytes past
         ``committed_position`` are overwritten by the next append or cut by recovery), except with EFBIG,
         where the memcpy takes the bytes.
         """
         start = self.written_position
-        if start == 0:
-            self.first_append_ms = now_ms()
-        self.last_append_s = time.monotonic()
         end = start + len(view)
         # The SIGBUS invariant: never touch a byte that owns no block.
         if end > self.allocated_bytes:
             raise AssertionError(f"append to {end} past the allocated prefix {self.allocated_bytes}")
-        self.prefault.begin_append(start, end)  # no zeros of a pre-fault chase land in [start, end)
+        # No zeros of a pre-fault chase may land in [start, end): wait (await) for a chunk being written there.
+        released = self.prefault.begin_append(start, end)
+        if released is not None:
+            raise AppendNotReady("a pre-fault's zeros", released, on_waited=_observe_append_wait)
+        if start == 0:
+            self.first_append_ms = now_ms()
+        self.last_append_s = time.monotonic()
         region = self.map
         head = 0
         if start == 0:
@@ -1073,7 +1098,7 @@ class Segment:
         failpoint("seal.after_trim")
         self.offset_index.sync()
         self.time_index.sync()
-        os.fdatasync(self.fd)
+        sync_data(self.fd)
         self.flushed_position = self.committed_position
 
     def truncate_to(self, offset: int) -> int:
@@ -1149,10 +1174,7 @@ class Segment:
         if unlink:
             failpoint("retention.before_unlink")
             for path in (self.log_path, self.offset_index.path, self.time_index.path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+                remove_file(path)
 
     def seal_recovered(self) -> None:
         """A recovered segment that is not the last one: final time entry, trim the rebuilt indexes,
@@ -1164,7 +1186,7 @@ class Segment:
             index.seal_readers()
             index.trim()
             index.sync()
-        os.fdatasync(self.fd)
+        sync_data(self.fd)
         self.flushed_position = self.committed_position
 
     def trim_for_shutdown(self) -> None:
@@ -1174,5 +1196,5 @@ class Segment:
         if self.map is not None or self.capacity_bytes != self.committed_position:
             self.seal_finish()
         else:
-            os.fdatasync(self.fd)
+            sync_data(self.fd)
             self.flushed_position = self.committed_position

@@ -224,7 +224,8 @@ def _check_replication(document: dict) -> None:
         assert row["stall_s"] > 0 and row["gap_s"] > 0 and row["new_leader"] != row["killed"], row
         assert row["records_acked"] > 0
     for row in _rows_with(document, section="produce") + _rows_with(document, section="cpu"):
-        assert row["produce_mb_per_s"] > 0 and row["leader_cpu_s_per_gb"] > 0, row
+        # CPU is read in clock ticks (10 ms): a tiny run's leader may use less than one.
+        assert row["produce_mb_per_s"] > 0 and row["leader_cpu_s_per_gb"] >= 0, row
     # Both sides of the cpu section ran, and each proved its replica path (or the run would have failed).
     cpu = _rows_with(document, section="cpu")
     assert {r["side"] for r in cpu} == {"copyless", "copyless --no-sendfile"}

@@ -48,9 +48,12 @@ def main() -> None:
             batches += build_batch([expected_value(offset + i) for i in range(count)],
                                    [1_000 + offset + i for i in range(count)], codec=rng.choice((0, 0, 1)))
             offset += count
-        result = partition_log.append(batches)
+        result = partition_log.append_blocking(batches)
         assert result.last_offset == offset - 1
         print(f"ACK {result.last_offset}", flush=True)
+        # As a single node's partition layer does: the high watermark follows the log end (retention deletes
+        # only below it).
+        partition_log.set_high_watermark(partition_log.log_end_offset)
         if number % 7 == 3:
             manager.run_retention()
         if number % 11 == 5:

@@ -38,7 +38,7 @@ def main() -> None:
     for number in range(5000):
         value = f"{number:08d}".encode() * 512  # 4 KiB per record
         try:
-            partition_log.append(build_batch([value], [number]))
+            partition_log.append_blocking(build_batch([value], [number]))
         except StorageError as exc:
             error = exc
             break
@@ -55,7 +55,7 @@ def main() -> None:
     for number in range(len(values), len(values) + 200):
         value = f"{number:08d}".encode() * 512
         try:
-            partition_log.append(build_batch([value], [number]))
+            partition_log.append_blocking(build_batch([value], [number]))
         except StorageError as exc:
             report["second_append"] = f"StorageError errno={exc.errno}"
             break
@@ -75,13 +75,16 @@ def main() -> None:
     # Free space with retention: appends work again.
     partition_log.config = LogConfig(segment_bytes=CONFIG.segment_bytes, segment_index_bytes=CONFIG.segment_index_bytes,
                                      retention_ms=None, retention_bytes=1 << 20, file_delete_delay_ms=0)
+    # Retention deletes only below the high watermark, which a single node's partition layer keeps at the
+    # log end.
+    partition_log.set_high_watermark(partition_log.log_end_offset)
     report["segments_deleted"] = manager.run_retention()
     # Appends resume by themselves: the first refused append starts a background preallocation; a producer
     # keeps retrying (as Kafka clients do on KAFKA_STORAGE_ERROR) and gets through once it is ready.
     deadline = time.monotonic() + 30
     while True:
         try:
-            result = partition_log.append(build_batch([b"after-retention"], [1]))
+            result = partition_log.append_blocking(build_batch([b"after-retention"], [1]))
             report["append_after_retention"] = result.base_offset
             break
         except StorageError as exc:

@@ -37,7 +37,7 @@ def main() -> None:
     partition_log = manager.create_log("cut", 0)
     for number in range(BATCHES):
         data, epoch = batch_for(number)
-        partition_log.append(data, leader_epoch=epoch)
+        partition_log.append_blocking(data, leader_epoch=epoch)
         if number == BATCHES // 2:
             partition_log.flush().result(timeout=60)
             manager.checkpoint_offsets()

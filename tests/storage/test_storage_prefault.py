@@ -34,7 +34,8 @@ KIB, MIB = 1 << 10, 1 << 20
 WINDOW = 256 * KIB
 SEGMENT = 4 * MIB
 PRESENT = 1 << 63
-CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None)
+CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None,
+                   preallocate=True, prefault_window_bytes=WINDOW)
 
 
 def present_pages(region, start: int, end: int) -> list[bool]:
@@ -57,8 +58,6 @@ def window_manager(manager_factory, monkeypatch):
     pages are mapped, and a page an append wrote with pwrite is cached but not mapped (the outrun tests
     below cover that path)."""
     monkeypatch.setattr(segment_module, "OUTRUN_PWRITE", False)
-    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
-    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
     monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 0)
     return manager_factory(CONFIG)
 
@@ -69,7 +68,7 @@ def window_log(window_manager):
 
 
 def append_batch(partition_log, number: int, value_bytes: int = 16 * KIB - 200) -> None:
-    partition_log.append(build_batch([bytes([number % 251]) * value_bytes], [number]))
+    partition_log.append_blocking(build_batch([bytes([number % 251]) * value_bytes], [number]))
 
 
 def append_until(partition_log, position: int) -> None:
@@ -176,8 +175,6 @@ def test_a_paused_log_pre_faults_only_the_floor_past_its_write_position(manager_
     # the appends keep coming (idle after 60 s) the chase runs to the window's end; once they have paused
     # (idle after 0 s: at once) it stops a floor past the write position, and gives the rest of its target
     # back so that the next append asks again.
-    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
-    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
     monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 10_000)
     monkeypatch.setattr(segment_module, "PREFAULT_IDLE_S", idle_s)
     paused_log = manager_factory(CONFIG).create_log("paused", 0)
@@ -318,7 +315,7 @@ def test_appends_past_the_pre_faulted_pages_are_written_not_faulted_in(window_ma
     number = 0
     while active.written_position < 1 * MIB:
         start = active.written_position
-        partition_log.append(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
+        partition_log.append_blocking(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
                              log_append_time_ms=append_time)
         if active.written_position > pre_faulted:
             expected_outrun += active.written_position - start
@@ -402,8 +399,9 @@ def test_zeros_are_claimed_only_past_the_appends_by_the_margin(segment_file):
 
 
 def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatch):
-    """The race the claims exist for, forced: a chunk of zeros is held mid-write while an append copies into
-    the same pages. Without the wait, the zeros written after the copy wipe the appended bytes."""
+    """The race the claims exist for, forced: a chunk of zeros is held mid-write while an append wants to copy
+    into the same pages. The append is told to wait (a future, which the loop awaits instead of blocking)
+    and copies only once the chunk is released; copied before, the zeros written after it would wipe it."""
     fd, region = segment_file
     monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
     monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
@@ -426,18 +424,15 @@ def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatc
     assert prefault._claims == [(0, 1 * MIB)]
     data = bytes(range(1, 256)) * 64
 
-    def append() -> None:
-        prefault.begin_append(0, len(data))
-        region[0:len(data)] = data
-
-    appender = threading.Thread(target=append)
-    appender.start()
-    appender.join(0.5)
-    assert appender.is_alive(), "the append copied into pages a chunk of zeros was being written over"
+    released = prefault.begin_append(0, len(data))
+    assert released is not None, "the append may not copy into pages a chunk of zeros is being written over"
+    assert not released.done()
     resume.set()
-    appender.join(30)
+    released.result(30)
+    assert prefault.begin_append(0, len(data)) is None
+    region[0:len(data)] = data
     chase.join(30)
-    assert not appender.is_alive() and not chase.is_alive()
+    assert not chase.is_alive()
     assert segment_module.PREFAULT_STATS["append_waits"] == waits + 1
     assert region[0:len(data)] == data, "the appended bytes survived the zeros"
     assert os.pread(fd, len(data), 0) == data
@@ -463,7 +458,10 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
                 warm.submit(prefault.chase, region, fd, lambda: 8 * MIB, lambda: written)
             size = rng.choice((100, 1000, 5000, 40_000))
             data = rng.randbytes(size)
-            prefault.begin_append(written, written + size)
+            released = prefault.begin_append(written, written + size)
+            while released is not None:  # a zero chunk over the range: wait for it, as the loop awaits
+                released.result(30)
+                released = prefault.begin_append(written, written + size)
             region[written:written + size] = data
             model += data
             written += size
