@@ -579,3 +579,18 @@ def _delete_files_at_once(admin) -> None:
                 if attempt == 2:
                     raise
                 time.sleep(2)
+
+
+@contextlib.contextmanager
+def keep_logs_on_failure(scratch: Path, keep: Path):
+    """On an exception, copy every process's log under ``scratch`` (brokers, etcd, Kafka) to ``keep`` before
+    the scratch directory goes: a run that failed half an hour in must say why."""
+    try:
+        yield
+    except BaseException:
+        for log in list(scratch.rglob("*.log")) + list(scratch.rglob("kafka.out")):
+            target = keep / log.relative_to(scratch)
+            with contextlib.suppress(OSError):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(log, target)
+        raise
