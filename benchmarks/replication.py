@@ -13,14 +13,15 @@ admin API; products' defaults otherwise, so copyless's broker.session.timeout.ms
 - ``produce``: replicated produce MB/s, one confluent-kafka producer (acks=all, linger 5 ms, as in
   ``benchmarks.throughput``) into a fresh 1-partition topic, at 100 B, 1 KB and 10 KB records, in
   ``--rounds`` rounds (5; 1 with --quick) that run every size on both clusters back to back, the first side
-  alternating by round, after one unmeasured warm-up round. The log is read back once after each run and
+  alternating by round, after ``--warmup-rounds`` unmeasured rounds (3; 1 with --quick: Kafka's JIT). The log is read back once after each run and
   must hold what was acknowledged. Per size: medians, the copyless / Kafka ratio of each round, and their
   median with its sign-test interval and verdict (``throughput.ratio_verdict``). The leader's CPU seconds
   per GB produced come with each row.
 - ``latency``: end-to-end latency (a record's scheduled send time -> a concurrent consumer has it) and
   produce latency at a fixed rate of 1 KB records: half the lower of the two clusters' median peak 1 KB
   rates from ``produce`` (``--latency-rate`` when that section does not run), ``--latency-rounds`` (3; 1
-  with --quick) alternating rounds of ``LATENCY_SECONDS``; the first 20% (at most 2 s) is warm-up. The
+  with --quick) alternating rounds of ``LATENCY_SECONDS``, then the same at ``LOW_LATENCY_RATE`` (full runs);
+  the first 20% of each (at most 2 s) is warm-up. The
   producer is confluent-kafka's, paced per record (``benchmarks.throughput``'s latency workload).
 - ``cpu``: the leader's CPU per GB replicated, sendfile vs ``--no-sendfile``: a second copyless cluster
   whose brokers all run ``--no-sendfile`` (followers' fetches then copied through the leader's Python), the
@@ -55,7 +56,7 @@ from typing import Any
 
 from benchmarks._harness import Benchmark
 from benchmarks._replication.clusters import (DEFAULT_KAFKA_HOME, Cluster, CopylessCluster, EtcdServer,
-                                              KafkaCluster, PortPool)
+                                              KafkaCluster, PortPool, keep_logs_on_failure)
 from benchmarks._replication.failover import measure_failover
 from benchmarks._replication.timeline import summary
 from benchmarks._throughput.report import ratio_verdict
@@ -69,7 +70,14 @@ FAILOVER_TARGET_S = 3.0
 # Kafka's figure on this machine kind (shared/reference/replication.md section 6), for the table.
 KAFKA_REFERENCE_STALL_S = (9.6, 14.9)
 ROUNDS = 5
+# Unmeasured produce rounds first, as in benchmarks.throughput: in a run with one, Kafka's JVM was still
+# speeding up through measured rounds 1-2 (1 KB: 40 and 28 MB/s, then 57-70; 10 KB: 58-60, then 87-89).
+WARMUP_ROUNDS = 3
+# A second, fixed latency rate below half the peak: on a machine this loaded, half the peak measured minutes
+# before left both clusters queueing (p99 of seconds on either side).
+LOW_LATENCY_RATE = 5_000
 LATENCY_ROUNDS = 3
+CPU_ROUNDS = 3  # CPU per GB moved far less from round to round than MB/s did (one run: 0.2-0.3 s/GB spread)
 LATENCY_SECONDS = 15.0
 DEFAULT_LATENCY_RATE = 20_000  # records/s of 1 KB when the produce section did not run to set it
 
@@ -152,10 +160,10 @@ class Run:
         return (sum(s["replica_sendfile_bytes"] for s in stats), sum(s["replica_copied_bytes"] for s in stats))
 
     def rounds(self, sides: list[tuple[str, Cluster]], works: list[Workload], rounds: int, section: str,
-               warmup: bool = False) -> None:
-        """Every workload on every side, ``rounds`` times, the first side alternating by round; ``warmup``
-        first runs one unmeasured round (JIT, page cache, connections)."""
-        numbers = ([0] if warmup else []) + list(range(1, rounds + 1))
+               warmup: int = 0) -> None:
+        """Every workload on every side, ``rounds`` times, the first side alternating by round, after
+        ``warmup`` unmeasured rounds (JIT, page cache, connections)."""
+        numbers = [0] * warmup + list(range(1, rounds + 1))
         with self.bench.progress(len(numbers) * len(works) * len(sides), "runs", section) as bar:
             for number in numbers:
                 order = sides if number % 2 or len(sides) == 1 else sides[::-1]
@@ -243,19 +251,23 @@ def tables(bench: Benchmark, sides: list[str]) -> dict[str, Any]:
             if cpu is not None:
                 ratios[f"leader_cpu_s_per_gb_{side.replace(' --no-sendfile', '_no_sendfile')}_{size}B"] = cpu
     latency = []
-    for side in sides:
-        runs = _rows(bench, section="latency", side=side)
-        if runs:
-            latency.append({"side": side, "rounds": len(runs), "offered_per_s": runs[0]["offered_per_s"],
-                            "achieved_per_s": _median(r["achieved_per_s"] for r in runs),
-                            "produce_p99_ms": _median(r["produce_p99_ms"] for r in runs),
-                            "e2e_p50_ms": _median(r["e2e_p50_ms"] for r in runs),
-                            "e2e_p99_ms": _median(r["e2e_p99_ms"] for r in runs),
-                            "e2e_p999_ms": _median(r["e2e_p999_ms"] for r in runs)})
-            ratios[f"e2e_p99_ms_{side}"] = latency[-1]["e2e_p99_ms"]
+    rates = list(dict.fromkeys(r["offered_per_s"] for r in _rows(bench, section="latency")))
+    for rate in rates:
+        for side in sides:
+            runs = _rows(bench, section="latency", side=side, offered_per_s=rate)
+            if runs:
+                latency.append({"side": side, "rounds": len(runs), "offered_per_s": rate,
+                                "achieved_per_s": _median(r["achieved_per_s"] for r in runs),
+                                "produce_p99_ms": _median(r["produce_p99_ms"] for r in runs),
+                                "e2e_p50_ms": _median(r["e2e_p50_ms"] for r in runs),
+                                "e2e_p99_ms": _median(r["e2e_p99_ms"] for r in runs),
+                                "e2e_p999_ms": _median(r["e2e_p999_ms"] for r in runs)})
+                # The first rate is the section's own (half the peak); any other is named by its rate.
+                suffix = "" if rate == rates[0] else f"_at_{rate}"
+                ratios[f"e2e_p99_ms_{side}{suffix}"] = latency[-1]["e2e_p99_ms"]
     if latency:
-        bench.table("End-to-end latency at half the peak replicated rate (1 KB, acks=all; medians over rounds)",
-                    latency)
+        bench.table("End-to-end latency, 1 KB acks=all: at half the peak replicated rate, then at a fixed lower "
+                    "rate (medians over rounds)", latency)
     return ratios
 
 
@@ -284,9 +296,15 @@ def chart(bench: Benchmark, sides: list[str]):
             if names:
                 ax.legend(fontsize=7)
         ax = axes[1][1]
-        runs = [(s, _median(r["e2e_p99_ms"] for r in _rows(bench, section="latency", side=s))) for s in sides]
-        ax.bar([s for s, _ in runs], [v or 0 for _, v in runs], color=[colors.get(s) for s, _ in runs])
-        ax.set_title("end-to-end p99 ms at half the peak rate", fontsize=9)
+        rates = list(dict.fromkeys(r["offered_per_s"] for r in _rows(bench, section="latency")))
+        width = 0.8 / max(1, len(sides))
+        for j, side in enumerate(sides):
+            values = [_median(r["e2e_p99_ms"] for r in _rows(bench, section="latency", side=side, offered_per_s=rate))
+                      or 0 for rate in rates]
+            ax.bar([i + j * width for i in range(len(rates))], values, width, label=side, color=colors.get(side))
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rates))], [f"{rate}/s" for rate in rates])
+        ax.set_yscale("log")
+        ax.set_title("end-to-end p99 ms (1 KB, acks=all) by offered rate", fontsize=9)
     return draw
 
 
@@ -300,6 +318,8 @@ def main(argv=None) -> dict[str, Any]:
         parser.add_argument("--kills", type=int, default=None, help="leader kills per cluster (default 5; 2 with --quick)")
         parser.add_argument("--rounds", type=int, default=None,
                             help=f"measured rounds of produce and cpu (default {ROUNDS}; 1 with --quick)")
+        parser.add_argument("--warmup-rounds", type=int, default=None,
+                            help=f"unmeasured rounds before produce's (default {WARMUP_ROUNDS}; 1 with --quick)")
         parser.add_argument("--latency-rounds", type=int, default=None,
                             help=f"rounds of the latency section (default {LATENCY_ROUNDS}; 1 with --quick)")
         parser.add_argument("--latency-rate", type=int, default=None,
@@ -319,6 +339,8 @@ def main(argv=None) -> dict[str, Any]:
         raise SystemExit(f"unknown sections: {', '.join(sorted(unknown))}")
     kills = args.kills or bench.pick(full=5, quick=2, tiny=1)
     rounds = args.rounds or bench.pick(full=ROUNDS, quick=1)
+    warmup_rounds = args.warmup_rounds if args.warmup_rounds is not None else bench.pick(full=WARMUP_ROUNDS, quick=1,
+                                                                                          tiny=0)
     latency_rounds = args.latency_rounds or bench.pick(full=LATENCY_ROUNDS, quick=1)
     sizes = bench.pick(full=SIZES, quick=SIZES, tiny=(1000,))
     if bench.tiny:
@@ -339,7 +361,8 @@ def main(argv=None) -> dict[str, Any]:
     run = Run(bench, ctx)
     sides = ["copyless"] + (["kafka"] if use_kafka else [])
     latency_rate = args.latency_rate
-    with bench.scratch_dir() as scratch, contextlib.ExitStack() as stack:
+    with bench.scratch_dir() as scratch, keep_logs_on_failure(scratch, bench.out / "replication-logs"), \
+            contextlib.ExitStack() as stack:
         ports = PortPool()
         etcd = stack.enter_context(EtcdServer(scratch / "etcd", ports))
         copyless = stack.enter_context(CopylessCluster(scratch / "copyless", etcd, ports))
@@ -356,7 +379,7 @@ def main(argv=None) -> dict[str, Any]:
         clusters = [("copyless", copyless)] + ([("kafka", kafka)] if kafka is not None else [])
         if "produce" in sections:
             works = [_workload(bench, "produce", size) for size in sizes]
-            run.rounds(clusters, works, rounds, "produce", warmup=not bench.tiny)
+            run.rounds(clusters, works, rounds, "produce", warmup=warmup_rounds)
             if latency_rate is None and not bench.tiny:
                 peaks = [_median(r["produce_records_per_s"] for r in _rows(bench, section="produce", side=s,
                                                                               record_bytes=1000)) for s, _ in clusters]
@@ -367,9 +390,10 @@ def main(argv=None) -> dict[str, Any]:
         if "latency" in sections:
             latency_rate = latency_rate or bench.pick(full=DEFAULT_LATENCY_RATE, quick=5_000, tiny=500)
             seconds = bench.pick(full=LATENCY_SECONDS, quick=5.0, tiny=1.5)
-            work = _workload(bench, "latency", 1000, records=int(latency_rate * seconds), rate_per_s=latency_rate,
-                             duration_s=seconds, concurrent=True, label=f"latency 1000 B at {latency_rate}/s")
-            run.rounds(clusters, [work], latency_rounds, "latency")
+            rates = [latency_rate] + ([LOW_LATENCY_RATE] if not bench.quick and latency_rate > LOW_LATENCY_RATE else [])
+            works = [_workload(bench, "latency", 1000, records=int(rate * seconds), rate_per_s=rate, duration_s=seconds,
+                               concurrent=True, label=f"latency 1000 B at {rate}/s") for rate in rates]
+            run.rounds(clusters, works, latency_rounds, "latency")
         if "failover" in sections:
             # Last of the sections both clusters run: kills and restarts leave leadership moved and logs
             # recovered, a state the produce and latency figures should not start from.
@@ -382,7 +406,8 @@ def main(argv=None) -> dict[str, Any]:
                                                         name="copyless --no-sendfile"))
             cpu_sizes = bench.pick(full=(1000, 10_000), quick=(10_000,), tiny=(1000,))
             works = [_workload(bench, "cpu", size) for size in cpu_sizes]
-            run.rounds([("copyless", copyless), ("copyless --no-sendfile", plain)], works, rounds, "cpu")
+            run.rounds([("copyless", copyless), ("copyless --no-sendfile", plain)], works, min(rounds, CPU_ROUNDS),
+                       "cpu")
     ratios = tables(bench, sides)
     columns = ["section", "side", "record_bytes", "round", "kill", "killed", "new_leader", "new_leader_s",
                "stall_s", "gap_s", "rejoin_s", "records", "produce_mb_per_s", "produce_records_per_s",

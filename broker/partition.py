@@ -400,8 +400,8 @@ class Partition:
     async def delete_records_before(self, offset: int) -> int:
         """DeleteRecords on the leader: move the log start offset up to ``offset`` (-1: the high watermark),
         so the records below it are no longer served and their whole segments are retired. Returns the new
-        log start offset (the low watermark). Loop thread; the storage work (the log start checkpoint is
-        fsynced before it returns) runs on a worker thread.
+        log start offset (the low watermark). Loop thread; the log's part (which writes the log start
+        checkpoint before it returns) runs on a worker thread.
 
         Kafka's rule: only records every ISR member has (below the high watermark) may be deleted.
 

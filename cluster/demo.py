@@ -20,10 +20,11 @@ could not run (no cluster, no docker). ``--json`` adds one line with the timelin
 Layout: ``check`` is the verdict, a pure function of what the producer had acknowledged and what the group
 read (no I/O; the tests feed it lost, duplicated and reordered records). ``Compose`` drives the docker
 command line (containers found by their compose labels, so compose 1.29 and v2 both work) through asyncio
-subprocesses; the rest is the asyncio shell: producer, consumer, a metadata poller and the script.
-Nothing here survives the demo but the topic, named ``demo-<time>`` so runs never meet each other's data.
+subprocesses; the rest is the asyncio shell: producer and consumer tasks, and ``failover``, which kills,
+polls metadata and restarts. Nothing outlives the demo but its topic (``demo-<time>``, so runs never meet
+each other's data) and its group's committed offsets.
 
-Usage: cluster/demo.sh [--project NAME] [--bootstrap HOST:PORT,...] [--interval-ms N] [--json]
+Usage: cluster/demo.sh [--project NAME] [--bootstrap HOST:PORT,...] [--interval-ms N] [--timeout S] [--json]
 """
 
 from __future__ import annotations

@@ -503,15 +503,36 @@ class KafkaCluster(Cluster):
 
     def __init__(self, workdir: Path, ports: PortPool, kafka_home: Path = DEFAULT_KAFKA_HOME) -> None:
         super().__init__()
-        self.workdir = workdir.resolve()
+        self.root = workdir.resolve()
+        self.workdir = self.root
         self.kafka_home = kafka_home.resolve()
-        self.base = ports.take_block(3, span=10)
+        self.ports = ports
+        self.base = 0
+        self.delete_delay_kept: str | None = None
 
     @staticmethod
     def available(kafka_home: Path = DEFAULT_KAFKA_HOME) -> bool:
         return (kafka_home / "run-kafka-cluster.sh").exists() and shutil.which("java") is not None
 
     def __enter__(self) -> "KafkaCluster":
+        # Ports 44000-44999 lie in the kernel's ephemeral range (32768-60999): some process's outgoing
+        # connection can take one between the check and a JVM's bind, 10-20 s later on a loaded machine
+        # (seen once: node 3's controller port). Then the whole cluster starts again on fresh ports.
+        for attempt in range(1, 4):
+            self.base = self.ports.take_block(3, span=10)
+            self.workdir = self.root / f"start{attempt}"
+            try:
+                self._start()
+                return self
+            except Exception:
+                self.stop()
+                self.nodes.clear()
+                self._admin = None
+                if attempt == 3:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             completed = subprocess.run([str(self.kafka_home / "run-kafka-cluster.sh"), str(self.base),
@@ -525,17 +546,12 @@ class KafkaCluster(Cluster):
             raise
         for n, pid in enumerate(pids, start=1):
             self.nodes[n] = KafkaNode(n, self.base + n - 1, self.workdir / f"node{n}", self.kafka_home, pid)
-        try:
-            _wait_for(lambda: len(self._brokers()) == 3, "kafka: 3 brokers in Metadata")
-        except BaseException:
-            self.stop()
-            raise
-        self.delete_delay_kept = None
+        _wait_for(lambda: len(self._brokers()) == 3 and all(n.alive() for n in self.nodes.values()),
+                  "kafka: 3 brokers in Metadata")
         try:
             _delete_files_at_once(self.admin())
         except Exception as exc:  # measured all the same, its deleted topics' files unlinked 60 s late
             self.delete_delay_kept = str(exc)
-        return self
 
     def _brokers(self) -> dict:
         try:
@@ -579,3 +595,18 @@ def _delete_files_at_once(admin) -> None:
                 if attempt == 2:
                     raise
                 time.sleep(2)
+
+
+@contextlib.contextmanager
+def keep_logs_on_failure(scratch: Path, keep: Path):
+    """On an exception, copy every process's log under ``scratch`` (brokers, etcd, Kafka) to ``keep`` before
+    the scratch directory goes: a run that failed half an hour in must say why."""
+    try:
+        yield
+    except BaseException:
+        for log in list(scratch.rglob("*.log")) + list(scratch.rglob("kafka.out")):
+            target = keep / log.relative_to(scratch)
+            with contextlib.suppress(OSError):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(log, target)
+        raise

@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import blocking
+from . import blocking, clock
 
 log = logging.getLogger("copyless.storage")
 
@@ -106,9 +106,7 @@ class Background:
 
     def retire(self, segment, delete_after_ms: int) -> None:
         """Queue a segment whose files were renamed ``.deleted``; it is closed and unlinked once unpinned."""
-        with segment._lock:
-            segment.retired = True
-            segment.delete_after_ms = delete_after_ms
+        segment.retire(delete_after_ms)
         with self._lock:
             self._retired.append(segment)
 
@@ -128,19 +126,16 @@ class Background:
 
     def reap(self, now_ms: int | None = None) -> int:
         """Close and unlink retired segments that are unpinned and past their delay (io thread)."""
-        from .segment import now_ms as _now
-
-        now = _now() if now_ms is None else now_ms
+        now = clock.now_ms() if now_ms is None else now_ms
         ready = []
         with self._lock:
             keep = []
             for segment in self._retired:
-                with segment._lock:
-                    if segment._pins == 0 and now >= segment.delete_after_ms and not segment.closed:
-                        segment.closed = True
-                        ready.append(segment)
-                    elif not segment.closed:
-                        keep.append(segment)
+                taken = segment.take_for_deletion(now)
+                if taken:
+                    ready.append(segment)
+                elif taken is not None:
+                    keep.append(segment)
             self._retired = keep
         for segment in ready:
             try:

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 from . import index_search
-from ._fileops import preallocate, sync_data
+from ._fileops import populate, preallocate, sync_data
 
 __all__ = ["SparseIndex", "OffsetIndex", "TimeIndex"]
 
@@ -146,6 +146,14 @@ class SparseIndex:
             return
         self.entry.pack_into(self._writable_map, self.entries * self.entry.size, a, b)
         self.entries += 1
+
+    def prefault(self, start: int, length: int, should_stop=lambda: False) -> None:
+        """Pre-fault [start, start+length) of the writable map (worker thread; see _fileops.populate): the
+        first write to each page of a mapped file may wait for the filesystem's journal. Nothing when the
+        index is not writable."""
+        region = self._writable_map
+        if region is not None and length > 0:
+            populate(region, start, length, should_stop)
 
     def allocate_to(self, length: int) -> None:
         """Give the first ``length`` bytes (whole entries, at most the maximum size) blocks (worker thread).

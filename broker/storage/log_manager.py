@@ -38,7 +38,7 @@ from .checkpoint import fsync_directory, read_checkpoint, remove_marker, write_c
 from .config import LogConfig
 from .errors import StorageError, storage_error_from
 from .partition_log import PartitionLog
-from .segment import now_ms
+from .clock import now_ms
 
 __all__ = ["LogManager"]
 

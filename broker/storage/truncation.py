@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import logging
 
-from . import segment as segment_module
 from ._failpoints import failpoint
 from .checkpoint import fsync_directory
 from .errors import StorageError, storage_error_from
-from .segment import PreparedSegment, Segment, now_ms
+from .clock import now_ms
+from .prepared_segment import PreparedSegment
+from .segment import Segment
 
 __all__ = ["TruncationMixin"]
 
@@ -110,7 +111,7 @@ class TruncationMixin:
                       self._roll_error)
             segment.make_read_only()
             return
-        self._background.submit_warm(segment._warm_done, segment.warm_remainder)
+        self._background.submit_warm(segment.warm_done, segment.warm_remainder)
 
     def _set_truncated_end(self, new_end: int, active: Segment) -> None:
         self.log_end_offset = new_end

@@ -125,3 +125,18 @@ def test_garbage_after_the_last_batch_is_reported(written, tmp_path):
     code, output = inspect(last)
     assert code == 1, output
     assert f"bytes at position {size + 100} after the last whole batch (which ends at {size}) are not a batch" in output
+
+
+def test_a_running_brokers_data_dir_checks_out_with_a_warning(broker_factory):
+    proc = broker_factory()
+    topic = unique_topic("live")
+    driver = ConfluentDriver()
+    driver.create_topic(proc.bootstrap, topic, 2)
+    for partition in (0, 1):
+        driver.produce(proc.bootstrap, topic, [Rec(b"k", b"v" * 200, now_ms())] * 5, acks="all", codec="none",
+                       partition=partition)
+    # Active segments preallocated (zero tails), indexes not yet trimmed: still no error.
+    code, output = inspect("--data-dir", proc.data_dir)
+    assert code == 0, output
+    assert f"WARNING {proc.data_dir}: a broker is running on this data dir" in output
+    assert f"{topic}-1: 1 segment(s), 1 batch(es), offsets 0..5: ok" in output

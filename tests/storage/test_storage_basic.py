@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_batches import build_batch, records_of
 
-from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import scan as scan_module
 from copyless.broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError, StorageError
 from copyless.client.protocol.records import iter_batches, read_header, validate_batch
 
@@ -489,9 +489,9 @@ def test_corruption_in_a_middle_segment_cuts_the_log_there(manager_factory, smal
 
 def scan_cost(function):
     """(preads, bytes) that header scans made while ``function`` ran, and its result."""
-    before = dict(segment_module.SCAN_STATS)
+    before = dict(scan_module.SCAN_STATS)
     result = function()
-    after = segment_module.SCAN_STATS
+    after = scan_module.SCAN_STATS
     return after["preads"] - before["preads"], after["bytes"] - before["bytes"], result
 
 
@@ -504,7 +504,7 @@ def test_header_scans_read_small_windows_and_only_headers_of_big_batches(manager
     # A whole-segment scan of 100 KB batches reads one first window, then just each 61-byte header.
     preads, copied, headers = scan_cost(lambda: list(big.batch_headers(0)))
     assert [h.base_offset for h in headers] == list(range(40))
-    assert copied <= segment_module.SCAN_FIRST_WINDOW_BYTES + 61 * 40, copied
+    assert copied <= scan_module.SCAN_FIRST_WINDOW_BYTES + 61 * 40, copied
 
 
 def test_header_scans_of_small_batches_fit_one_window_per_fetch(manager_factory):
@@ -517,7 +517,7 @@ def test_header_scans_of_small_batches_fit_one_window_per_fetch(manager_factory)
         preads, copied, result = scan_cost(lambda: partition_log.read(offset, 1 << 20))
         with result.slice as region:
             assert records_of(region.read_bytes())[0].offset == offset
-        assert preads == 1 and copied <= segment_module.SCAN_FIRST_WINDOW_BYTES, (offset, preads, copied)
+        assert preads == 1 and copied <= scan_module.SCAN_FIRST_WINDOW_BYTES, (offset, preads, copied)
     # A long scan grows its window (8, 16, 32, then 64 KiB): ~260 KiB in 6 preads, not 33 of 8 KiB.
     preads, copied, headers = scan_cost(lambda: list(partition_log.batch_headers(0)))
     assert [h.base_offset for h in headers] == list(range(2_000))
@@ -537,7 +537,7 @@ def test_header_scan_finds_every_batch_whatever_the_mix_of_sizes(tmp_path, sizes
     path.write_bytes(data + bytes(5_000))  # a zero tail, as in an active segment
     fd = os.open(path, os.O_RDONLY)
     try:
-        found = [position for position, _ in segment_module.scan_headers(fd, start, len(data) + 5_000)]
+        found = [position for position, _ in scan_module.scan_headers(fd, start, len(data) + 5_000)]
     finally:
         os.close(fd)
         path.unlink()

@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
-from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import prefault as prefault_module
 from copyless.client.protocol.records import iter_batches, read_header
 
 record_value = st.binary(min_size=0, max_size=300)
@@ -330,22 +330,21 @@ class ZerosRacingAppendsMachine(PartitionLogMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved = (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
-                      segment_module.ZERO_MARGIN_APPENDS, segment_module.ZERO_MARGIN_MS,
-                      segment_module.ZERO_CHUNK_BYTES)
-        segment_module.PREFAULT_WRITES_ZEROS = True
-        segment_module.ZERO_MARGIN_BYTES = 0
-        segment_module.ZERO_MARGIN_APPENDS = 0
-        segment_module.ZERO_MARGIN_MS = 0
-        segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
+        self.saved = (prefault_module.ZERO_MARGIN_BYTES,
+                      prefault_module.ZERO_MARGIN_APPENDS, prefault_module.ZERO_MARGIN_MS,
+                      prefault_module.ZERO_CHUNK_BYTES)
+        prefault_module.ZERO_MARGIN_BYTES = 0
+        prefault_module.ZERO_MARGIN_APPENDS = 0
+        prefault_module.ZERO_MARGIN_MS = 0
+        prefault_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
 
     def teardown(self) -> None:
         try:
             super().teardown()
         finally:
-            (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
-             segment_module.ZERO_MARGIN_APPENDS, segment_module.ZERO_MARGIN_MS,
-             segment_module.ZERO_CHUNK_BYTES) = self.saved
+            (prefault_module.ZERO_MARGIN_BYTES,
+             prefault_module.ZERO_MARGIN_APPENDS, prefault_module.ZERO_MARGIN_MS,
+             prefault_module.ZERO_CHUNK_BYTES) = self.saved
 
 
 ZerosRacingAppendsMachine.TestCase.settings = PartitionLogMachine.TestCase.settings
