@@ -8,9 +8,9 @@ they replaced, each switched off by an environment variable the broker reads at 
   ``pwrite`` (1 MiB chunks, claimed a margin past the appends) and then mapped with
   ``MADV_POPULATE_WRITE``; an append that runs past the pre-faulted pages writes them with ``pwrite``
   instead of faulting them in through the map;
-- ``outrun faults`` (``COPYLESS_OUTRUN_PWRITE=0``): the same zeros, but an append past the pre-faulted pages
+- ``outrun faults`` (``"log.prefault.outrun.pwrite" = false``): the same zeros, but an append past the pre-faulted pages
   copies into the map and faults each page in;
-- ``populate only`` (also ``COPYLESS_PREFAULT_ZEROS=0``): ``MADV_POPULATE_WRITE`` alone allocates and zeroes
+- ``populate only`` (also ``"log.prefault.zeros" = false``): ``MADV_POPULATE_WRITE`` alone allocates and zeroes
   the page cache, the way before either change.
 
 Method. Per round, first a memory probe: 256 MiB (64 in --quick) put into a fresh file's page cache both
@@ -48,10 +48,11 @@ from benchmarks.mmap_warmup import FIRST_TOUCH_WAYS, MIB, first_touch_cpu_s
 from benchmarks.throughput import Workload, ratio_verdict, run_workload, start_copyless
 
 VARIANTS = ("default", "outrun faults", "populate only")
-ENVIRONMENT = {
-    "default": {"COPYLESS_PREFAULT_ZEROS": "1", "COPYLESS_OUTRUN_PWRITE": "1"},
-    "outrun faults": {"COPYLESS_PREFAULT_ZEROS": "1", "COPYLESS_OUTRUN_PWRITE": "0"},
-    "populate only": {"COPYLESS_PREFAULT_ZEROS": "0", "COPYLESS_OUTRUN_PWRITE": "0"},
+# Each variant's broker settings (a --config TOML file).
+SETTINGS = {
+    "default": {"log.prefault.zeros": True, "log.prefault.outrun.pwrite": True},
+    "outrun faults": {"log.prefault.zeros": True, "log.prefault.outrun.pwrite": False},
+    "populate only": {"log.prefault.zeros": False, "log.prefault.outrun.pwrite": False},
 }
 COLOURS = {"default": "tab:green", "outrun faults": "tab:blue", "populate only": "tab:gray"}
 # (a, b): the ratio a / b isolates one change: the pwrite past the pre-faulted pages, then the zeros.
@@ -75,7 +76,9 @@ def _run(bench: Benchmark, ctx, scratch: Path, variant: str, work: Workload) -> 
     data_dir = scratch / f"data-{name}"
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir()
-    handle = start_copyless(data_dir, scratch / f"broker-{name}.log", env=ENVIRONMENT[variant])
+    config_path = scratch / f"broker-{name}.toml"
+    config_path.write_text("".join(f'"{key}" = {str(value).lower()}\n' for key, value in SETTINGS[variant].items()))
+    handle = start_copyless(data_dir, scratch / f"broker-{name}.log", extra_args=("--config", str(config_path)))
     try:
         bench.settle()
         figures = run_workload(ctx, handle.bootstrap, work, serving_stats=handle.serving_stats,
@@ -89,7 +92,7 @@ def _run(bench: Benchmark, ctx, scratch: Path, variant: str, work: Workload) -> 
     zeroed, outrun = counters["prefault_zeroed_bytes"], counters["prefault_outrun_bytes"]
     if (zeroed > 0) != (variant != "populate only") or (outrun > 0 and variant != "default"):
         raise RuntimeError(f"the {variant} broker zeroed {zeroed} bytes and wrote {outrun} past its pre-fault: "
-                           f"its environment {ENVIRONMENT[variant]} was not applied")
+                           f"its settings {SETTINGS[variant]} were not applied")
     return {"produce_mb_per_s": figures["produce_mb_per_s"],
             "broker_produce_cpu_s_per_gb": figures.get("broker_produce_cpu_s_per_gb"),
             "consume_mb_per_s": figures.get("consume_mb_per_s"),

@@ -69,7 +69,7 @@ def timed_appends(partition_log, batch: bytes, count: int) -> tuple[float, list[
     started = time.perf_counter()
     for _ in range(count):
         before = clock()
-        partition_log.append(batch)
+        partition_log.append_blocking(batch)
         latencies.append((clock() - before) / 1000)
     return time.perf_counter() - started, latencies
 
@@ -157,7 +157,7 @@ def measure_recovery(bench: Benchmark, scratch: Path, segment_bytes: int) -> dic
     batch = make_batch(16 * KIB)
     count = segment_bytes // len(batch) - 1
     for _ in range(count):
-        partition_log.append(batch)
+        partition_log.append_blocking(batch)
     data_bytes = partition_log.size_bytes
     manager.abandon()
     config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)

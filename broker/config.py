@@ -100,9 +100,15 @@ class BrokerConfig:
     flush_ms: int | None = None                       # log.flush.interval.ms
     flush_mode: str = "async"                         # "async" | "sync" (acks=all waits for fdatasync)
     message_timestamp_type: str = "CreateTime"        # log.message.timestamp.type
+    preallocate: bool = False                         # log.preallocate (true: whole segments up front)
+    prefault_zeros: bool = True                       # log.prefault.zeros (LogConfig.prefault_zeros)
+    outrun_pwrite: bool = True                        # log.prefault.outrun.pwrite (LogConfig.outrun_pwrite)
     retention_check_interval_ms: int = 300_000        # log.retention.check.interval.ms
     stats_interval_s: float = 60.0                    # period of the stats log line (0 = never)
     shutdown_timeout_s: float = 30.0                  # how long in-flight requests may take on SIGTERM
+    # Blocking storage calls on the event loop's thread raise (storage/blocking.py): a debugging aid, on
+    # under the test suite (copyless serve --check-loop-blocking).
+    check_loop_blocking: bool = False
     # Producer ids handed out by InitProducerId are reserved on disk in blocks of this many, so a restart
     # never reuses an id (Kafka's controller allocates blocks of 1000 the same way).
     producer_id_block_size: int = 1000
@@ -187,6 +193,9 @@ class BrokerConfig:
             retention_bytes=self.retention_bytes,
             max_message_bytes=self.message_max_bytes,
             message_timestamp_type=self.message_timestamp_type,
+            preallocate=self.preallocate,
+            prefault_zeros=self.prefault_zeros,
+            outrun_pwrite=self.outrun_pwrite,
         )
 
     def validate(self) -> None:
@@ -318,6 +327,9 @@ _TOML_KEYS = {
     "log.flush.mode": ("flush_mode", str),
     "flush_mode": ("flush_mode", str),
     "log.message.timestamp.type": ("message_timestamp_type", str),
+    "log.preallocate": ("preallocate", bool),
+    "log.prefault.zeros": ("prefault_zeros", bool),
+    "log.prefault.outrun.pwrite": ("outrun_pwrite", bool),
     "log.retention.check.interval.ms": ("retention_check_interval_ms", int),
     "stats.interval.s": ("stats_interval_s", float),
     "shutdown.timeout.s": ("shutdown_timeout_s", float),

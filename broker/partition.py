@@ -64,6 +64,7 @@ from copyless.broker.errors import (
     RequestTimedOut,
     UnknownLeaderEpoch,
 )
+from copyless.broker.storage.errors import AppendNotReady
 
 __all__ = ["Partition", "Role", "PartitionState", "AppendInfo", "ReplicaView", "NO_EPOCH_CHECK"]
 
@@ -71,6 +72,9 @@ log = logging.getLogger("copyless.partition")
 
 NO_EPOCH_CHECK = -1
 NO_LEADER = -1
+# How long an append may await its log's worker threads (a segment or a step of blocks being prepared: a
+# few ms normally) before the request fails with REQUEST_TIMED_OUT, which producers retry.
+STORAGE_WAIT_TIMEOUT_S = 30.0
 
 
 class Role(enum.Enum):
@@ -100,6 +104,7 @@ class AppendInfo(NamedTuple):
     log_append_time_ms: int  # -1: CreateTime
     log_start_offset: int
     duplicate: bool
+    leader_epoch: int = -1  # the epoch it was appended at (acks=all waits check it is still this broker's)
 
 
 @dataclass
@@ -148,6 +153,8 @@ class Partition:
         self.pending_isr: tuple[int, ...] | None = None
         self._waiters: list[tuple[int, int, asyncio.Future]] = []  # (required offset, sequence, future)
         self._waiter_sequence = 0
+        # Held while an append awaits its log's worker threads; later appends queue behind it in order.
+        self._append_queue = asyncio.Lock()
         self.key = (topic, partition)
         # Long-poll keys: consumers wait for the high watermark, followers for the log end.
         self.follower_key = (topic, partition, "log_end")
@@ -214,10 +221,16 @@ class Partition:
 
     # --- the leader's append path ------------------------------------------------------------------------------
 
-    def append_as_leader(self, records, header, *, acks: int, log_append_time_ms: int | None = None) -> AppendInfo:
+    async def append_as_leader(self, records, header, *, acks: int,
+                               log_append_time_ms: int | None = None) -> AppendInfo:
         """Validate against producer state, append, update producer state, move the high watermark and wake
         whoever waits. The one append path: client produce and the internal writers (committed offsets) both
-        come here. Loop thread, non-blocking.
+        come here. Loop thread.
+
+        Usually returns without suspending (a memcpy into the mapped segment). When the log needs what its
+        worker threads are still preparing (the next segment at a roll, the next step of blocks), the
+        append awaits it, never blocking the loop, and so do the appends to this partition that arrive
+        meanwhile, in their order: a producer's pipelined batches keep their sequence.
 
         Args:
             records: one or more whole v2 batches (already validated by the caller when they come from a
@@ -225,8 +238,48 @@ class Partition:
             acks: the producer's acks (-1 checks ``min.insync.replicas`` before appending).
 
         Raises:
-            BrokerError subclasses (not leader, not enough replicas, sequence errors), StorageError.
+            BrokerError subclasses (not leader, not enough replicas, sequence errors, a request timed out
+            waiting for the storage), StorageError.
         """
+        if not self._append_queue.locked():
+            try:
+                return self._append_nowait(records, header, acks, log_append_time_ms)
+            except AppendNotReady as exc:
+                not_ready = exc
+        else:
+            not_ready = None
+        first_offset = None
+        # Acquiring a free asyncio.Lock does not suspend: no other append can slip in before this one.
+        async with self._append_queue:
+            while True:
+                if not_ready is not None:
+                    if not_ready.appended is not None and first_offset is None:
+                        first_offset = not_ready.appended[0]
+                    records = await self._wait_storage(not_ready, records)
+                try:
+                    info = self._append_nowait(records, header, acks, log_append_time_ms)
+                except AppendNotReady as exc:
+                    not_ready = exc
+                    continue
+                return info if first_offset is None else info._replace(base_offset=first_offset)
+
+    async def _wait_storage(self, not_ready: AppendNotReady, records):
+        """Await what the log said it needs; returns the records still to append."""
+        if not_ready.appended is not None:
+            # Only internal multi-batch writes span segments; their first batches are in and stay in.
+            records = memoryview(records)[not_ready.appended[2]:]
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(STORAGE_WAIT_TIMEOUT_S):
+                await asyncio.wrap_future(not_ready.ready)
+        except TimeoutError:
+            raise RequestTimedOut(f"{self.topic}-{self.partition}: the log's {not_ready} for "
+                                  f"{STORAGE_WAIT_TIMEOUT_S:.0f} s") from None
+        not_ready.waited(time.monotonic() - started)
+        return records
+
+    def _append_nowait(self, records, header, acks: int, log_append_time_ms: int | None) -> AppendInfo:
+        """The append itself (see append_as_leader). Raises AppendNotReady with nothing appended."""
         self.check_leader()
         if acks == -1 and len(self.isr) < self.min_insync_replicas:
             raise NotEnoughReplicas(
@@ -238,18 +291,22 @@ class Partition:
         if check.duplicate_of is not None:
             # A retry of a batch already appended: the same answer, nothing appended.
             original = check.duplicate_of
-            return AppendInfo(original.first_offset, original.last_offset, -1, self.log.log_start_offset, True)
+            return AppendInfo(original.first_offset, original.last_offset, -1, self.log.log_start_offset, True,
+                              self.leader_epoch)
         result = self.log.append(records, leader_epoch=self.leader_epoch, log_append_time_ms=log_append_time_ms)
         self._producers.update(self.topic, self.partition, header, result.base_offset)
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, result.log_append_time_ms,
-                          result.log_start_offset, False)
+                          result.log_start_offset, False, self.leader_epoch)
 
-    async def wait_replicated(self, required_offset: int, timeout_s: float) -> None:
+    async def wait_replicated(self, required_offset: int, timeout_s: float, leader_epoch: int | None = None) -> None:
         """Wait until the high watermark reaches ``required_offset`` (acks=all; Kafka's DelayedProduce).
 
         A waiting request costs one future in a heap keyed by offset; the high watermark's moves resolve them.
+        ``leader_epoch``: the epoch the batch was appended at. If this broker's epoch is another one when
+        the wait ends, the answer is NOT_LEADER_OR_FOLLOWER even if the high watermark passed the offset: a
+        broker that lost leadership, truncated and was elected again holds other records at those offsets.
 
         Raises:
             NotEnoughReplicasAfterAppend, NotLeaderOrFollower, RequestTimedOut.
@@ -269,7 +326,7 @@ class Partition:
             finally:
                 if not future.done():
                     future.cancel()
-        if self.role is not Role.LEADER:
+        if self.role is not Role.LEADER or (leader_epoch is not None and leader_epoch != self.leader_epoch):
             raise NotLeaderOrFollower(f"{self.topic}-{self.partition}: leadership moved while the write waited "
                                       f"for replication")
         if len(self.isr) < self.min_insync_replicas:
@@ -340,10 +397,11 @@ class Partition:
             return log_.read(offset, max_bytes, min_one_message=min_one_message)
         return log_.read(offset, max_bytes, min_one_message=min_one_message, max_offset=max_offset)
 
-    def delete_records_before(self, offset: int) -> int:
+    async def delete_records_before(self, offset: int) -> int:
         """DeleteRecords on the leader: move the log start offset up to ``offset`` (-1: the high watermark),
         so the records below it are no longer served and their whole segments are retired. Returns the new
-        log start offset (the low watermark). Loop thread.
+        log start offset (the low watermark). Loop thread; the log's part (which writes the log start
+        checkpoint before it returns) runs on a worker thread.
 
         Kafka's rule: only records every ISR member has (below the high watermark) may be deleted.
 
@@ -358,7 +416,7 @@ class Partition:
             raise BrokerError(ErrorCode.offset_out_of_range,
                               f"{self.topic}-{self.partition}: cannot delete records before offset {offset}: it is "
                               f"not in [0, {self.high_watermark}] (the high watermark)")
-        return self.log.delete_records_before(offset)
+        return await asyncio.to_thread(self.log.delete_records_before, offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp_ms`` below the high watermark, or
@@ -396,15 +454,19 @@ class Partition:
         view.last_fetch_ms = now
         self.maybe_advance_high_watermark()
 
-    def isr_expansion(self) -> tuple[int, ...] | None:
-        """The ISR with every follower that has caught up to the high watermark and this epoch's start,
-        or None when there is nothing to add (or a change is already in flight)."""
-        if self.role is not Role.LEADER or self.pending_isr is not None:
+    def isr_expansion(self, replica_id: int) -> tuple[int, ...] | None:
+        """The ISR with ``replica_id``, whose fetch has just reached the high watermark and this epoch's
+        start, or None when it is in the ISR already, has not caught up, or a change is in flight.
+
+        Only the follower that is fetching is judged, never a view left from an earlier fetch: a dead
+        follower's last offset can still equal an idle partition's high watermark, and adding it back
+        would have the controller remove it again, round after round."""
+        if self.role is not Role.LEADER or self.pending_isr is not None or replica_id in self.isr:
             return None
-        joining = [replica for replica, view in self.followers.items()
-                   if replica not in self.isr and view.log_end_offset >= self.high_watermark
-                   and view.log_end_offset >= self.epoch_start_offset]
-        return (*self.isr, *sorted(joining)) if joining else None
+        view = self.followers.get(replica_id)
+        if view is None or view.log_end_offset < self.high_watermark or view.log_end_offset < self.epoch_start_offset:
+            return None
+        return (*self.isr, replica_id)
 
     def isr_shrink(self) -> tuple[int, ...] | None:
         """The ISR without the followers that have not caught up within ``replica.lag.time.max.ms``, or None."""
@@ -511,11 +573,19 @@ class Partition:
 
     # --- the follower's append path ----------------------------------------------------------------------------
 
-    def append_as_follower(self, records) -> int:
+    async def append_as_follower(self, records) -> int:
         """Append the leader's batches as they are (offsets, epochs and timestamps kept, CRC checked by
         storage) and rebuild producer state from their headers, so a follower that becomes leader
-        deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread."""
-        result = self.log.append_as_follower(records)
-        for base_offset, header in result.headers:
-            self._producers.update(self.topic, self.partition, header, base_offset)
-        return self.log.log_end_offset
+        deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread;
+        awaits (never blocks) when the log needs a segment or blocks its worker threads are preparing."""
+        while True:
+            try:
+                result = self.log.append_as_follower(records)
+            except AppendNotReady as exc:
+                for base_offset, header in getattr(exc, "follower_headers", ()):
+                    self._producers.update(self.topic, self.partition, header, base_offset)
+                records = await self._wait_storage(exc, records)
+                continue
+            for base_offset, header in result.headers:
+                self._producers.update(self.topic, self.partition, header, base_offset)
+            return self.log.log_end_offset

@@ -17,10 +17,10 @@ Three latency histograms say whether the broker itself kept a consumer waiting:
 - ``loop_lag``: how late a 100 ms timer on the event loop fires; anything that holds the loop thread (a
   slow handler, a blocking call, the thread not being scheduled) shows up here.
 
-Three storage counters, kept by the log's pre-fault chases (``broker.storage.segment.PREFAULT_STATS``, all
+Three storage counters, kept by the log's pre-fault chases (``broker.storage.prefault.PREFAULT_STATS``, all
 partitions): ``prefault_zeroed_bytes``, bytes of the page cache filled by writing zeros ahead of the appends;
-``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (the event loop held
-meanwhile: ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest); and
+``prefault_append_waits``, appends that waited for a chunk of those zeros to be written (awaited: the event loop
+served others meanwhile; ``prefault_append_wait_s`` in all, ``prefault_append_wait_max_ms`` the longest); and
 ``prefault_outrun_bytes``, bytes appended with pwrite because they ran past the pre-faulted pages.
 
 Per API (the Prometheus endpoint, ``broker.metrics``, exposes these): ``requests`` by API key,
@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from copyless.broker.storage.segment import PREFAULT_STATS
+from copyless.broker.storage.prefault import PREFAULT_STATS
 
 __all__ = ["BrokerStats", "LatencyHistogram", "histogram_quantile", "bucket_upper_s", "response_error_codes"]
 

@@ -126,11 +126,20 @@ def _timestamp_type(name: str, text: str) -> str:
 
 _LOG_CONFIGS["message.timestamp.type"] = ("message_timestamp_type", _timestamp_type)
 
+
+def _bool_config(name: str, text: str) -> bool:
+    if str(text).lower() not in ("true", "false"):
+        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}")
+    return str(text).lower() == "true"
+
+
+# true: blocks for each whole segment at its creation; false (Kafka's default): steps ahead of the data.
+_LOG_CONFIGS["preallocate"] = ("preallocate", _bool_config)
+
 # Accepted only with these values: the behaviour they name is the only one the broker has.
 _FIXED_CONFIGS = {
     "cleanup.policy": {"delete"},
     "compression.type": {"producer"},
-    "preallocate": {"true", "false"},
     "message.downconversion.enable": {"true", "false"},
     "remote.storage.enable": {"false"},
 }

@@ -14,6 +14,9 @@ collide. Code shared by the test folders lives in ``tests/support``; this file h
                      counters. ``config`` is merged over TEST_BROKER_CONFIG and passed as ``--config`` TOML
                      (unless ``extra_args`` brings its own ``--config``, which then wins whole).
 
+Blocking storage calls on an event loop's thread raise, in this process and in every broker the suite starts
+(``copyless.broker.storage.blocking``; brokers get ``--check-loop-blocking``).
+
 ``COPYLESS_TEST_BOOTSTRAP=HOST:PORT`` points the ``broker`` fixture at an already running Kafka-protocol
 broker instead (used to prove the tests against the reference Apache Kafka); tests that need to restart the
 broker or read its process state are then skipped.
@@ -26,12 +29,17 @@ from pathlib import Path
 
 import pytest
 
+from copyless.broker.storage import blocking
 from tests.support.broker_process import (
     EXTERNAL_BOOTSTRAP_ENV,
     TEST_BROKER_CONFIG,
     BrokerProcess,
+    check_loop_blocking,
     external_bootstrap,
 )
+
+blocking.enable()
+check_loop_blocking()
 
 LOOPS_ENV = "COPYLESS_TEST_LOOPS"
 

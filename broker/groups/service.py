@@ -103,6 +103,7 @@ class GroupService:
         self._stopping = False
         self._started = False
         self._tasks: list[asyncio.Task] = []
+        self._writes: set[asyncio.Task] = set()  # group metadata appends in flight
         self._creating: asyncio.Task | None = None
         self.load_ms: float = 0.0
 
@@ -304,12 +305,20 @@ class GroupService:
             self._resolve(current)
             changed = current.coordinator.take_changed_groups()
             if changed and self.shards.get(current.partition) is current:
-                try:
-                    self._append(current, [current.store.group_record(s) for s in changed])
-                except Exception as exc:
-                    # Group metadata is advisory (offsets are what must survive): a failed write is logged.
-                    log.warning("could not persist group metadata of %s: %s", [s.group_id for s in changed], exc)
+                # A task, in order: the append may have to await its log (a roll); group metadata is
+                # advisory (offsets are what must survive), so a failed write is only logged.
+                task = asyncio.get_running_loop().create_task(
+                    self._persist_groups(current, [current.store.group_record(s) for s in changed],
+                                         [s.group_id for s in changed]))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
         self._wakeup.set()
+
+    async def _persist_groups(self, shard: _Shard, records: list, group_ids: list[str]) -> None:
+        try:
+            await self._append(shard, records)
+        except Exception as exc:
+            log.warning("could not persist group metadata of %s: %s", group_ids, exc)
 
     # --- group membership -------------------------------------------------------------------------------------
 
@@ -406,10 +415,10 @@ class GroupService:
 
             raise BrokerError(error, error.name)
         records = shard.store.commit_records(group_id, commits)
-        info, partition = self._append(shard, records, fold=False)
+        info, partition = await self._append(shard, records, fold=False)
         # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition), and
         # only then shown to OffsetFetch: the view never holds an offset a failover could take back.
-        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S, info.leader_epoch)
         if partition.config.flush_mode == "sync":
             await asyncio.wrap_future(partition.log.wait_flushed(info.last_offset + 1))
         if self.shards.get(shard.partition) is shard:
@@ -423,8 +432,8 @@ class GroupService:
     async def _append_replicated(self, shard: _Shard, records: list) -> None:
         """Append tombstones and wait, as a commit does, until the ISR has them; the view drops what they
         delete at once (a deleted offset is never served again by this coordinator)."""
-        info, partition = self._append(shard, records)
-        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+        info, partition = await self._append(shard, records)
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S, info.leader_epoch)
 
     async def delete_groups(self, group_ids) -> dict[str, ErrorCode]:
         """DeleteGroups (Kafka's ``GroupCoordinator.handleDeleteGroups``): an Empty (or Dead) group loses its
@@ -496,12 +505,13 @@ class GroupService:
             log.info("group %s: deleted %d committed offset(s)", group_id, len(tombstones))
         return ErrorCode.none, outcome
 
-    def _append(self, shard: _Shard, records: list, *, fold: bool = True):
+    async def _append(self, shard: _Shard, records: list, *, fold: bool = True):
         """Append ``(key, value)`` records to the shard's partition (loop thread; a memcpy into the mapped
-        segment). Returns (AppendInfo, Partition). Raises BrokerError / StorageError."""
+        segment, or an await while its log prepares a segment). Returns (AppendInfo, Partition). Raises
+        BrokerError / StorageError."""
         data = build_batches(records, now_ms())
         partition = self.broker.replicas.leader(OFFSETS_TOPIC, shard.partition)
-        info = partition.append_as_leader(data, batch_header(data), acks=-1)
+        info = await partition.append_as_leader(data, batch_header(data), acks=-1)
         if fold:
             shard.store.apply(records)
         return info, partition
@@ -510,11 +520,11 @@ class GroupService:
         while True:
             await asyncio.sleep(self.retention_check_interval_ms / 1000)
             try:
-                self.expire_offsets(now_ms())
+                await self.expire_offsets(now_ms())
             except Exception:
                 log.exception("offset expiry failed")
 
-    def expire_offsets(self, now: int) -> int:
+    async def expire_offsets(self, now: int) -> int:
         """Tombstone the offsets ``offsets.retention.minutes`` expired; drop groups left empty. Returns count."""
         expired_count = removed_count = 0
         for shard in list(self.shards.values()):
@@ -537,7 +547,7 @@ class GroupService:
                         tombstones.append(store.group_record(dead))
             if tombstones:
                 try:
-                    self._append(shard, tombstones)
+                    await self._append(shard, tombstones)
                 except Exception as exc:
                     log.warning("%s-%d: expiring offsets failed: %s", OFFSETS_TOPIC, shard.partition, exc)
         if expired_count or removed_count:

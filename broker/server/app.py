@@ -14,6 +14,7 @@ import signal
 from copyless.broker.config import BrokerConfig
 from copyless.broker.server.server import Server
 from copyless.broker.state import Broker
+from copyless.broker.storage import blocking
 
 __all__ = ["run", "serve", "loop_factory"]
 
@@ -34,6 +35,18 @@ def loop_factory(name: str):
 
 async def serve(broker: Broker, loop_name: str, *, started: asyncio.Future | None = None) -> Server:
     """Start serving and wait for SIGTERM/SIGINT (or ``server.shutdown()``); returns the stopped server."""
+    # While serving, the storage's blocking work must stay off this thread (storage/blocking.py checks it);
+    # once the loop is done, this thread may block again (a failed start closes the logs on it).
+    blocking.set_loop_thread()
+    if broker.config.check_loop_blocking:
+        blocking.enable()
+    try:
+        return await _serve(broker, loop_name, started)
+    finally:
+        blocking.clear_loop_thread()
+
+
+async def _serve(broker: Broker, loop_name: str, started: asyncio.Future | None) -> Server:
     server = Server(broker, loop_name=loop_name)
     await server.start()
     loop = asyncio.get_running_loop()

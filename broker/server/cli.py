@@ -57,6 +57,8 @@ def add_parsers(subparsers) -> None:
     parser.add_argument("--num-partitions", type=int, help="partitions of auto-created topics (default 1)")
     parser.add_argument("--no-auto-create-topics", action="store_true", help="disable auto.create.topics.enable")
     parser.add_argument("--node-id", type=int, help="node.id (default 0)")
+    parser.add_argument("--check-loop-blocking", action="store_true",
+                        help="fail any blocking storage call made on the event loop's thread (a debugging aid)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     parser.set_defaults(func=main_serve)
 
@@ -101,6 +103,8 @@ def config_from_args(args) -> BrokerConfig:
         changes["auto_create_topics"] = False
     if args.node_id is not None:
         changes["node_id"] = args.node_id
+    if args.check_loop_blocking:
+        changes["check_loop_blocking"] = True
     config = dataclasses.replace(config, **changes)
     first = config.listener_specs()[0][0]
     for name, host, port in config.advertised_listeners:

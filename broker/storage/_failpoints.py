@@ -1,8 +1,8 @@
 """Named crash points for the kill -9 tests.
 
-When the environment variable ``COPYLESS_FAILPOINT`` names a point, the process SIGKILLs itself the moment it
-reaches it: the files are left exactly as a crash at that step leaves them. ``COPYLESS_FAILPOINT_SKIP=N``
-lets the first N hits pass (to crash on, say, the third roll). Unset, a failpoint costs one comparison.
+Once ``arm(name, skip)`` names a point, the process SIGKILLs itself the moment it reaches it: the files are
+left exactly as a crash at that step leaves them. ``skip=N`` lets the first N hits pass (to crash on, say, the
+third roll). Armed by the crash tests' scenario processes; unarmed, a failpoint costs one comparison.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import signal
 
-_ARMED = os.environ.get("COPYLESS_FAILPOINT") or None
-_skip = int(os.environ.get("COPYLESS_FAILPOINT_SKIP", "0") or 0)
+_ARMED: str | None = None
+_skip = 0
 
 # Every point, in protocol order; the crash tests iterate over this tuple.
 POINTS = (
@@ -37,6 +37,14 @@ TRUNCATION_POINTS = (
     "truncate_fully.after_new_segment",  # full: the old segments renamed, the empty one created and named
     "truncate.after_epoch_checkpoint",  # the leader epoch file cut, the data dir's checkpoints not yet
 )
+
+
+def arm(name: str | None, skip: int = 0) -> None:
+    """SIGKILL this process at the ``skip``+1-th hit of failpoint ``name`` (None disarms)."""
+    global _ARMED, _skip
+    if name is not None and name not in POINTS + TRUNCATION_POINTS:
+        raise ValueError(f"unknown failpoint {name!r}")
+    _ARMED, _skip = name, skip
 
 
 def failpoint(name: str) -> None:

@@ -14,6 +14,9 @@ import errno
 import logging
 import mmap
 import os
+from pathlib import Path
+
+from . import blocking
 
 log = logging.getLogger("copyless.storage")
 
@@ -43,6 +46,7 @@ def preallocate(fd: int, length: int, start: int = 0) -> None:
     blocks on a full disk kills the process with SIGBUS; a preallocated page already owns its blocks, so
     the log only ever writes below what was preallocated (see Segment.allocated_bytes)."""
     if length > start:
+        blocking.check("posix_fallocate")
         os.posix_fallocate(fd, start, length - start)
 
 
@@ -90,6 +94,7 @@ def populate(region: mmap.mmap, start: int, length: int, should_stop=lambda: Fal
     The caller guarantees the map stays open until this returns.
     """
     global _populate_write_supported
+    blocking.check("pre-faulting pages")
     page = mmap.PAGESIZE
     end = min(start + length, len(region))
     start -= start % page  # madvise needs a page-aligned start (EINVAL otherwise)
@@ -121,6 +126,7 @@ def write_zeros(fd: int, start: int, end: int) -> None:
     """Write zeros over [start, end) of ``fd`` with pwrite(2) in aligned chunks of at most ZERO_CHUNK_BYTES
     (GIL released for each). The caller owns the range: no append may be writing into it (Prefault's
     claims)."""
+    blocking.check("writing zeros ahead of the appends")
     position = start
     while position < end:
         stop = min(end, (position // ZERO_CHUNK_BYTES + 1) * ZERO_CHUNK_BYTES)
@@ -132,3 +138,19 @@ def write_at(fd: int, data: memoryview, position: int) -> None:
     written = os.pwrite(fd, data, position)
     while written < len(data):
         written += os.pwrite(fd, data[written:], position + written)
+
+
+def sync_data(fd: int) -> None:
+    """fdatasync(2) ``fd`` (worker threads only: an fdatasync of a busy log takes tens to hundreds of ms)."""
+    blocking.check("fdatasync")
+    os.fdatasync(fd)
+
+
+def remove_file(path: Path) -> None:
+    """unlink(2) ``path`` if it exists (worker threads only: an unlink of a large file frees its extents
+    in the calling thread)."""
+    blocking.check("unlink")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -13,7 +13,9 @@ Four executors, so one kind of slow work never queues behind another:
   does not hold another log's acks (os.fdatasync releases the GIL: 5 ms worst stall of another Python
   thread measured, vs 286 ms for mmap.flush() on 512 MiB).
 
-The asyncio shell wraps the returned concurrent futures with ``asyncio.wrap_future``.
+The asyncio shell wraps the returned concurrent futures with ``asyncio.wrap_future``. A ``Completion`` is
+how a worker thread announces a piece of work done: threads wait on it, the event loop awaits its
+``future()`` (an append that needs a segment or blocks still being prepared waits that way, never by blocking).
 """
 
 from __future__ import annotations
@@ -24,9 +26,57 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from . import blocking, clock
+
 log = logging.getLogger("copyless.storage")
 
-__all__ = ["Background"]
+__all__ = ["Background", "Completion"]
+
+
+class Completion:
+    """A one-shot flag a worker thread sets when its work is done (threading.Event's API), which the event
+    loop can await through ``future()`` instead of blocking in ``wait``. Any thread; ``clear`` re-arms it."""
+
+    __slots__ = ("_event", "_lock", "_future")
+
+    def __init__(self, done: bool = False) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._future: Future | None = None
+        if done:
+            self._event.set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            future, self._future = self._future, None
+        if future is not None and future.set_running_or_notify_cancel():
+            future.set_result(None)
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set (worker threads, shutdown, tests; never the event loop's thread)."""
+        if not self._event.is_set():
+            blocking.check("waiting for a worker thread")
+        return self._event.wait(timeout)
+
+    def future(self) -> Future:
+        """A concurrent Future resolved once this is set (already resolved if it is): the loop awaits it with
+        ``asyncio.wrap_future``."""
+        with self._lock:
+            if self._future is None or self._event.is_set():
+                future = Future()
+                if self._event.is_set():
+                    future.set_running_or_notify_cancel()
+                    future.set_result(None)
+                    return future
+                self._future = future
+            return self._future
 
 
 class Background:
@@ -45,7 +95,7 @@ class Background:
     def submit_io(self, function, *args) -> Future:
         return self.io.submit(function, *args)
 
-    def submit_warm(self, done: threading.Event, function, *args) -> Future:
+    def submit_warm(self, done: Completion, function, *args) -> Future:
         """Queue a warm-up whose completion ``done`` announces. ``done`` is set however the task ends, even
         cancelled before it ran (a shutdown that drops queued work): seals and closes wait on it."""
         future = self.warm.submit(function, *args)
@@ -56,9 +106,7 @@ class Background:
 
     def retire(self, segment, delete_after_ms: int) -> None:
         """Queue a segment whose files were renamed ``.deleted``; it is closed and unlinked once unpinned."""
-        with segment._lock:
-            segment.retired = True
-            segment.delete_after_ms = delete_after_ms
+        segment.retire(delete_after_ms)
         with self._lock:
             self._retired.append(segment)
 
@@ -78,19 +126,16 @@ class Background:
 
     def reap(self, now_ms: int | None = None) -> int:
         """Close and unlink retired segments that are unpinned and past their delay (io thread)."""
-        from .segment import now_ms as _now
-
-        now = _now() if now_ms is None else now_ms
+        now = clock.now_ms() if now_ms is None else now_ms
         ready = []
         with self._lock:
             keep = []
             for segment in self._retired:
-                with segment._lock:
-                    if segment._pins == 0 and now >= segment.delete_after_ms and not segment.closed:
-                        segment.closed = True
-                        ready.append(segment)
-                    elif not segment.closed:
-                        keep.append(segment)
+                taken = segment.take_for_deletion(now)
+                if taken:
+                    ready.append(segment)
+                elif taken is not None:
+                    keep.append(segment)
             self._retired = keep
         for segment in ready:
             try:

@@ -21,6 +21,7 @@ import logging
 import os
 from pathlib import Path
 
+from . import blocking
 from ._failpoints import failpoint
 
 __all__ = ["write_checkpoint", "read_checkpoint", "write_entries", "read_entries", "fsync_directory", "write_marker",
@@ -31,7 +32,8 @@ _VERSION = 0
 
 
 def fsync_directory(directory) -> None:
-    """fsync a directory so renames and unlinks in it are durable."""
+    """fsync a directory so renames and unlinks in it are durable (worker threads, start-up, shutdown)."""
+    blocking.check("fsync of a directory")
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -47,6 +49,7 @@ def write_checkpoint(path: Path, entries: dict[tuple[str, int], int]) -> None:
 def write_entries(path: Path, entries: list[tuple]) -> None:
     """Atomically replace ``path`` with a checkpoint of ``entries`` (each a tuple of fields, written
     space-separated). Blocking (fsync x2): worker thread or shutdown only."""
+    blocking.check("writing a checkpoint")
     tmp = path.with_name(path.name + ".tmp")
     lines = [str(_VERSION), str(len(entries))]
     lines += [" ".join(str(field) for field in entry) for entry in entries]

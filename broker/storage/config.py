@@ -26,6 +26,27 @@ class LogConfig:
     file_delete_delay_ms: int = 60_000  # file.delete.delay.ms
     max_message_bytes: int = 1048588  # max.message.bytes (the broker enforces; storage asserts)
     message_timestamp_type: str = "CreateTime"  # or "LogAppendTime" (the broker applies it)
+    # Disk blocks (posix_fallocate) follow the data: a segment file has its full logical size (one map) but
+    # blocks only for a prefix that grows in steps ahead of the writer, so an idle partition holds its
+    # data plus a few MiB, not a whole segment (27 small partitions held 28 GB with whole 1 GiB segments).
+    # preallocate (Kafka's topic config): blocks for the whole segment at creation instead (RocketMQ's way).
+    preallocate: bool = False  # preallocate
+    # The most blocks a partition reserves past its data: the active segment's steps, the next segment's
+    # first step and the indexes' steps together.
+    preallocate_ahead_bytes: int = 64 << 20
+    # The first step of a new segment; later steps are sized from the append rate (a second of it, at least
+    # twice the previous step) up to preallocate_ahead_bytes, so a burst into a new partition gets large
+    # steps at once while 100 idle partitions hold 100 first steps (see benchmarks/NOTES.md).
+    preallocate_first_bytes: int = 4 << 20
+    # Pre-faulting: the window of pages made resident ahead of the appends never shrinks below this (the
+    # rest of the window is WARM_AHEAD_MS of the append rate: see prefault.py).
+    prefault_window_bytes: int = 16 << 20
+    # Pre-faults write zeros over each chunk before mapping it (prefault.py: 0.46 against 1.76 CPU s per GiB
+    # here); False maps with MADV_POPULATE_WRITE alone (benchmarks/prefault.py compares them).
+    prefault_zeros: bool = True
+    # An append past the pre-faulted pages writes them with pwrite(2) instead of faulting them in through the
+    # map (prefault.py: 0.25 against 1.77 CPU s per GiB); False faults them in.
+    outrun_pwrite: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.segment_bytes <= MAX_SEGMENT_BYTES:
@@ -38,7 +59,32 @@ class LogConfig:
             raise ValueError(f"flush_mode must be 'async' or 'sync', got {self.flush_mode!r}")
         if self.message_timestamp_type not in ("CreateTime", "LogAppendTime"):
             raise ValueError(f"bad message_timestamp_type {self.message_timestamp_type!r}")
+        if self.preallocate_ahead_bytes < 4096 or self.preallocate_first_bytes < 4096:
+            raise ValueError("preallocate_ahead_bytes and preallocate_first_bytes must be >= 4096")
+        if self.prefault_window_bytes < 0:
+            raise ValueError("prefault_window_bytes must be >= 0")
         for name in ("segment_ms", "flush_messages", "flush_ms", "retention_ms", "retention_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0 or None")
+
+    @property
+    def log_ahead_bytes(self) -> int:
+        """The most blocks of ``.log`` reserved past the data: the whole segment with ``preallocate``, else
+        seven eighths of preallocate_ahead_bytes less a first step (a next segment's first step may come on
+        top); the indexes' steps take at most a sixteenth each (``index_ahead_bytes``)."""
+        if self.preallocate:
+            return self.segment_bytes
+        return max(4096, self.preallocate_ahead_bytes * 7 // 8 - self.preallocate_first_bytes)
+
+    @property
+    def first_step_bytes(self) -> int:
+        """Blocks a new segment gets at creation."""
+        return self.segment_bytes if self.preallocate else min(self.preallocate_first_bytes, self.segment_bytes)
+
+    @property
+    def index_ahead_bytes(self) -> int:
+        """The most blocks one index file reserves past its entries (None-like: all with preallocate)."""
+        if self.preallocate:
+            return self.segment_index_bytes
+        return max(4096, self.preallocate_ahead_bytes // 32)

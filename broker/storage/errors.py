@@ -10,7 +10,8 @@ from __future__ import annotations
 import errno as _errno
 import os
 
-__all__ = ["StorageError", "OffsetOutOfRangeError", "UnexpectedAppendOffsetError", "free_bytes", "storage_error_from"]
+__all__ = ["StorageError", "OffsetOutOfRangeError", "UnexpectedAppendOffsetError", "AppendNotReady", "free_bytes",
+           "storage_error_from"]
 
 
 class StorageError(Exception):
@@ -45,6 +46,30 @@ class OffsetOutOfRangeError(Exception):
         self.offset = offset
         self.log_start_offset = log_start_offset
         self.log_end_offset = log_end_offset
+
+
+class AppendNotReady(Exception):
+    """An append needs what a worker thread is still preparing (the next segment at a roll, the next step of
+    blocks, a chunk of pre-fault zeros being written where the append would go). The log stays as it was
+    past ``appended``: retry the rest once ``ready`` resolves. Not an error a client sees: the partition
+    awaits ``ready`` (a concurrent Future) and appends again, so the event loop never waits in a blocking call.
+
+    Attributes:
+        ready: a concurrent Future resolved when retrying may succeed.
+        appended: ``(base_offset, last_offset, consumed_bytes)`` of leading whole batches already appended
+            (an append of more batches than one segment holds, split across rolls), or None.
+    """
+
+    def __init__(self, what: str, ready, appended: tuple[int, int, int] | None = None, on_waited=None) -> None:
+        super().__init__(f"append waits for {what}")
+        self.ready = ready
+        self.appended = appended
+        self._on_waited = on_waited
+
+    def waited(self, seconds: float) -> None:
+        """The caller reports how long it awaited ``ready`` (for the counters of whoever raised this)."""
+        if self._on_waited is not None:
+            self._on_waited(seconds)
 
 
 class UnexpectedAppendOffsetError(Exception):

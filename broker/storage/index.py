@@ -9,8 +9,11 @@ One offset entry is added per ``index_interval_bytes`` of log (4096 by default) 
 a time entry is added alongside when the segment's largest timestamp grew. Relative offset = offset -
 segment base offset.
 
-Lifecycle. An active index file is preallocated to ``segment_index_bytes`` (rounded down to whole entries)
-and mapped read-write; appends are a ``pack_into`` on the map (no syscall). Sealing swaps readers onto a
+Lifecycle. An active index file has the logical size ``segment_index_bytes`` (rounded down to whole entries)
+and is mapped read-write, but owns blocks only for a prefix (``allocated_entries``) that grows in steps
+with the segment's own blocks (``allocate_to``, worker thread): a write into a page without blocks on a full
+disk is SIGBUS, so an entry that would land past the prefix is skipped (a sparse index may skip entries;
+lookups then scan a little further). Appends are a ``pack_into`` on the map (no syscall). Sealing swaps readers onto a
 read-only map of the used prefix, unmaps the writable map and trims the file to its entries (worker
 thread). Sealed indexes are mapped lazily on first lookup (Kafka's ``LazyIndex``: start-up time with many
 segments). Indexes are never trusted after a crash: recovery rebuilds them from the log.
@@ -25,7 +28,7 @@ import os
 from pathlib import Path
 
 from . import index_search
-from ._fileops import preallocate
+from ._fileops import populate, preallocate, sync_data
 
 __all__ = ["SparseIndex", "OffsetIndex", "TimeIndex"]
 
@@ -44,6 +47,9 @@ class SparseIndex:
         self.entries = entries
         self.max_entries = max_entries
         self._writable_map = writable_map
+        # Entries [0, allocated_entries) own blocks; appends never write past them.
+        self.allocated_entries = max_entries
+        self.skipped_entries = 0
         # What lookups read: the writable map while active, a read-only map (or b"") once sealed, None until
         # a sealed index is first used.
         self._data = writable_map
@@ -53,12 +59,13 @@ class SparseIndex:
     # --- construction (worker thread or start-up) ---------------------------------------------------------
 
     @classmethod
-    def create(cls, path: Path, max_index_bytes: int):
-        """A new, empty, preallocated and mapped index at ``path`` (replacing any file there)."""
+    def create(cls, path: Path, max_index_bytes: int, allocate_bytes: int | None = None):
+        """A new, empty, mapped index at ``path`` (replacing any file there), with blocks for its first
+        ``allocate_bytes`` (all of it when None)."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             index = cls(path, fd, 0, 0, None)
-            index.make_writable(max_index_bytes)
+            index.make_writable(max_index_bytes, allocate_bytes=allocate_bytes)
             return index
         except BaseException:
             os.close(fd)
@@ -72,8 +79,10 @@ class SparseIndex:
         entries = size // cls.entry.size
         return cls(path, fd, entries, entries, None)
 
-    def make_writable(self, max_index_bytes: int, *, memory_fallback: bool = False) -> None:
-        """Preallocate to the maximum size and map read-write (the active segment's index).
+    def make_writable(self, max_index_bytes: int, *, memory_fallback: bool = False,
+                      allocate_bytes: int | None = None) -> None:
+        """Grow to the maximum size (sparse), give the used entries plus ``allocate_bytes`` (all when None)
+        blocks, and map read-write (the active segment's index).
 
         With ``memory_fallback``, a full disk (ENOSPC, EDQUOT, EFBIG) is not an error: the entries are kept in
         an anonymous map instead (recovery on a full disk must not need new space) and written to the file
@@ -84,8 +93,12 @@ class SparseIndex:
         if length < used:
             length = used
         previous_writable = self._writable_map
+        allocated = length if allocate_bytes is None else min(length, used + allocate_bytes)
+        allocated -= allocated % self.entry.size
         try:
-            preallocate(self.fd, length)
+            preallocate(self.fd, allocated)
+            if os.fstat(self.fd).st_size < length:
+                os.ftruncate(self.fd, length)  # the sparse rest: a map may not reach past the end of its file
             region = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             if self.in_memory and used:
                 region[:used] = previous_writable[:used]
@@ -99,7 +112,9 @@ class SparseIndex:
             if used:
                 region[:used] = os.pread(self.fd, used, 0)
             self.in_memory = True
+            allocated = length
         self.max_entries = length // self.entry.size
+        self.allocated_entries = allocated // self.entry.size
         previous, self._data = self._data, region
         self._writable_map = region
         for stale in {id(r): r for r in (previous, previous_writable) if isinstance(r, mmap.mmap)}.values():
@@ -126,8 +141,31 @@ class SparseIndex:
         return self.entries >= self.max_entries
 
     def _append(self, a: int, b: int) -> None:
+        if self.entries >= self.allocated_entries:
+            self.skipped_entries += 1  # its blocks are not allocated yet (allocate_to): a sparse index skips
+            return
         self.entry.pack_into(self._writable_map, self.entries * self.entry.size, a, b)
         self.entries += 1
+
+    def prefault(self, start: int, length: int, should_stop=lambda: False) -> None:
+        """Pre-fault [start, start+length) of the writable map (worker thread; see _fileops.populate): the
+        first write to each page of a mapped file may wait for the filesystem's journal. Nothing when the
+        index is not writable."""
+        region = self._writable_map
+        if region is not None and length > 0:
+            populate(region, start, length, should_stop)
+
+    def allocate_to(self, length: int) -> None:
+        """Give the first ``length`` bytes (whole entries, at most the maximum size) blocks (worker thread).
+        Raises OSError (ENOSPC...): the index then keeps skipping entries past its blocks."""
+        if self._writable_map is None or self.in_memory:
+            return
+        length = min(length, self.max_entries * self.entry.size)
+        length -= length % self.entry.size
+        current = self.allocated_entries * self.entry.size
+        if length > current:
+            preallocate(self.fd, length, current)
+            self.allocated_entries = length // self.entry.size
 
     def data(self):
         """The buffer lookups read (mapping a sealed index on first use)."""
@@ -157,7 +195,7 @@ class SparseIndex:
         length = self.entries * self.entry.size
         previous = self._data
         self._data = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ) if length else b""
-        self.max_entries = self.entries
+        self.max_entries = self.allocated_entries = self.entries
         writable, self._writable_map = self._writable_map, None
         for region in {id(r): r for r in (writable, previous) if isinstance(r, mmap.mmap)}.values():
             region.close()
@@ -201,7 +239,7 @@ class SparseIndex:
         os.ftruncate(self.fd, self.entries * self.entry.size)
 
     def sync(self) -> None:
-        os.fdatasync(self.fd)
+        sync_data(self.fd)
 
     def rename(self, path: Path) -> None:
         os.rename(self.path, path)

@@ -38,7 +38,7 @@ from .checkpoint import fsync_directory, read_checkpoint, remove_marker, write_c
 from .config import LogConfig
 from .errors import StorageError, storage_error_from
 from .partition_log import PartitionLog
-from .segment import now_ms
+from .clock import now_ms
 
 __all__ = ["LogManager"]
 
@@ -144,7 +144,7 @@ class LogManager:
         else:
             log.log(logging.INFO if clean else logging.WARNING,
                     "storage started in %.3f s (%s): %d logs, %d segments, %d recovered, %d bytes rescanned,"
-                    " %d discarded", seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
+                    " %d bytes trimmed past the last batches", seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
                     totals["logs"], totals["segments"], totals["segments_recovered"], totals["bytes_rescanned"],
                     totals["bytes_discarded"])
         if not clean and self._logs:

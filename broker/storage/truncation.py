@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import logging
 
-from . import segment as segment_module
 from ._failpoints import failpoint
 from .checkpoint import fsync_directory
 from .errors import StorageError, storage_error_from
-from .segment import PreparedSegment, Segment, now_ms
+from .clock import now_ms
+from .prepared_segment import PreparedSegment
+from .segment import Segment
 
 __all__ = ["TruncationMixin"]
 
@@ -101,7 +102,7 @@ class TruncationMixin:
         """A sealed segment became the last one: map it for appends again (as start-up does)."""
         config = self.config
         try:
-            segment.make_active(config.segment_bytes, config.segment_index_bytes)
+            segment.make_active(config)
         except OSError as exc:
             # A full disk: appends wait for a segment the background can preallocate (as after start-up).
             self._roll_error = storage_error_from(exc, "preallocating", segment.log_path,
@@ -110,7 +111,7 @@ class TruncationMixin:
                       self._roll_error)
             segment.make_read_only()
             return
-        self._background.submit_warm(segment._warm_done, segment.warm_remainder)
+        self._background.submit_warm(segment.warm_done, segment.warm_remainder)
 
     def _set_truncated_end(self, new_end: int, active: Segment) -> None:
         self.log_end_offset = new_end
@@ -191,8 +192,7 @@ class TruncationMixin:
         """An empty active segment named ``base_offset`` (blocking: creates and allocates its files)."""
         config = self.config
         self._prepared_sequence += 1
-        prepared = PreparedSegment(self.directory, f"prepared-t{self._prepared_sequence}", config.segment_bytes,
-                                   config.segment_index_bytes)
+        prepared = PreparedSegment(self.directory, f"prepared-t{self._prepared_sequence}", config)
         try:
             prepared.create()
         except BaseException:
@@ -203,6 +203,6 @@ class TruncationMixin:
         fsync_directory(self.directory)
         background = self._background
         background.submit_warm(prepared.warm_done, prepared.warm, config.index_interval_bytes)
-        if segment.prefault.want(min(segment_module.warm_ahead_bytes(), segment.allocated_bytes)):
+        if segment.prefault.want(min(config.prefault_window_bytes, segment.allocated_bytes)):
             background.submit_warm(segment.prefault.idle, segment.chase, background.prefault_helper)
         return segment

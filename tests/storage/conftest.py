@@ -1,21 +1,12 @@
-import os
-# Segments here are 64 KiB - 8 MiB: allocate them in 16 KiB steps (64 MiB in production) so that every test,
-# and every subprocess it starts, runs the stepped allocation with its sparse tails. Set before
-# broker.storage is imported by the test modules.
-os.environ.setdefault("COPYLESS_ALLOCATION_STEP_BYTES", str(16 << 10))
-# Likewise a 16 KiB pre-fault window floor (16 MiB in production), so windows move and spill within them.
-os.environ.setdefault("COPYLESS_WARM_AHEAD_BYTES", str(16 << 10))
+import pytest
 
-import pytest  # noqa: E402
+from copyless.broker.storage import LogConfig, LogManager
 
-from copyless.broker.storage import LogConfig, LogManager  # noqa: E402
-from copyless.broker.storage import segment as _segment  # noqa: E402
-
-# Also when another conftest imported broker.storage before the variable was set.
-_segment.ALLOCATION_STEP_BYTES = int(os.environ["COPYLESS_ALLOCATION_STEP_BYTES"])
-_segment.WARM_AHEAD_BYTES = int(os.environ["COPYLESS_WARM_AHEAD_BYTES"])
-
-SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None)
+# Segments of 64 KiB allocated in 16 KiB steps (a 4 MiB first step and 64 MiB ahead in production), with a
+# 16 KiB pre-fault window floor (16 MiB in production), so that the steps, their sparse tails and the moving
+# windows are all exercised within small segments.
+SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None,
+                  preallocate_first_bytes=16 << 10, preallocate_ahead_bytes=48 << 10, prefault_window_bytes=16 << 10)
 
 
 @pytest.fixture

@@ -9,14 +9,15 @@ Each record's value is a pure function of its offset (expected_value), so a read
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
 
 from storage_batches import build_batch
 
-from copyless.broker.storage import LogConfig, LogManager
-from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import LogConfig, LogManager, _failpoints
+from copyless.broker.storage import prefault as prefault_module
 
 CONFIG = LogConfig(segment_bytes=24 << 10, segment_index_bytes=1024, index_interval_bytes=1024, retention_ms=None,
                    retention_bytes=96 << 10, file_delete_delay_ms=0)
@@ -29,16 +30,19 @@ def expected_value(offset: int) -> bytes:
 
 def main() -> None:
     data_dir, seed, max_appends = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    # The parent names the step to crash at (and how many hits to let pass) in the environment, and whether
+    # appends past the pre-faulted pages write with pwrite.
+    _failpoints.arm(os.environ.get("COPYLESS_FAILPOINT") or None, int(os.environ.get("COPYLESS_FAILPOINT_SKIP", "0")))
+    config = dataclasses.replace(CONFIG, outrun_pwrite=os.environ.get("COPYLESS_OUTRUN_PWRITE", "1") != "0")
     if sys.argv[4:] == ["zeros-racing"]:
-        segment_module.PREFAULT_WRITES_ZEROS = True
-        segment_module.ZERO_MARGIN_BYTES = 0
-        segment_module.ZERO_MARGIN_APPENDS = 0
-        segment_module.ZERO_MARGIN_MS = 0
-        segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
+        prefault_module.ZERO_MARGIN_BYTES = 0
+        prefault_module.ZERO_MARGIN_APPENDS = 0
+        prefault_module.ZERO_MARGIN_MS = 0
+        prefault_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
     rng = random.Random(seed)
-    manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
+    manager = LogManager(data_dir, default_config=config, background_interval_ms=None)
     manager.startup()
-    partition_log = manager.create_log("crash", 0, CONFIG)
+    partition_log = manager.create_log("crash", 0, config)
     print(f"START {partition_log.log_start_offset} {partition_log.log_end_offset}", flush=True)
     for number in range(max_appends):
         batches = b""
@@ -48,7 +52,7 @@ def main() -> None:
             batches += build_batch([expected_value(offset + i) for i in range(count)],
                                    [1_000 + offset + i for i in range(count)], codec=rng.choice((0, 0, 1)))
             offset += count
-        result = partition_log.append(batches)
+        result = partition_log.append_blocking(batches)
         assert result.last_offset == offset - 1
         print(f"ACK {result.last_offset}", flush=True)
         # As a single node's partition layer does: the high watermark follows the log end (retention deletes

@@ -38,7 +38,7 @@ def main() -> None:
     for number in range(5000):
         value = f"{number:08d}".encode() * 512  # 4 KiB per record
         try:
-            partition_log.append(build_batch([value], [number]))
+            partition_log.append_blocking(build_batch([value], [number]))
         except StorageError as exc:
             error = exc
             break
@@ -55,7 +55,7 @@ def main() -> None:
     for number in range(len(values), len(values) + 200):
         value = f"{number:08d}".encode() * 512
         try:
-            partition_log.append(build_batch([value], [number]))
+            partition_log.append_blocking(build_batch([value], [number]))
         except StorageError as exc:
             report["second_append"] = f"StorageError errno={exc.errno}"
             break
@@ -84,7 +84,7 @@ def main() -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            result = partition_log.append(build_batch([b"after-retention"], [1]))
+            result = partition_log.append_blocking(build_batch([b"after-retention"], [1]))
             report["append_after_retention"] = result.base_offset
             break
         except StorageError as exc:

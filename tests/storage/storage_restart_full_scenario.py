@@ -39,7 +39,7 @@ def fill(data_dir: Path) -> None:
     error = None
     for number in range(5000):
         try:
-            partition_log.append(build_batch([value_of(number)], [1_000 + number]))
+            partition_log.append_blocking(build_batch([value_of(number)], [1_000 + number]))
         except StorageError as exc:
             error = exc
             break
@@ -83,7 +83,7 @@ def restart(data_dir: Path) -> None:
     errors = []
     for number in range(report["log_end_offset"], report["log_end_offset"] + 1000):
         try:
-            partition_log.append(build_batch([value_of(number)], [1_000 + number]))
+            partition_log.append_blocking(build_batch([value_of(number)], [1_000 + number]))
             accepted.append(value_of(number))
         except StorageError as exc:
             errors.append({"errno": exc.errno, "disk_full": exc.is_disk_full})
@@ -100,7 +100,7 @@ def restart(data_dir: Path) -> None:
     while time.monotonic() < deadline:
         attempts += 1
         try:
-            result = partition_log.append(build_batch([b"after-free"], [2]))
+            result = partition_log.append_blocking(build_batch([b"after-free"], [2]))
             report["append_after_free"] = result.base_offset
             break
         except StorageError:

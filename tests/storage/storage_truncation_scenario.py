@@ -10,11 +10,12 @@ function of the batch number (``batch_for``), so the parent can rebuild the orig
 
 from __future__ import annotations
 
+import os
 import sys
 
 from storage_batches import build_batch
 
-from copyless.broker.storage import LogConfig, LogManager
+from copyless.broker.storage import LogConfig, LogManager, _failpoints
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0)
@@ -32,12 +33,14 @@ def batch_for(number: int) -> tuple[bytes, int]:
 
 def main() -> None:
     data_dir, mode = sys.argv[1], sys.argv[2]
+    # The parent names the step to crash at (and how many hits to let pass) in the environment.
+    _failpoints.arm(os.environ.get("COPYLESS_FAILPOINT") or None, int(os.environ.get("COPYLESS_FAILPOINT_SKIP", "0")))
     manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
     manager.startup()
     partition_log = manager.create_log("cut", 0)
     for number in range(BATCHES):
         data, epoch = batch_for(number)
-        partition_log.append(data, leader_epoch=epoch)
+        partition_log.append_blocking(data, leader_epoch=epoch)
         if number == BATCHES // 2:
             partition_log.flush().result(timeout=60)
             manager.checkpoint_offsets()

@@ -37,7 +37,7 @@ def run_appender(data_dir: Path, seed: int, *, failpoint: str | None = None, ski
                  zeros_racing: bool = False, outrun_pwrite: bool = True) -> tuple[int, int, int]:
     """Run the appender; return (exit status, last acknowledged offset or -1, last flushed offset or 0).
     ``outrun_pwrite``: appends past the pre-faulted pages write with pwrite (the default) or fault the pages
-    in through the map (COPYLESS_OUTRUN_PWRITE=0)."""
+    in through the map (LogConfig.outrun_pwrite, set by the appender from COPYLESS_OUTRUN_PWRITE)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]),
                COPYLESS_OUTRUN_PWRITE="1" if outrun_pwrite else "0")
     env.pop("COPYLESS_FAILPOINT", None)

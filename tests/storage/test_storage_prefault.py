@@ -14,6 +14,7 @@ appends racing a chase on real threads with no margin at all, every byte kept.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import random
@@ -24,8 +25,8 @@ import pytest
 from storage_batches import build_batch
 
 from copyless.broker.storage import LogConfig
-from copyless.broker.storage import partition_log as partition_log_module
-from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import preparation as preparation_module
+from copyless.broker.storage import prefault as prefault_module
 from copyless.broker.storage._fileops import map_address, preallocate
 from copyless.client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
 
@@ -34,7 +35,8 @@ KIB, MIB = 1 << 10, 1 << 20
 WINDOW = 256 * KIB
 SEGMENT = 4 * MIB
 PRESENT = 1 << 63
-CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None)
+CONFIG = LogConfig(segment_bytes=SEGMENT, segment_index_bytes=64 * KIB, retention_ms=None, segment_ms=None,
+                   preallocate=True, prefault_window_bytes=WINDOW, outrun_pwrite=False)
 
 
 def present_pages(region, start: int, end: int) -> list[bool]:
@@ -53,13 +55,10 @@ def mapped_bytes(region, start: int, end: int) -> int:
 @pytest.fixture
 def window_manager(manager_factory, monkeypatch):
     """Logs with whole-segment allocation and a fixed 256 KiB window (no rate-based growth). Appends that
-    outrun the window fault their pages in here, as they did before OUTRUN_PWRITE: these tests read which
+    outrun the window fault their pages in here (outrun_pwrite off): these tests read which
     pages are mapped, and a page an append wrote with pwrite is cached but not mapped (the outrun tests
     below cover that path)."""
-    monkeypatch.setattr(segment_module, "OUTRUN_PWRITE", False)
-    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
-    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
-    monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 0)
+    monkeypatch.setattr(preparation_module, "WARM_AHEAD_MS", 0)
     return manager_factory(CONFIG)
 
 
@@ -69,7 +68,7 @@ def window_log(window_manager):
 
 
 def append_batch(partition_log, number: int, value_bytes: int = 16 * KIB - 200) -> None:
-    partition_log.append(build_batch([bytes([number % 251]) * value_bytes], [number]))
+    partition_log.append_blocking(build_batch([bytes([number % 251]) * value_bytes], [number]))
 
 
 def append_until(partition_log, position: int) -> None:
@@ -115,7 +114,7 @@ def test_the_window_spills_into_the_next_segment_before_a_roll(window_log):
     active = window_log.segments[-1]
     append_until(window_log, SEGMENT - WINDOW // 4)
     assert window_log.wait_warm(30)
-    prepared = window_log._prepared
+    prepared = window_log.next_segment
     assert prepared is not None and prepared.ready.is_set(), "the next segment is prepared before the roll"
     spill = prepared.prefault.position // PAGE * PAGE
     assert spill == WINDOW, "a whole window at the spare's head once the window reaches past the end"
@@ -137,14 +136,14 @@ def test_the_next_head_is_asked_for_as_early_as_pre_faulting_it_takes(window_log
     # Pre-faulting measured far slower than the appends (1 byte per ms): the spare's head is asked for as
     # soon as the spare exists, not half a window before the end, where it could not finish by the roll.
     # Measured far faster: only once the room left is under half a window.
-    monkeypatch.setattr(segment_module, "_prefault_bytes_per_ms", prefault_bytes_per_ms)
+    monkeypatch.setattr(prefault_module, "_prefault_bytes_per_ms", prefault_bytes_per_ms)
     active = window_log.segments[-1]
     number = 0
-    while window_log._prepared is None:
+    while window_log.next_segment is None:
         append_batch(window_log, number)
         number += 1
     append_batch(window_log, number)
-    prepared = window_log._prepared
+    prepared = window_log.next_segment
     room = SEGMENT - active.written_position
     assert room > WINDOW, "the spare was prepared only at the segment's very end"
     assert window_log.wait_warm(30)
@@ -154,7 +153,7 @@ def test_the_next_head_is_asked_for_as_early_as_pre_faulting_it_takes(window_log
     else:
         assert prepared.prefault.target == 0
         assert mapped_bytes(prepared.map, 0, SEGMENT) == 0
-    assert segment_module.prefault_bytes_per_ms() == prefault_bytes_per_ms, "steps this short are not timed"
+    assert prefault_module.prefault_bytes_per_ms() == prefault_bytes_per_ms, "steps this short are not timed"
 
 
 def test_a_reopened_active_segment_gets_a_window(window_manager, window_log, manager_factory):
@@ -176,10 +175,8 @@ def test_a_paused_log_pre_faults_only_the_floor_past_its_write_position(manager_
     # the appends keep coming (idle after 60 s) the chase runs to the window's end; once they have paused
     # (idle after 0 s: at once) it stops a floor past the write position, and gives the rest of its target
     # back so that the next append asks again.
-    monkeypatch.setattr(segment_module, "ALLOCATION_STEP_BYTES", 0)
-    monkeypatch.setattr(segment_module, "WARM_AHEAD_BYTES", WINDOW)
-    monkeypatch.setattr(partition_log_module, "WARM_AHEAD_MS", 10_000)
-    monkeypatch.setattr(segment_module, "PREFAULT_IDLE_S", idle_s)
+    monkeypatch.setattr(preparation_module, "WARM_AHEAD_MS", 10_000)
+    monkeypatch.setattr(prefault_module, "PREFAULT_IDLE_S", idle_s)
     paused_log = manager_factory(CONFIG).create_log("paused", 0)
     assert paused_log.wait_warm(30)
     active = paused_log.segments[-1]
@@ -205,7 +202,7 @@ def test_a_chase_stops_at_its_lead_and_gives_the_rest_of_its_target_back(tmp_pat
     try:
         preallocate(fd, 8 * MIB)
         region = mmap.mmap(fd, 8 * MIB)
-        prefault = segment_module.Prefault()
+        prefault = prefault_module.Prefault()
         assert prefault.want(6 * MIB)
         prefault.chase(region, fd, lambda: 8 * MIB, lead=lambda: 2 * MIB)
         assert prefault.idle.is_set() and prefault.position == 2 * MIB and prefault.target == 2 * MIB
@@ -232,13 +229,13 @@ class RecordingExecutor(ThreadPoolExecutor):
 
 
 def test_a_chase_far_behind_hands_half_of_each_step_to_the_helper(tmp_path, monkeypatch):
-    monkeypatch.setattr(segment_module, "PREFAULT_SPLIT_BYTES", 1 * MIB)
+    monkeypatch.setattr(prefault_module, "PREFAULT_SPLIT_BYTES", 1 * MIB)
     fd = os.open(tmp_path / "segment", os.O_RDWR | os.O_CREAT, 0o644)
     helper = RecordingExecutor()
     try:
         preallocate(fd, 8 * MIB)
         region = mmap.mmap(fd, 8 * MIB)
-        prefault = segment_module.Prefault()
+        prefault = prefault_module.Prefault()
         assert prefault.want(6 * MIB)
         prefault.chase(region, fd, lambda: 8 * MIB, helper=helper)
         assert prefault.idle.is_set() and prefault.position == 6 * MIB
@@ -305,25 +302,24 @@ def test_appends_past_the_pre_faulted_pages_are_written_not_faulted_in(window_ma
     it are written with pwrite (counted), their pages cached but not mapped, and their headers rewritten in
     the map all the same (offsets; with LogAppendTime, the timestamp and a CRC recomputed over pwrite'd
     bytes)."""
-    monkeypatch.setattr(segment_module, "OUTRUN_PWRITE", True)
-    partition_log = window_manager.create_log("outrun", 0)
+    partition_log = window_manager.create_log("outrun", 0, dataclasses.replace(CONFIG, outrun_pwrite=True))
     assert partition_log.wait_warm(30)
     active = partition_log.segments[-1]
     active.prefault.stopped = True  # no chase moves the pre-faulted end from here on
     pre_faulted = active.prefault.position
     assert pre_faulted >= WINDOW - PAGE
-    outrun = segment_module.PREFAULT_STATS["outrun_bytes"]
+    outrun = prefault_module.PREFAULT_STATS["outrun_bytes"]
     expected_outrun = 0
     append_time = 1_700_000_000_000 if log_append_time else None
     number = 0
     while active.written_position < 1 * MIB:
         start = active.written_position
-        partition_log.append(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
+        partition_log.append_blocking(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
                              log_append_time_ms=append_time)
         if active.written_position > pre_faulted:
             expected_outrun += active.written_position - start
         number += 1
-    assert segment_module.PREFAULT_STATS["outrun_bytes"] - outrun == expected_outrun > 512 * KIB
+    assert prefault_module.PREFAULT_STATS["outrun_bytes"] - outrun == expected_outrun > 512 * KIB
     # Copied into the map below the pre-faulted end; past it only the header pages were touched through the
     # map: a 16 KiB batch spans four pages, and the middle ones of every batch stay unmapped. (A LogAppendTime
     # CRC reads the whole batch through the map, which maps its pages without allocating any.)
@@ -359,28 +355,27 @@ def segment_file(tmp_path):
 
 def test_a_chase_writes_zeros_then_maps_the_pages(segment_file, monkeypatch):
     fd, region = segment_file
-    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
-    zeroed = segment_module.PREFAULT_STATS["zeroed_bytes"]
-    prefault = segment_module.Prefault()
+    zeroed = prefault_module.PREFAULT_STATS["zeroed_bytes"]
+    prefault = prefault_module.Prefault()
     assert prefault.want(6 * MIB)
     prefault.chase(region, fd, lambda: 8 * MIB)
     assert prefault.method == "zeros+madvise"
     # Nothing has been appended: zeros go from the margin past position 0 to the target.
-    assert segment_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - segment_module.ZERO_MARGIN_BYTES
+    assert prefault_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - prefault_module.ZERO_MARGIN_BYTES
     assert all(present_pages(region, 0, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
     assert region[:6 * MIB] == bytes(6 * MIB)
-    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", False)
+    prefault.zeros = False
     assert prefault.want(7 * MIB)
     prefault.chase(region, fd, lambda: 8 * MIB)
     assert prefault.method == "madvise"
-    assert segment_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - segment_module.ZERO_MARGIN_BYTES
+    assert prefault_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - prefault_module.ZERO_MARGIN_BYTES
     assert all(present_pages(region, 6 * MIB, 7 * MIB))
 
 
 def test_zeros_are_claimed_only_past_the_appends_by_the_margin(segment_file):
-    prefault = segment_module.Prefault()
+    prefault = prefault_module.Prefault()
     prefault.begin_append(0, 5000)
-    margin = segment_module.ZERO_MARGIN_BYTES
+    margin = prefault_module.ZERO_MARGIN_BYTES
     first_page = (5000 + margin + PAGE - 1) // PAGE * PAGE
     claim = prefault.claim(0, 8 * MIB)
     assert claim == (first_page, 8 * MIB)
@@ -402,23 +397,23 @@ def test_zeros_are_claimed_only_past_the_appends_by_the_margin(segment_file):
 
 
 def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatch):
-    """The race the claims exist for, forced: a chunk of zeros is held mid-write while an append copies into
-    the same pages. Without the wait, the zeros written after the copy wipe the appended bytes."""
+    """The race the claims exist for, forced: a chunk of zeros is held mid-write while an append wants to copy
+    into the same pages. The append is told to wait (a future, which the loop awaits instead of blocking)
+    and copies only once the chunk is released; copied before, the zeros written after it would wipe it."""
     fd, region = segment_file
-    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
-    monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
-    monkeypatch.setattr(segment_module, "ZERO_MARGIN_APPENDS", 0)
+    monkeypatch.setattr(prefault_module, "ZERO_MARGIN_BYTES", 0)
+    monkeypatch.setattr(prefault_module, "ZERO_MARGIN_APPENDS", 0)
     writing, resume = threading.Event(), threading.Event()
-    real_write_zeros = segment_module.write_zeros
+    real_write_zeros = prefault_module.write_zeros
 
     def held_write_zeros(fd_, start, end):
         writing.set()
         assert resume.wait(30)
         real_write_zeros(fd_, start, end)
 
-    monkeypatch.setattr(segment_module, "write_zeros", held_write_zeros)
-    waits = segment_module.PREFAULT_STATS["append_waits"]
-    prefault = segment_module.Prefault()
+    monkeypatch.setattr(prefault_module, "write_zeros", held_write_zeros)
+    waits = prefault_module.PREFAULT_STATS["append_waits"]
+    prefault = prefault_module.Prefault()
     assert prefault.want(2 * MIB)
     chase = threading.Thread(target=prefault.chase, args=(region, fd, lambda: 8 * MIB))
     chase.start()
@@ -426,19 +421,16 @@ def test_an_append_waits_for_the_zero_chunk_it_overlaps(segment_file, monkeypatc
     assert prefault._claims == [(0, 1 * MIB)]
     data = bytes(range(1, 256)) * 64
 
-    def append() -> None:
-        prefault.begin_append(0, len(data))
-        region[0:len(data)] = data
-
-    appender = threading.Thread(target=append)
-    appender.start()
-    appender.join(0.5)
-    assert appender.is_alive(), "the append copied into pages a chunk of zeros was being written over"
+    released = prefault.begin_append(0, len(data))
+    assert released is not None, "the append may not copy into pages a chunk of zeros is being written over"
+    assert not released.done()
     resume.set()
-    appender.join(30)
+    released.result(30)
+    assert prefault.begin_append(0, len(data)) is None
+    region[0:len(data)] = data
     chase.join(30)
-    assert not appender.is_alive() and not chase.is_alive()
-    assert segment_module.PREFAULT_STATS["append_waits"] == waits + 1
+    assert not chase.is_alive()
+    assert prefault_module.PREFAULT_STATS["append_waits"] == waits + 1
     assert region[0:len(data)] == data, "the appended bytes survived the zeros"
     assert os.pread(fd, len(data), 0) == data
     # The chunk after it was claimed past the append's end, not over it.
@@ -449,12 +441,11 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
     """Real threads, no holds: one chase zeroes page-sized chunks right behind the appends (margin 0) while
     this thread appends odd-sized runs; every appended byte must be in the file afterwards."""
     fd, region = segment_file
-    monkeypatch.setattr(segment_module, "PREFAULT_WRITES_ZEROS", True)
-    monkeypatch.setattr(segment_module, "ZERO_MARGIN_BYTES", 0)
-    monkeypatch.setattr(segment_module, "ZERO_MARGIN_APPENDS", 0)
-    monkeypatch.setattr(segment_module, "ZERO_CHUNK_BYTES", PAGE)
+    monkeypatch.setattr(prefault_module, "ZERO_MARGIN_BYTES", 0)
+    monkeypatch.setattr(prefault_module, "ZERO_MARGIN_APPENDS", 0)
+    monkeypatch.setattr(prefault_module, "ZERO_CHUNK_BYTES", PAGE)
     rng = random.Random(7)
-    prefault = segment_module.Prefault()
+    prefault = prefault_module.Prefault()
     written = 0
     model = bytearray()
     with ThreadPoolExecutor(1) as warm:
@@ -463,10 +454,13 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
                 warm.submit(prefault.chase, region, fd, lambda: 8 * MIB, lambda: written)
             size = rng.choice((100, 1000, 5000, 40_000))
             data = rng.randbytes(size)
-            prefault.begin_append(written, written + size)
+            released = prefault.begin_append(written, written + size)
+            while released is not None:  # a zero chunk over the range: wait for it, as the loop awaits
+                released.result(30)
+                released = prefault.begin_append(written, written + size)
             region[written:written + size] = data
             model += data
             written += size
         assert prefault.idle.wait(30)
     assert region[:written] == model
-    assert segment_module.PREFAULT_STATS["zeroed_bytes"] > 0
+    assert prefault_module.PREFAULT_STATS["zeroed_bytes"] > 0

@@ -61,7 +61,7 @@ class ReplicaLogMachine(RuleBasedStateMachine):
     @rule(batch_values=values, new_epoch=st.booleans())
     def append_as_leader(self, batch_values, new_epoch) -> None:
         self.epoch += int(new_epoch)
-        result = self.log.append(build_batch(batch_values, [1] * len(batch_values)), leader_epoch=self.epoch)
+        result = self.log.append_blocking(build_batch(batch_values, [1] * len(batch_values)), leader_epoch=self.epoch)
         assert result.base_offset == self.log_end_offset
         self.batches.append((result.base_offset, self.epoch, batch_values))
 
@@ -78,7 +78,7 @@ class ReplicaLogMachine(RuleBasedStateMachine):
             data += raw
             appended.append((offset, self.epoch, batch_values))
             offset += len(batch_values)
-        result = self.log.append_as_follower(data)
+        result = self.log.append_as_follower_blocking(data)
         assert [base for base, _ in result.headers] == [base for base, _, _ in appended]
         self.batches.extend(appended)
 

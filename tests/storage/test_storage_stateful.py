@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
-from copyless.broker.storage import segment as segment_module
+from copyless.broker.storage import prefault as prefault_module
 from copyless.client.protocol.records import iter_batches, read_header
 
 record_value = st.binary(min_size=0, max_size=300)
@@ -86,7 +86,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
             data += build_batch(values, timestamps, codec=codec)
             expected.append((values, timestamps))
         append_time_ms = self.clock_ms + 1 if append_time else None
-        result = self.log.append(data, log_append_time_ms=append_time_ms)
+        result = self.log.append_blocking(data, log_append_time_ms=append_time_ms)
         assert result.base_offset == self.log_end_offset
         offset = result.base_offset
         for values, timestamps in expected:
@@ -108,9 +108,9 @@ class PartitionLogMachine(RuleBasedStateMachine):
             batch = build_batch(values, timestamps, codec=codec)
             if len(batch) > self.config.segment_bytes:
                 with pytest.raises(ValueError):  # a batch never straddles segments: too big is refused
-                    self.log.append(batch)
+                    self.log.append_blocking(batch)
                 continue
-            result = self.log.append(batch)
+            result = self.log.append_blocking(batch)
             assert result.base_offset == self.log_end_offset
             for offset, (value, timestamp) in enumerate(zip(values, timestamps), start=result.base_offset):
                 self.records.append((offset, value, timestamp))
@@ -330,22 +330,21 @@ class ZerosRacingAppendsMachine(PartitionLogMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved = (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
-                      segment_module.ZERO_MARGIN_APPENDS, segment_module.ZERO_MARGIN_MS,
-                      segment_module.ZERO_CHUNK_BYTES)
-        segment_module.PREFAULT_WRITES_ZEROS = True
-        segment_module.ZERO_MARGIN_BYTES = 0
-        segment_module.ZERO_MARGIN_APPENDS = 0
-        segment_module.ZERO_MARGIN_MS = 0
-        segment_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
+        self.saved = (prefault_module.ZERO_MARGIN_BYTES,
+                      prefault_module.ZERO_MARGIN_APPENDS, prefault_module.ZERO_MARGIN_MS,
+                      prefault_module.ZERO_CHUNK_BYTES)
+        prefault_module.ZERO_MARGIN_BYTES = 0
+        prefault_module.ZERO_MARGIN_APPENDS = 0
+        prefault_module.ZERO_MARGIN_MS = 0
+        prefault_module.ZERO_CHUNK_BYTES = os.sysconf("SC_PAGE_SIZE")
 
     def teardown(self) -> None:
         try:
             super().teardown()
         finally:
-            (segment_module.PREFAULT_WRITES_ZEROS, segment_module.ZERO_MARGIN_BYTES,
-             segment_module.ZERO_MARGIN_APPENDS, segment_module.ZERO_MARGIN_MS,
-             segment_module.ZERO_CHUNK_BYTES) = self.saved
+            (prefault_module.ZERO_MARGIN_BYTES,
+             prefault_module.ZERO_MARGIN_APPENDS, prefault_module.ZERO_MARGIN_MS,
+             prefault_module.ZERO_CHUNK_BYTES) = self.saved
 
 
 ZerosRacingAppendsMachine.TestCase.settings = PartitionLogMachine.TestCase.settings

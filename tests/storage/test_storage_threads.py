@@ -25,7 +25,7 @@ def test_reads_race_retention_and_housekeeping(tmp_path):
     out_of_range = served = 0
     try:
         for number in range(3000):
-            partition_log.append(build_batch([f"{number}".encode() * 40], [number]))
+            partition_log.append_blocking(build_batch([f"{number}".encode() * 40], [number]))
             # As a single node's partition layer does after each append (retention stays below it).
             partition_log.set_high_watermark(partition_log.log_end_offset)
             start, end = partition_log.log_start_offset, partition_log.log_end_offset

@@ -92,7 +92,7 @@ def check(data_dir: Path, mode: str, old_end: int, target: int) -> None:
         assert start <= partition_log.high_watermark <= end
         # The log keeps working: appends at its end, then a truncation back to where it was.
         data, _epoch = batch_for(7)
-        partition_log.append(data, leader_epoch=99)
+        partition_log.append_blocking(data, leader_epoch=99)
         partition_log.truncate_to(end)
         assert partition_log.log_end_offset == end and stored_batches(partition_log) == stored
         assert cache.entries() == [entry for entry in cache.entries() if entry.start_offset < end]

@@ -38,6 +38,17 @@ TEST_BROKER_CONFIG = {
     "offsets.topic.num.partitions": 4,
 }
 
+# Whether brokers started here run with --check-loop-blocking (a blocking storage call on the event loop's
+# thread raises). The suite's conftest arms it through check_loop_blocking().
+_check_loop_blocking = False
+
+
+def check_loop_blocking(enabled: bool = True) -> None:
+    """Start every later broker with ``--check-loop-blocking`` (or not)."""
+    global _check_loop_blocking
+    _check_loop_blocking = enabled
+
+
 # "listening on 127.0.0.1:40123", "addr=[::1]:9092", "bound 0.0.0.0:5555" ... any HOST:PORT with a real port.
 _ADDRESS_RE = re.compile(r"(?P<host>\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:.]+\]|localhost):(?P<port>\d{1,5})\b")
 
@@ -92,6 +103,8 @@ class BrokerProcess:
             cmd += ["--loop", self.loop]
         if not self.sendfile:
             cmd.append("--no-sendfile")
+        if _check_loop_blocking:
+            cmd.append("--check-loop-blocking")
         # A caller passing its own --config in extra_args owns the whole configuration.
         if self.config and "--config" not in self.extra_args:
             cmd += ["--config", str(self.config_path)]
@@ -128,10 +141,6 @@ class BrokerProcess:
         log_file.write(f"\n==== start: {' '.join(self.command(f'{self.listen_host}:{port}'))}\n".encode())
         log_offset = self.log_path.stat().st_size
         env = python_env(PYTHONUNBUFFERED="1")
-        # Brokers under test run the production storage defaults, even when tests/storage (which switches
-        # its own logs to stepped allocation through this variable) ran earlier in the same session.
-        env.pop("COPYLESS_ALLOCATION_STEP_BYTES", None)
-        env.pop("COPYLESS_WARM_AHEAD_BYTES", None)
         self.process = subprocess.Popen(
             self.command(f"{self.listen_host}:{port}"),
             stdout=log_file,
@@ -286,9 +295,11 @@ class BrokerProcess:
         self.process.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + timeout_s
         while True:
-            for line in reversed(self.log_since(offset).splitlines()):
+            # Only whole lines: a reader can see a long line's write half done. The object is decoded from
+            # the line's start, so a log line that slipped in before its newline does not matter.
+            for line in reversed(self.log_since(offset).split("\n")[:-1]):
                 if line.startswith("stats-json "):
-                    return json.loads(line[len("stats-json "):])
+                    return json.JSONDecoder().raw_decode(line[len("stats-json "):])[0]
             if time.monotonic() > deadline:
                 raise AssertionError(f"no stats-json line within {timeout_s:g} s of SIGUSR1:\n{self.log_tail()}")
             time.sleep(0.05)

@@ -1,0 +1,227 @@
+"""LogLoader: a partition's directory made into a log at start-up, or a new log created (mixed into
+PartitionLog as classmethods; blocking).
+
+Clean start (the data dir's clean-shutdown marker): files and indexes are trusted after cheap checks.
+Unclean: every segment from the one holding the checkpointed recovery point is rescanned and cut at its
+first torn or corrupt batch (SegmentRecovery), later segments that no longer follow on are removed, and
+the recovered tail is fdatasynced so the recovery point can be the log end. Leftovers of interrupted
+operations are cleaned first (``_clean_directory``). A trimmed zero or sparse tail is the unused
+preallocated space of the segment that was active, and is logged as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from . import filenames
+from ._fileops import sync_data
+from .background import Background
+from .checkpoint import fsync_directory
+from .config import LogConfig
+from .errors import StorageError, storage_error_from
+from .prepared_segment import PreparedSegment
+from .segment import Segment
+from .segment_recovery import RecoveryOutcome
+
+if TYPE_CHECKING:
+    from .partition_log import PartitionLog
+
+__all__ = ["LogLoader", "LoadStats"]
+
+log = logging.getLogger("copyless.storage")
+
+
+class LoadStats(NamedTuple):
+    segments: int
+    segments_recovered: int
+    bytes_rescanned: int
+    bytes_discarded: int
+    segments_removed: int
+    seconds: float
+
+
+class LogLoader:
+    """The loading half of PartitionLog (see the module docstring). Blocking."""
+
+    @classmethod
+    def create_new(cls, topic: str, partition: int, directory: Path, config: LogConfig,
+                   background: Background, base_offset: int = 0) -> "PartitionLog":
+        """A new, empty log with one segment at ``base_offset`` (blocking: allocates its first step)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config)
+        try:
+            prepared.create()
+        except OSError as exc:
+            prepared.warm_done.set()
+            raise storage_error_from(exc, "creating a log", directory, bytes_needed=config.segment_bytes) from None
+        segment = Segment.from_prepared(prepared, base_offset, config.index_interval_bytes)
+        segment.assign_name()
+        fsync_directory(directory)
+        fsync_directory(directory.parent)
+        background.submit_warm(prepared.warm_done, prepared.warm, config.index_interval_bytes)
+        if segment.prefault.want(min(config.prefault_window_bytes, segment.allocated_bytes)):
+            background.submit_warm(segment.prefault.idle, segment.chase, background.prefault_helper)
+        return cls(topic, partition, directory, config, background, [segment])
+
+    @classmethod
+    def load(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background, *,
+             clean: bool, recovery_point: int, high_watermark: int | None = None,
+             log_start_offset: int | None = None) -> tuple["PartitionLog", LoadStats]:
+        """Open an existing log directory (blocking, start-up).
+
+        Clean: trust files and indexes (cheap sanity checks; a segment failing them is recovered). Unclean:
+        rescan every segment from the one holding ``recovery_point``, truncating at the first torn or corrupt
+        batch, removing later segments and rebuilding indexes; then fdatasync what was recovered so the
+        recovery point can be the log end. The leader epoch cache is loaded and made to agree with the log
+        (its file's entries past the log end dropped, the batches from the recovery point scanned again), and
+        the checkpointed ``high_watermark`` restored (None: the log start), clamped to the log. A checkpointed
+        ``log_start_offset`` above the first segment's base is the log start (DeleteRecords); above the log
+        end, the log is emptied and restarted there (a full truncation a crash interrupted, Kafka's rule).
+        """
+        log_, stats = cls._load_segments(topic, partition, directory, config, background, clean=clean,
+                                         recovery_point=max(recovery_point, log_start_offset or 0))
+        if log_start_offset is not None and log_start_offset > log_.log_start_offset:
+            if log_start_offset > log_.log_end_offset:
+                log.warning("%s: the log ends at %d, below its checkpointed start %d: restarting it there",
+                            directory, log_.log_end_offset, log_start_offset)
+                log_.truncate_fully_and_start_at(log_start_offset)
+            else:
+                log_.log_start_offset = log_start_offset
+        log_._restore_replication_state(rescan_from=None if clean else recovery_point,
+                                        high_watermark=high_watermark)
+        return log_, stats
+
+    def _restore_replication_state(self, *, rescan_from: int | None, high_watermark: int | None) -> None:
+        """Start-up, after the segments are loaded: the epoch cache and the high watermark. Blocking."""
+        cache = self.leader_epochs
+        cache.restore(self.batch_headers, log_start_offset=self.log_start_offset,
+                      log_end_offset=self.log_end_offset, rescan_from=rescan_from)
+        if self.log_end_offset == self.log_start_offset:
+            cache.clear()
+        # Written now: the recovery point written after an unclean start-up is the log end.
+        cache.flush()
+        start, end = self.log_start_offset, self.log_end_offset
+        self.high_watermark = min(max(start if high_watermark is None else high_watermark, start), end)
+
+    @classmethod
+    def _load_segments(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
+                       *, clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
+        started = time.perf_counter()
+        bases = cls._clean_directory(directory)
+        if not bases:
+            # Never restart below the checkpointed recovery point: those offsets were handed out already.
+            log_ = cls.create_new(topic, partition, directory, config, background, recovery_point)
+            return log_, LoadStats(1, 0, 0, 0, 0, time.perf_counter() - started)
+        segments = [Segment.open_existing(directory, base, config.index_interval_bytes) for base in bases]
+        first_to_recover = len(segments)
+        if not clean:
+            first_to_recover = 0
+            for number, segment in enumerate(segments):
+                if segment.base_offset <= recovery_point:
+                    first_to_recover = number
+        recovered = rescanned = discarded = removed = 0
+        kept: list[Segment] = []
+        truncated = False  # a segment out of sequence was found: it and everything after it go
+        for number, segment in enumerate(segments):
+            if truncated or (kept and segment.base_offset != kept[-1].next_offset):
+                if not truncated:
+                    log.warning("%s: segment %d does not follow offset %d: removing it and later segments",
+                                directory, segment.base_offset, kept[-1].next_offset)
+                truncated = True
+                segment.close(unlink=True)
+                removed += 1
+                continue
+            if number < first_to_recover and segment.load_clean():
+                kept.append(segment)
+                continue
+            outcome: RecoveryOutcome = segment.recover(config.segment_index_bytes)
+            recovered += 1
+            rescanned += outcome.valid_bytes
+            discarded += outcome.discarded_bytes
+            if outcome.stop_reason is not None and outcome.discarded_bytes:
+                # A zero tail ("bad length") is the unused preallocated part of a segment; anything else is a
+                # torn or corrupt batch. Later segments survive only if they still follow on by offset (the
+                # continuity check above): a rolled-but-untrimmed segment keeps its successors, a cut in the
+                # middle of the data does not.
+                if outcome.stop_reason == "bad length":
+                    log.info("%s: %s: trimmed %d bytes of preallocated space past the last batch (at position"
+                             " %d)", directory, segment.log_path.name, outcome.discarded_bytes, outcome.valid_bytes)
+                else:
+                    log.warning("%s: %s: cut at position %d, the end of the last whole batch (%s); the %d bytes"
+                                " after it (a torn or corrupt write, and preallocated space) were dropped",
+                                directory, segment.log_path.name, outcome.valid_bytes, outcome.stop_reason,
+                                outcome.discarded_bytes)
+            kept.append(segment)
+        if not kept:
+            log_ = cls.create_new(topic, partition, directory, config, background, recovery_point)
+            return log_, LoadStats(1, recovered, rescanned, discarded, removed, time.perf_counter() - started)
+        for segment in kept[:-1]:
+            if segment.offset_index.writable or segment.time_index.writable:
+                segment.seal_recovered()
+        last = kept[-1]
+        roll_error: StorageError | None = None
+        try:
+            last.make_active(config)
+        except OSError as exc:
+            # Typically ENOSPC: start degraded. The log serves reads; appends get StorageError until a
+            # segment can be preallocated (retried in the background, see _take_prepared).
+            roll_error = storage_error_from(exc, "preallocating", last.log_path, bytes_needed=config.segment_bytes)
+            log.error("%s: cannot reopen %s for appends: %s", directory, last.log_path.name, roll_error)
+            last.make_read_only()
+        if recovered:
+            sync_data(last.fd)
+            last.flushed_position = last.committed_position
+        fsync_directory(directory)
+        log_ = cls(topic, partition, directory, config, background, kept)
+        if roll_error is not None:
+            log_._roll_error = roll_error
+        if last.map is not None:
+            background.submit_warm(last.warm_done, last.warm_remainder)
+            window_end = min(last.written_position + config.prefault_window_bytes, last.allocated_bytes)
+            if last.prefault.want(window_end):
+                background.submit_warm(last.prefault.idle, last.chase, background.prefault_helper)
+        stats = LoadStats(len(kept), recovered, rescanned, discarded, removed, time.perf_counter() - started)
+        return log_, stats
+
+    @staticmethod
+    def _clean_directory(directory: Path) -> list[int]:
+        """Remove leftovers of interrupted operations and return the segment base offsets, sorted.
+
+        Leftovers: ``*.deleted`` (retention was interrupted; the log start already moved past them);
+        ``prepared-*`` files: adopted under their first batch's base offset when they hold batches past the
+        named segments (a roll whose renames never ran), removed otherwise (an unused spare); index files
+        without a ``.log`` (a roll interrupted between renames; a ``.log`` without indexes gets them rebuilt).
+        """
+        logs: set[int] = set()
+        indexes: list[tuple[int, Path]] = []
+        named = [parsed[0] for parsed in map(filenames.parse_segment_file, os.listdir(directory))
+                 if parsed is not None and parsed[1] == "log"]
+        for entry in sorted(os.scandir(directory), key=lambda entry: entry.name):
+            if entry.name.startswith(filenames.PREPARED_PREFIX) and entry.name.endswith(filenames.LOG_SUFFIX):
+                adopted = Segment.adopt_prepared(directory, Path(entry.path), max(named, default=-1))
+                if adopted is not None:
+                    log.info("%s: adopted %s as segment %d (a roll's renames were interrupted)", directory,
+                             entry.name, adopted)
+        for entry in os.scandir(directory):
+            name = entry.name
+            path = Path(entry.path)
+            if name.endswith(filenames.DELETED_SUFFIX) or name.startswith(filenames.PREPARED_PREFIX) \
+                    or name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+                continue
+            parsed = filenames.parse_segment_file(name)
+            if parsed is None:
+                continue
+            base_offset, kind = parsed
+            if kind == "log":
+                logs.add(base_offset)
+            else:
+                indexes.append((base_offset, path))
+        for base_offset, path in indexes:
+            if base_offset not in logs:
+                path.unlink(missing_ok=True)
+        return sorted(logs)

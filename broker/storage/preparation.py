@@ -1,0 +1,247 @@
+"""SegmentPreparation: blocks, pre-faulted pages and the next segment, made ready before the appends need
+them (mixed into PartitionLog; the loop thread decides, the warm thread works).
+
+Per append, a few comparisons: queue the next step of blocks once less than half the wanted lead is left
+(LogConfig.preallocate_*), keep the pre-fault window ahead of the write position, and prepare the next
+segment once the active one should fill within PREPARE_HORIZON_MS. When something is not ready in time,
+the append gets AppendNotReady with a future to await, never a blocking wait. No files of its own: crash
+stories are the segment's and the prepared segment's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from . import filenames
+from .clock import now_ms
+from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
+from . import prefault as prefault_module
+from .prefault import prefault_bytes_per_ms
+from .prepared_segment import PreparedSegment
+from .segment import Segment
+
+__all__ = ["SegmentPreparation"]
+
+log = logging.getLogger("copyless.storage")
+
+# When to prepare (create, posix_fallocate, pre-fault) the next segment: once the active one is past half
+# full *and* expected to fill within PREPARE_HORIZON_MS at its current write rate (or its index, or
+# segment.ms, runs out as soon). Pre-faulting 1 GiB takes ~0.1-0.4 s here, so 10 s leaves a wide margin,
+# and only partitions about to roll hold a spare segment's worth of disk (a spare for every partition would
+# double what a 1000-partition broker with 1 GiB segments reserves). The half-full floor keeps the warm-up
+# away from the roll, where the io thread is already unmapping, trimming and fdatasyncing the sealed
+# segment: pre-faulting zeroes pages at ~3 GB/s and competes with appends for memory bandwidth (measured
+# here, 1 MiB appends right after a roll ran at 0.38x the warm rate when the next warm-up started at the
+# roll, 0.88x when it started at half full). The rate is the larger of the segment-lifetime average and
+# the last ~100 ms, so a burst after an idle spell is noticed. A partition appending faster than
+# pre-faulting runs (memcpy into warm pages ~6.7 GB/s) still catches its warm-up: the benchmark's "burst".
+PREPARE_MIN_FILL = 0.5
+PREPARE_HORIZON_MS = 10_000
+RATE_SAMPLE_MS = 100
+# After a roll failed for lack of space, how often an append may start a background preallocation retry.
+ROLL_RETRY_INTERVAL_S = 0.25
+# Allocate at least this much of the observed append rate ahead of the write position (stepped allocation
+# only); the rate of a fresh segment counts from RATE_FLOOR_MS so one early batch does not look like a flood.
+ALLOCATE_AHEAD_MS = 1_000
+RATE_FLOOR_MS = 10
+# Pre-fault at least this much of the observed append rate ahead of the write position (see
+# LogConfig.prefault_window_bytes for the floor and segment.py for why it is a window). Half a second: the warm thread pre-faults
+# recycled memory at ~6.7 GB/s, so it stays ahead of any append rate this machine reaches once it has a head
+# start of a few milliseconds; a longer window only pre-faults more pages a run may never use. A partition
+# appending at 6 GB/s (the storage benchmark's 1 MiB batches) gets whole segments, as before.
+WARM_AHEAD_MS = 500
+# The head of the next segment is asked for this many times the time pre-faulting it should take before the
+# roll: the warm thread may first finish a step of the active segment's window.
+HEAD_LEAD_MARGIN = 1.5
+
+
+class SegmentPreparation:
+    """The preparation half of PartitionLog (see the module docstring). Loop thread unless noted."""
+
+    def _append_rate(self, active: Segment, now: int) -> float:
+        """Bytes per ms appended to the active segment: the larger of its lifetime average and the last
+        ~RATE_SAMPLE_MS, so a burst after an idle spell is noticed at once."""
+        written = active.written_position
+        if now - self._rate_sample_ms >= RATE_SAMPLE_MS:
+            if self._rate_sample_segment is active:
+                self._recent_bytes_per_ms = (written - self._rate_sample_bytes) / (now - self._rate_sample_ms)
+            else:
+                self._recent_bytes_per_ms = 0.0
+            self._rate_sample_ms, self._rate_sample_bytes, self._rate_sample_segment = now, written, active
+        started = active.first_append_ms
+        if started is None:
+            return self._recent_bytes_per_ms
+        return max(self._recent_bytes_per_ms, written / max(now - started, RATE_FLOOR_MS))
+
+    def _ahead_bytes(self, bytes_per_ms: float) -> int:
+        """How many blocks the active segment should own past its write position: ALLOCATE_AHEAD_MS of the
+        append rate, at least a first step, at most what the log may reserve (LogConfig.log_ahead_bytes) less
+        what a prepared next segment already holds. So the first step of a new partition is small (an
+        idle partition holds 4 MiB) and the next ones follow the rate at once (a burst gets whole budgets)."""
+        config = self.config
+        budget = config.log_ahead_bytes
+        prepared = self._prepared
+        if prepared is not None and not config.preallocate:
+            budget -= prepared.allocated_bytes
+        return max(config.first_step_bytes, min(budget, int(bytes_per_ms * ALLOCATE_AHEAD_MS)))
+
+    def _prefault_ahead(self, active: Segment, window: int, bytes_per_ms: float) -> None:
+        """Keep ``window`` bytes ahead of the write position pre-faulted (loop thread; a few comparisons per
+        append). A refill is asked for once half the window is used, so the warm thread works in steps of
+        at least half a window (8 MiB+), one task per segment at a time.
+
+        Near the active segment's end, a whole window at the head of the prepared next one is pre-faulted, so
+        the appends after a roll land in warm pages with no pre-faulting running beside them (with only the
+        spill pre-faulted, 1 MiB appends after a roll ran at 0.58-0.70x the warm rate instead of 0.94-1.03x),
+        while a spare that is never rolled into stays cold. That head is asked for early enough to be done by
+        the roll: once the room left would fill (at ``bytes_per_ms``) in less time than pre-faulting a window
+        takes at the speed pre-faulting has been going. Appends of 1 MiB batches in a loop run at 5-6 GB/s
+        here, pre-faulting fresh memory at ~0.7 GB/s: starting at half a window before the end, as this once
+        did, left the head cold and the appends after a roll at 0.2x the warm rate."""
+        written = active.written_position
+        prefault = active.prefault
+        prefault.rate_margin = int(bytes_per_ms * prefault_module.ZERO_MARGIN_MS)
+        if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
+            self._background.submit_warm(prefault.idle, active.chase, self._background.prefault_helper)
+        prepared = self._prepared
+        if prepared is None or prepared.taken:
+            return
+        head = prepared.prefault
+        if head.target > window >> 1:
+            return  # asked for already (again only if the window more than doubles)
+        room = active.capacity_bytes - written
+        prefault_ms = window / prefault_bytes_per_ms()  # to pre-fault the head
+        lead = max(window >> 1, int(HEAD_LEAD_MARGIN * prefault_ms * bytes_per_ms))
+        if room < lead and head.want(min(window, prepared.allocated_bytes)):
+            self._background.submit_warm(head.idle, prepared.chase, self._background.prefault_helper)
+
+    def _require_allocated(self, active: Segment, end: int, now: int) -> None:
+        """Before writing up to ``end``: blocks must cover it. An append that outran extend_ahead queues the
+        next step on the warm thread and raises AppendNotReady (the caller awaits it); once an extension
+        has failed (disk full), appends past the blocks get StorageError, and a new attempt is queued at
+        most every ROLL_RETRY_INTERVAL_S. Loop thread, never blocks; nothing appended when it raises."""
+        if end <= active.allocated_bytes:
+            return
+        self.stats["extensions_waited"] += 1
+        extending = not active.extension_done.is_set()
+        failed_recently = (active.extension_failed_s >= 0
+                           and time.monotonic() - active.extension_failed_s < ROLL_RETRY_INTERVAL_S)
+        if not extending and failed_recently:
+            raise StorageError("allocating failed: no space for the next step of the segment",
+                               path=active.log_path, bytes_needed=end - active.allocated_bytes,
+                               bytes_free=free_bytes(self.directory))
+        if not extending and active.start_extension():
+            self.stats["extensions"] += 1
+            target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
+            self._background.submit_warm(active.extension_done, active.extend_ahead, target)
+        raise AppendNotReady("the next step of blocks", active.extension_done.future())
+
+    def _should_prepare(self, active: Segment, now: int, bytes_per_ms: float) -> bool:
+        """True once the active segment should fill (by bytes, index entries or segment.ms) within
+        PREPARE_HORIZON_MS at ``bytes_per_ms``."""
+        started = active.first_append_ms
+        if started is None:
+            return False
+        written = active.written_position
+        elapsed_ms = max(now - started, 1)
+        if written >= active.capacity_bytes * PREPARE_MIN_FILL and active.room_bytes <= bytes_per_ms * PREPARE_HORIZON_MS:
+            return True
+        index = active.offset_index
+        if index.entries >= index.max_entries * PREPARE_MIN_FILL and (
+                (index.max_entries - index.entries) * elapsed_ms <= index.entries * PREPARE_HORIZON_MS):
+            return True
+        segment_ms = self.config.segment_ms
+        return segment_ms is not None and now - started >= segment_ms - PREPARE_HORIZON_MS
+
+    def _prepare_next(self) -> None:
+        """Queue creation + warm-up of the next segment on the warm thread (non-blocking)."""
+        self._prepared_sequence += 1
+        config, active = self.config, self._active
+        # Its first step: the rate's, within what the active segment leaves of the budget.
+        rate_bytes = int(self._append_rate(active, now_ms()) * ALLOCATE_AHEAD_MS)
+        left = config.log_ahead_bytes - max(0, active.allocated_bytes - active.written_position)
+        prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
+                                   config, max(config.first_step_bytes, min(rate_bytes, left)))
+        self._prepared = prepared
+        self._prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
+                                                             self.config.index_interval_bytes)
+
+    def _take_prepared(self) -> PreparedSegment:
+        """The prepared next segment. When it is not ready (still being created on the warm thread, or never
+        asked for: appends outran the preparation horizon), its creation is queued if need be and
+        AppendNotReady raised: the roll happens on the append after it is ready. Loop thread, never blocks."""
+        if self._roll_error is not None:
+            return self._take_prepared_after_error()
+        prepared = self._prepared
+        if prepared is not None and prepared.ready.is_set():
+            if prepared.failed is None:
+                self._prepared = self._prepared_future = None
+                return prepared
+            # Creating it failed (create() removed its files): rolls pause until a retry succeeds.
+            self._prepared = self._prepared_future = None
+            exc = prepared.failed
+            self._roll_error = (storage_error_from(exc, "creating a segment", prepared.log_path,
+                                                   bytes_needed=self.config.segment_bytes)
+                                if isinstance(exc, OSError) else
+                                StorageError(f"creating a segment failed: {exc}", path=prepared.log_path))
+            self._roll_retry_s = time.monotonic() + ROLL_RETRY_INTERVAL_S
+            log.error("%s-%d: appends paused: %s", self.topic, self.partition, self._roll_error)
+            raise self._paused_error()
+        if prepared is None:
+            # Appends outran the preparation (it starts once a roll is near at the current rate).
+            self.stats["rolls_unprepared"] += 1
+            now = time.monotonic()
+            if now - self._last_unprepared_warning_s >= 60:
+                self._last_unprepared_warning_s = now
+                log.info("%s-%d: a roll found no prepared segment (%d such rolls so far): appends wait for "
+                         "its creation", self.topic, self.partition, self.stats["rolls_unprepared"])
+            self._prepare_next()
+            prepared = self._prepared
+        self.stats["roll_waits"] += 1
+        raise AppendNotReady("the next segment", prepared.ready.future())
+
+    def _take_prepared_after_error(self) -> PreparedSegment:
+        """Rolls are paused since a segment could not be preallocated: take a segment the background retry
+        has prepared, else start such a retry (at most every ROLL_RETRY_INTERVAL_S, and only when statvfs
+        shows room for it: one syscall, ~2 us) and refuse this append. Loop thread, never blocks."""
+        prepared, future = self._prepared, self._prepared_future
+        if prepared is not None and prepared.ready.is_set() and prepared.failed is None:
+            self._prepared = self._prepared_future = None
+            self._roll_error = None
+            log.info("%s-%d: a segment could be preallocated again: appends resume", self.topic, self.partition)
+            return prepared
+        if prepared is not None and future is not None and future.done():
+            # The retry failed (create() removed its files); remember why.
+            self._prepared = self._prepared_future = None
+            exc = future.exception()
+            if isinstance(exc, OSError):
+                self._roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
+                                                      bytes_needed=self.config.segment_bytes)
+        now = time.monotonic()
+        if self._prepared is None and now >= self._roll_retry_s:
+            self._roll_retry_s = now + ROLL_RETRY_INTERVAL_S
+            config = self.config
+            needed = config.segment_bytes + 2 * config.segment_index_bytes
+            available = free_bytes(self.directory)
+            if available is None or available >= needed:
+                self._prepare_next()
+        raise self._paused_error()
+
+    def _paused_error(self) -> StorageError:
+        cause = self._roll_error
+        return StorageError("appends paused: no segment could be preallocated (retrying in the background)",
+                            path=cause.path, errno=cause.errno,
+                            **{**cause.numbers, "bytes_free": free_bytes(self.directory)})
+
+    def wait_warm(self, timeout_s: float | None = None) -> bool:
+        """Block until the active segment and the prepared next one (if any) are created and pre-faulted as
+        far as their windows ask. For benchmarks and tests; never on the loop thread. Returns False on
+        timeout."""
+        prepared = self._prepared
+        events = [event for event in (self._active.warm_done, self._active.extension_done,
+                                      self._active.prefault.idle,
+                                      prepared.warm_done if prepared is not None else None,
+                                      prepared.prefault.idle if prepared is not None else None)
+                  if event is not None]
+        return all(event.wait(timeout_s) for event in events)
