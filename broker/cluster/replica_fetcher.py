@@ -345,9 +345,12 @@ class ReplicaFetcher:
                     ErrorCode.unknown_topic_or_partition):
             # One of the two brokers' metadata is behind: wait for an image, or ask again after a while (the
             # module docstring: it may be the leader that has not caught up with ours).
+            # Logged once per wait (a new image resets it): a broker whose metadata stays behind would
+            # otherwise log every retry of every partition.
+            level = logging.INFO if follow.retry_at == 0.0 else logging.DEBUG
             follow.retry_at = time.monotonic() + FENCED_RETRY_S
-            log.info("%s-%d: %s from node %d answered %s; waiting for newer metadata (at most %.1f s)",
-                     partition.topic, partition.partition, what, self.leader_id, code.name, FENCED_RETRY_S)
+            log.log(level, "%s-%d: %s from node %d answered %s; waiting for newer metadata (asking again in "
+                    "%.1f s)", partition.topic, partition.partition, what, self.leader_id, code.name, FENCED_RETRY_S)
             return True
         log.debug("%s-%d: %s from node %d answered %s; retrying", partition.topic, partition.partition, what,
                   self.leader_id, code.name)
