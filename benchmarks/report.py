@@ -33,7 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "client",
-         "connections", "throughput")
+         "connections", "throughput", "replication", "cluster_metadata")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -45,6 +45,8 @@ TITLES = {
     "client": "copyless client",
     "connections": "Many connections against the broker",
     "throughput": "End to end: copyless vs Apache Kafka",
+    "replication": "Replication: three brokers each, copyless vs Apache Kafka",
+    "cluster_metadata": "Cluster metadata in etcd",
 }
 
 
@@ -170,6 +172,41 @@ def _headline_throughput(d: dict) -> str:
     return "; ".join(parts or ["see tables"]) + f" (Kafka: {d.get('kafka', '?')})"
 
 
+def _headline_replication(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    parts = []
+    stall = ratios.get("failover_stall_median_s_copyless")
+    if stall is not None:
+        kafka = ratios.get("failover_stall_median_s_kafka")
+        parts.append(f"write stall after SIGKILL of the leader: median {_fmt(stall)} s, max "
+                     f"{_fmt(ratios.get('failover_stall_max_s_copyless'))} s (target 3 s)"
+                     + (f"; Kafka median {_fmt(kafka)} s" if kafka is not None else ""))
+    tables = {t["title"].split(",")[0]: t["rows"] for t in d.get("tables", [])}
+    produce = tables.get("Replicated produce MB/s", [])
+    if produce:
+        parts.append("replicated produce copyless / Kafka at " + " / ".join(
+            f"{line['record_bytes']} B " + _verdict_cell(line.get("paired"), line.get("interval"),
+                                                          line.get("verdict"), line.get("paired"))
+            for line in produce))
+    cpu = [(k.rsplit("_", 1)[1], v) for k, v in ratios.items() if k.startswith("leader_cpu_copyless_vs_no_sendfile_")]
+    if cpu:
+        parts.append("leader CPU per GB, sendfile / --no-sendfile: " + ", ".join(f"{k} x{_fmt(v)}" for k, v in cpu))
+    latency = [(k.rsplit("_", 1)[1], v) for k, v in ratios.items() if k.startswith("e2e_p99_ms_")]
+    if latency:
+        parts.append("end-to-end p99 at half the peak rate: " + ", ".join(f"{k} {_fmt(v)} ms" for k, v in latency))
+    return "; ".join(parts or ["see tables"]) + f" (Kafka: {d.get('kafka', '?')})"
+
+
+def _headline_cluster_metadata(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    return (f"controller failover: CreateTopics works again {_fmt(ratios.get('controller_create_ok_median_s'))} s "
+            f"(median; max {_fmt(ratios.get('controller_create_ok_max_s'))} s) after SIGKILL of the controller; "
+            f"CreateTopics p50 {_fmt(ratios.get('create_p50_ms_embedded'))} ms embedded, "
+            f"{_fmt(ratios.get('create_p50_ms_etcd_rf1'))} ms etcd RF 1, {_fmt(ratios.get('create_p50_ms_etcd_rf3'))} "
+            f"ms etcd RF 3; etcd calls per produce request {_fmt(ratios.get('etcd_calls_per_produce_request_acks_1'))} "
+            f"(acks=1), {_fmt(ratios.get('etcd_calls_per_produce_request_acks_all'))} (acks=all)")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
@@ -178,6 +215,8 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "mmap_warmup": _headline_mmap_warmup,
     "prefault": _headline_prefault,
     "throughput": _headline_throughput,
+    "replication": _headline_replication,
+    "cluster_metadata": _headline_cluster_metadata,
 }
 
 

@@ -3,9 +3,10 @@
 Each area registers its own subcommands through an ``add_parsers(subparsers)`` function and sets
 ``func`` on its parsers; modules are imported lazily so ``copyless produce`` never loads the broker.
 
-    copyless serve ...                     broker.server.cli
-    copyless groups list|describe ...      broker.groups.cli
-    copyless produce|consume|topics ...    client.cli
+    copyless serve ...                                 broker.server.cli
+    copyless inspect ...                               broker.inspect_log
+    copyless produce|consume ...                       client.cli
+    copyless topics|groups|cluster ...                 client.admin_cli (registered by client.cli)
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import sys
 # (module, required): a module that is not there yet is skipped, so a partial checkout still runs.
 _COMMAND_MODULES = (
     "copyless.broker.server.cli",
-    "copyless.broker.groups.cli",
+    "copyless.broker.inspect_log",
     "copyless.client.cli",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="copyless", description=__doc__.splitlines()[0])
+    from copyless import __version__
+
+    parser = argparse.ArgumentParser(prog="copyless", description="copyless: a Kafka-protocol broker (serve) and its client.")
+    parser.add_argument("--version", action="version", version=f"copyless {__version__}",
+                        help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in _COMMAND_MODULES:

@@ -67,6 +67,7 @@ class BrokerSetting:
     dynamic: bool = False
     topic_name: str | None = None
     parse: Callable[[str, str], Any] | None = None
+    text: Callable[[Any], str] | None = None  # how the value is written, when not the plain form
 
 
 def _as_bool(name: str, text: str) -> bool:
@@ -75,12 +76,24 @@ def _as_bool(name: str, text: str) -> bool:
     return text.lower() == "true"
 
 
-def _setting(name, field, config_type, topic_name=None, *, dynamic=False, parse=None) -> BrokerSetting:
-    return BrokerSetting(name, field, config_type, dynamic, topic_name, parse)
+def _setting(name, field, config_type, topic_name=None, *, dynamic=False, parse=None, text=None) -> BrokerSetting:
+    return BrokerSetting(name, field, config_type, dynamic, topic_name, parse, text)
+
+
+def _listeners(value) -> str | None:
+    """Kafka's ``NAME://HOST:PORT,...``; null when no named listeners are set (the one PLAINTEXT listener of
+    ``--listen`` then serves)."""
+    return ",".join(f"{name}://{host}:{port}" for name, host, port in value) or None
 
 
 _SETTINGS = (
     _setting("node.id", "node_id", INT),
+    _setting("log.dirs", "data_dir", STRING),
+    _setting("listeners", "listeners", STRING, text=_listeners),
+    _setting("advertised.listeners", "advertised_listeners", STRING, text=_listeners),
+    _setting("inter.broker.listener.name", "inter_broker_listener", STRING),
+    _setting("metadata", "metadata", STRING),
+    _setting("log.flush.mode", "flush_mode", STRING),
     _setting("auto.create.topics.enable", "auto_create_topics", BOOLEAN),
     _setting("num.partitions", "num_partitions", INT),
     _setting("default.replication.factor", "default_replication_factor", INT),
@@ -114,6 +127,10 @@ _SETTINGS = (
     _setting("group.min.session.timeout.ms", "group_min_session_timeout_ms", INT),
     _setting("group.max.session.timeout.ms", "group_max_session_timeout_ms", INT),
     _setting("offsets.retention.ms", "offsets_retention_ms", LONG),
+    _setting("offsets.retention.check.interval.ms", "offsets_retention_check_interval_ms", LONG),
+    _setting("group.max.size", "group_max_size", INT),
+    _setting("replica.fetch.response.max.bytes", "replica_fetch_response_max_bytes", INT),
+    _setting("replica.high.watermark.checkpoint.interval.ms", "replica_high_watermark_checkpoint_interval_ms", LONG),
     _setting("offsets.topic.replication.factor", "offsets_topic_replication_factor", INT),
 )
 BROKER_SETTINGS: dict[str, BrokerSetting] = {setting.name: setting for setting in _SETTINGS}
@@ -158,6 +175,11 @@ def _text(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _string(value) -> str | None:
+    """A string setting: unset is null, as Kafka describes it."""
+    return None if value is None else str(value)
 
 
 @dataclass(frozen=True)
@@ -241,8 +263,9 @@ def _broker_layers(name: str, static: BrokerConfig, node_id: int,
         layers.append((name, defaults[name], DYNAMIC_DEFAULT_BROKER_CONFIG))
     setting = BROKER_SETTINGS.get(name)
     if setting is not None:
-        static_text = _text(getattr(static, setting.field))
-        default_text = _text(getattr(_DEFAULTS, setting.field))
+        write = setting.text or (_string if setting.config_type == STRING else _text)
+        static_text = write(getattr(static, setting.field))
+        default_text = write(getattr(_DEFAULTS, setting.field))
     else:
         attribute, _type = _MODE_DEFAULTS[name]
         static_text = _text(getattr(static, attribute))

@@ -20,9 +20,11 @@ Metrics (all prefixed ``copyless_``; ``api`` is the Kafka API name, ``error`` Ka
     partition_log_start_offset, partition_log_end_offset, partition_high_watermark {topic,partition}
     partition_leader{topic,partition}           1 where this broker leads the partition
     under_replicated_partitions                 partitions led here with an ISR smaller than the replicas
-    isr_shrinks_total, isr_expands_total        ISR changes this broker (as leader) had recorded
+    isr_shrinks_total, isr_expands_total        ISR changes this broker (as leader) had recorded: a follower
+                                                that fell behind; a dead broker is removed by the controller
     follower_lag_records{topic,partition,follower}   leader's log end minus the follower's (leader side)
     controller_active, controller_epoch         whether this broker is the controller, and the epoch
+    controller_leader_elections_total, controller_isr_removals_total   what it did as controller (cluster)
     etcd_calls_total{method}                    etcd RPCs by method (cluster only)
 
 Pure except for reading the broker's state; loop thread.
@@ -171,6 +173,13 @@ def collect(broker: Any) -> list[Family]:
     controller = getattr(metadata, "controller", None)
     family("controller_epoch", "gauge", "The controller epoch (elections so far) this broker knows.").add(
         controller.epoch if controller is not None and controller.active else 0)
+    if controller is not None:
+        controller_stats = controller.stats
+        family("controller_leader_elections_total", "counter",
+               "Leader elections this broker made as controller (failover, preferred).").add(
+            controller_stats.get("leader_elections", 0))
+        family("controller_isr_removals_total", "counter",
+               "Dead brokers this broker removed from ISRs as controller.").add(controller_stats.get("isr_removals", 0))
     client = getattr(metadata, "client", None)
     if client is not None:
         calls = family("etcd_calls_total", "counter", "etcd RPCs, by method.")

@@ -104,6 +104,7 @@ class AppendInfo(NamedTuple):
     log_append_time_ms: int  # -1: CreateTime
     log_start_offset: int
     duplicate: bool
+    leader_epoch: int = -1  # the epoch it was appended at (acks=all waits check it is still this broker's)
 
 
 @dataclass
@@ -290,18 +291,22 @@ class Partition:
         if check.duplicate_of is not None:
             # A retry of a batch already appended: the same answer, nothing appended.
             original = check.duplicate_of
-            return AppendInfo(original.first_offset, original.last_offset, -1, self.log.log_start_offset, True)
+            return AppendInfo(original.first_offset, original.last_offset, -1, self.log.log_start_offset, True,
+                              self.leader_epoch)
         result = self.log.append(records, leader_epoch=self.leader_epoch, log_append_time_ms=log_append_time_ms)
         self._producers.update(self.topic, self.partition, header, result.base_offset)
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, result.log_append_time_ms,
-                          result.log_start_offset, False)
+                          result.log_start_offset, False, self.leader_epoch)
 
-    async def wait_replicated(self, required_offset: int, timeout_s: float) -> None:
+    async def wait_replicated(self, required_offset: int, timeout_s: float, leader_epoch: int | None = None) -> None:
         """Wait until the high watermark reaches ``required_offset`` (acks=all; Kafka's DelayedProduce).
 
         A waiting request costs one future in a heap keyed by offset; the high watermark's moves resolve them.
+        ``leader_epoch``: the epoch the batch was appended at. If this broker's epoch is another one when
+        the wait ends, the answer is NOT_LEADER_OR_FOLLOWER even if the high watermark passed the offset: a
+        broker that lost leadership, truncated and was elected again holds other records at those offsets.
 
         Raises:
             NotEnoughReplicasAfterAppend, NotLeaderOrFollower, RequestTimedOut.
@@ -321,7 +326,7 @@ class Partition:
             finally:
                 if not future.done():
                     future.cancel()
-        if self.role is not Role.LEADER:
+        if self.role is not Role.LEADER or (leader_epoch is not None and leader_epoch != self.leader_epoch):
             raise NotLeaderOrFollower(f"{self.topic}-{self.partition}: leadership moved while the write waited "
                                       f"for replication")
         if len(self.isr) < self.min_insync_replicas:
@@ -449,15 +454,19 @@ class Partition:
         view.last_fetch_ms = now
         self.maybe_advance_high_watermark()
 
-    def isr_expansion(self) -> tuple[int, ...] | None:
-        """The ISR with every follower that has caught up to the high watermark and this epoch's start,
-        or None when there is nothing to add (or a change is already in flight)."""
-        if self.role is not Role.LEADER or self.pending_isr is not None:
+    def isr_expansion(self, replica_id: int) -> tuple[int, ...] | None:
+        """The ISR with ``replica_id``, whose fetch has just reached the high watermark and this epoch's
+        start, or None when it is in the ISR already, has not caught up, or a change is in flight.
+
+        Only the follower that is fetching is judged, never a view left from an earlier fetch: a dead
+        follower's last offset can still equal an idle partition's high watermark, and adding it back
+        would have the controller remove it again, round after round."""
+        if self.role is not Role.LEADER or self.pending_isr is not None or replica_id in self.isr:
             return None
-        joining = [replica for replica, view in self.followers.items()
-                   if replica not in self.isr and view.log_end_offset >= self.high_watermark
-                   and view.log_end_offset >= self.epoch_start_offset]
-        return (*self.isr, *sorted(joining)) if joining else None
+        view = self.followers.get(replica_id)
+        if view is None or view.log_end_offset < self.high_watermark or view.log_end_offset < self.epoch_start_offset:
+            return None
+        return (*self.isr, replica_id)
 
     def isr_shrink(self) -> tuple[int, ...] | None:
         """The ISR without the followers that have not caught up within ``replica.lag.time.max.ms``, or None."""

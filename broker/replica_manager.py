@@ -315,9 +315,9 @@ class ReplicaManager:
 
     # --- the ISR (leader side) ------------------------------------------------------------------------------------
 
-    def after_follower_fetch(self, partition: Partition) -> None:
-        """A follower fetched: if it caught up, propose adding it to the ISR."""
-        proposed = partition.isr_expansion()
+    def after_follower_fetch(self, partition: Partition, replica_id: int) -> None:
+        """Follower ``replica_id`` fetched: if it caught up, propose adding it to the ISR."""
+        proposed = partition.isr_expansion(replica_id)
         if proposed is not None:
             self._change_isr(partition, proposed, "caught up")
 

@@ -1,8 +1,12 @@
-"""The asyncio admin client: create, delete, list and describe topics; list offsets.
+"""The asyncio admin client: topics, configs, partitions, records, groups and the cluster.
 
-Owns the admin API. Topic creation and deletion go to the controller named in Metadata (``controller_id``),
-as Kafka requires; offsets go to each partition's leader (ListOffsets v2: -2 earliest, -1 latest, or a
-timestamp: the first offset whose record timestamp is >= it, exact per record).
+Owns the admin API and where each request goes, as Kafka routes them: topic creation and deletion,
+CreatePartitions and IncrementalAlterConfigs to the controller named in Metadata (``controller_id``);
+DescribeConfigs and DescribeCluster to any broker; ListOffsets (-2 earliest, -1 latest, or a timestamp:
+the first offset whose record timestamp is >= it) and DeleteRecords to each partition's leader;
+DescribeGroups, OffsetFetch, OffsetCommit, DeleteGroups and OffsetDelete to the group's coordinator
+(``group.GroupCoordinator``, which finds it again when it moves); ListGroups to every broker.
+Versions are the non-flexible ones (DescribeCluster has none: v0, with the flexible headers).
 """
 
 from __future__ import annotations
@@ -15,17 +19,37 @@ from kio.schema.create_topics.v3.response import CreateTopicsResponse
 from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
 
-from copyless.client.assignors import TopicPartition
-from copyless.client.cluster import Cluster
+from kio.schema.create_partitions.v1 import request as cp_rq, response as cp_rs
+from kio.schema.delete_groups.v1 import request as dgr_rq, response as dgr_rs
+from kio.schema.delete_records.v1 import request as dr_rq, response as dr_rs
+from kio.schema.describe_cluster.v0 import request as dcl_rq, response as dcl_rs
+from kio.schema.describe_configs.v1 import request as dc_rq, response as dc_rs
+from kio.schema.describe_groups.v4 import request as dg_rq, response as dg_rs
+from kio.schema.incremental_alter_configs.v0 import request as ia_rq, response as ia_rs
+from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
+from kio.schema.offset_commit.v3 import request as oc_rq, response as oc_rs
+from kio.schema.offset_delete.v0 import request as od_rq, response as od_rs
+from kio.schema.offset_fetch.v5 import request as of5_rq, response as of5_rs
+
+from copyless.client.assignors import TopicPartition, decode_assignment
+from copyless.client.cluster import COORDINATOR_ERRORS, Cluster
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
 from copyless.client.errors import KafkaError
+from copyless.client.group import GroupCoordinator
 
-__all__ = ["Admin", "TopicDescription", "PartitionDescription", "EARLIEST", "LATEST"]
+__all__ = ["Admin", "TopicDescription", "PartitionDescription", "ConfigEntry", "ClusterDescription",
+           "GroupDescription", "GroupMember", "GroupOffset", "EARLIEST", "LATEST"]
 
 EARLIEST = -2
 LATEST = -1
 TOPIC_ALREADY_EXISTS = 36
 UNKNOWN_TOPIC_OR_PARTITION = 3
+TOPIC_RESOURCE = 2  # DescribeConfigs / AlterConfigs resource type (4: broker)
+# DescribeConfigs' config_source values (KIP-226).
+_CONFIG_SOURCES = {
+    -1: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG", 3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG",
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +59,7 @@ class PartitionDescription:
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
     error_code: int
+    leader_epoch: int = -1  # -1 from a broker without Metadata v7
 
 
 @dataclass(frozen=True)
@@ -42,6 +67,53 @@ class TopicDescription:
     name: str
     internal: bool
     partitions: tuple[PartitionDescription, ...]
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    name: str
+    value: str | None
+    source: str  # DYNAMIC_TOPIC_CONFIG (set on the topic), DEFAULT_CONFIG, STATIC_BROKER_CONFIG, ...
+    read_only: bool
+    sensitive: bool
+
+
+@dataclass(frozen=True)
+class ClusterDescription:
+    cluster_id: str | None
+    controller_id: int
+    brokers: tuple  # ((node_id, host, port, rack), ...)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    assignment: tuple  # (TopicPartition, ...)
+
+
+@dataclass(frozen=True)
+class GroupOffset:
+    topic: str
+    partition: int
+    committed_offset: int | None
+    log_end_offset: int | None
+    lag: int | None
+    member_id: str | None
+    host: str | None
+    client_id: str | None
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: tuple  # (GroupMember, ...)
+    offsets: tuple  # (GroupOffset, ...): every partition with a committed offset or an owner
 
 
 class Admin:
@@ -167,6 +239,7 @@ class Admin:
                             tuple(int(r) for r in p.replica_nodes),
                             tuple(int(r) for r in p.isr_nodes),
                             int(p.error_code),
+                            int(getattr(p, "leader_epoch", -1)),
                         )
                         for p in sorted(topic.partitions, key=lambda p: int(p.partition_index))
                     ),
@@ -181,3 +254,269 @@ class Admin:
         """
         found = await self._cluster.list_offsets(requests, isolation_level=isolation_level)
         return {TopicPartition(*tp): offset for tp, offset in found.items()}
+
+    # --- configs ----------------------------------------------------------------------------------------------
+
+    async def describe_configs(self, topic: str) -> list[ConfigEntry]:
+        """Every config of ``topic`` with its value and source (DescribeConfigs v1).
+
+        Raises:
+            KafkaError: UNKNOWN_TOPIC_OR_PARTITION, or the broker's error for the resource.
+        """
+        connection = await self._cluster.any_connection()
+        response = await connection.request_kio(
+            dc_rq.DescribeConfigsRequest(
+                resources=(dc_rq.DescribeConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=topic,
+                                                         configuration_keys=None),),
+                include_synonyms=False,
+            ),
+            dc_rs.DescribeConfigsResponse,
+        )
+        out = []
+        for result in response.results:
+            if int(result.error_code):
+                raise KafkaError(int(result.error_code), f"describe configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
+            for config in result.configs:
+                out.append(ConfigEntry(config.name, config.value, _CONFIG_SOURCES.get(int(config.config_source), "UNKNOWN"),
+                                       bool(config.read_only), bool(config.is_sensitive)))
+        return sorted(out, key=lambda c: c.name)
+
+    async def alter_configs(self, topic: str, *, set: dict[str, str] | None = None, delete=(), validate_only=False) -> None:
+        """Set and delete (revert to the default) configs of ``topic`` (IncrementalAlterConfigs v0, to the
+        controller). Other configs are left as they are.
+
+        Raises:
+            KafkaError: INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION, ... with the broker's message.
+        """
+        configs = tuple(ia_rq.AlterableConfig(name=k, config_operation=0, value=str(v)) for k, v in (set or {}).items())
+        configs += tuple(ia_rq.AlterableConfig(name=k, config_operation=1, value=None) for k in delete)
+        connection = await self._controller()
+        response = await connection.request_kio(
+            ia_rq.IncrementalAlterConfigsRequest(
+                resources=(ia_rq.AlterConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=topic, configs=configs),),
+                validate_only=validate_only,
+            ),
+            ia_rs.IncrementalAlterConfigsResponse,
+        )
+        for result in response.responses:
+            if int(result.error_code):
+                raise KafkaError(int(result.error_code), f"alter configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
+
+    # --- partitions and records -------------------------------------------------------------------------------
+
+    async def create_partitions(self, topic: str, total: int, *, validate_only: bool = False) -> None:
+        """Grow ``topic`` to ``total`` partitions (CreatePartitions v1, to the controller).
+
+        Raises:
+            KafkaError: INVALID_PARTITIONS (not more than it has), UNKNOWN_TOPIC_OR_PARTITION, ...
+        """
+        connection = await self._controller()
+        response = await connection.request_kio(
+            cp_rq.CreatePartitionsRequest(
+                topics=(cp_rq.CreatePartitionsTopic(name=topic, count=total, assignments=None),),
+                timeout=datetime.timedelta(milliseconds=self.request_timeout_ms),
+                validate_only=validate_only,
+            ),
+            cp_rs.CreatePartitionsResponse,
+        )
+        for result in response.results:
+            if int(result.error_code):
+                raise KafkaError(int(result.error_code), f"add partitions to {topic!r}: {result.error_message or ''}".rstrip(": "))
+        await self._cluster.refresh_metadata([topic], allow_auto_create=False)
+
+    async def delete_records(self, offsets: dict) -> dict[TopicPartition, int]:
+        """Delete the records before ``{(topic, partition): offset}`` (-1: the high watermark) with
+        DeleteRecords v1, to each partition's leader. Returns each partition's new log start offset.
+
+        Raises:
+            KafkaError: OFFSET_OUT_OF_RANGE (past the high watermark), NOT_LEADER_OR_FOLLOWER, ...
+        """
+        by_leader: dict[int, dict[str, list]] = {}
+        for (topic, partition), offset in offsets.items():
+            await self._cluster.wait_for_topic(topic, 10_000, allow_auto_create=False, fail_if_missing=True)
+            leader = self._cluster.metadata.leader(topic, int(partition))
+            if leader < 0:
+                raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition}")
+            by_leader.setdefault(leader, {}).setdefault(topic, []).append(
+                dr_rq.DeleteRecordsPartition(partition_index=int(partition), offset=int(offset)))
+        out: dict[TopicPartition, int] = {}
+        for leader, topics in by_leader.items():
+            connection = await self._cluster.connection(leader)
+            response = await connection.request_kio(
+                dr_rq.DeleteRecordsRequest(
+                    topics=tuple(dr_rq.DeleteRecordsTopic(name=t, partitions=tuple(p)) for t, p in topics.items()),
+                    timeout=datetime.timedelta(milliseconds=self.request_timeout_ms),
+                ),
+                dr_rs.DeleteRecordsResponse,
+            )
+            for topic in response.topics:
+                for partition in topic.partitions:
+                    if int(partition.error_code):
+                        raise KafkaError(int(partition.error_code), f"delete records of {topic.name}-{partition.partition_index}")
+                    out[TopicPartition(topic.name, int(partition.partition_index))] = int(partition.low_watermark)
+        return out
+
+    # --- cluster ----------------------------------------------------------------------------------------------
+
+    async def describe_cluster(self) -> ClusterDescription:
+        """Cluster id, controller and brokers: DescribeCluster v0 where the broker has it, else Metadata."""
+        connection = await self._cluster.any_connection()
+        if connection.supports(60, 0):
+            response = await connection.request_kio(
+                dcl_rq.DescribeClusterRequest(include_cluster_authorized_operations=False),
+                dcl_rs.DescribeClusterResponse,
+            )
+            if int(response.error_code):
+                raise KafkaError(int(response.error_code), f"describe cluster: {response.error_message or ''}".rstrip(": "))
+            brokers = tuple(sorted((int(b.broker_id), b.host, int(b.port), b.rack) for b in response.brokers))
+            return ClusterDescription(response.cluster_id, int(response.controller_id), brokers)
+        await self._cluster.refresh_metadata([])
+        metadata = self._cluster.metadata
+        brokers = tuple(sorted((node, host, port, None) for node, (host, port) in metadata.brokers.items()))
+        return ClusterDescription(metadata.cluster_id, metadata.controller_id, brokers)
+
+    # --- groups -----------------------------------------------------------------------------------------------
+
+    def _group(self, group_id: str) -> GroupCoordinator:
+        return GroupCoordinator(self._cluster, group_id, self._cluster.retry_backoff_ms)
+
+    async def list_groups(self) -> list[tuple[str, str]]:
+        """``[(group_id, protocol_type)]`` of every group, asking every broker (each lists the groups it
+        coordinates; ListGroups v2)."""
+        await self._cluster.refresh_metadata([])
+        found: dict[str, str] = {}
+        for node_id in sorted(self._cluster.metadata.brokers):
+            connection = await self._cluster.connection(node_id)
+            response = await connection.request_kio(lg_rq.ListGroupsRequest(), lg_rs.ListGroupsResponse)
+            if int(response.error_code):
+                raise KafkaError(int(response.error_code), f"list groups on broker {node_id}")
+            for group in response.groups:
+                found[group.group_id] = group.protocol_type
+        return sorted(found.items())
+
+    async def describe_group(self, group_id: str) -> GroupDescription:
+        """State, members (with their assignments) and every committed offset with its log end offset and
+        lag (DescribeGroups v4 and OffsetFetch v5 to the coordinator, ListOffsets to the leaders)."""
+        coordinator = self._group(group_id)
+
+        def check_described(response) -> None:
+            code = int(response.groups[0].error_code)
+            if code:
+                raise KafkaError(code, f"describe group {group_id!r}")
+
+        described = (await coordinator.request(
+            dg_rq.DescribeGroupsRequest(groups=(group_id,), include_authorized_operations=False),
+            dg_rs.DescribeGroupsResponse, check_described)).groups[0]
+
+        def check_fetched(response) -> None:
+            if int(response.error_code):
+                raise KafkaError(int(response.error_code), f"offsets of group {group_id!r}")
+
+        fetched = await coordinator.request(of5_rq.OffsetFetchRequest(group_id=group_id, topics=None),
+                                            of5_rs.OffsetFetchResponse, check_fetched)
+        members = []
+        owners: dict[TopicPartition, GroupMember] = {}
+        for m in described.members:
+            assigned = decode_assignment_lenient(m.member_assignment) if described.protocol_type == "consumer" else []
+            member = GroupMember(m.member_id, m.group_instance_id, m.client_id, m.client_host, tuple(assigned))
+            members.append(member)
+            for tp in assigned:
+                owners[tp] = member
+        committed: dict[TopicPartition, int] = {}
+        for topic in fetched.topics:
+            for p in topic.partitions:
+                if int(p.error_code) == 0 and int(p.committed_offset) >= 0:
+                    committed[TopicPartition(topic.name, int(p.partition_index))] = int(p.committed_offset)
+        tps = sorted(set(committed) | set(owners))
+        ends: dict[TopicPartition, int] = {}
+        if tps:
+            try:
+                ends = {TopicPartition(*tp): o for tp, o in (await self._cluster.list_offsets({tp: LATEST for tp in tps})).items()}
+            except KafkaError:  # a topic deleted since: show the rest
+                ends = {}
+        rows = []
+        for tp in tps:
+            owner = owners.get(tp)
+            current, end = committed.get(tp), ends.get(tp)
+            rows.append(GroupOffset(tp.topic, tp.partition, current, end,
+                                    end - current if current is not None and end is not None else None,
+                                    owner.member_id if owner else None, owner.host if owner else None,
+                                    owner.client_id if owner else None))
+        return GroupDescription(group_id, described.group_state, described.protocol_type, described.protocol_data,
+                                tuple(members), tuple(rows))
+
+    async def alter_group_offsets(self, group_id: str, offsets: dict) -> None:
+        """Commit ``{(topic, partition): offset}`` for ``group_id`` as an admin (generation -1, no member):
+        the coordinator accepts it only while the group has no active members (Kafka's rule, so a reset
+        cannot race a running consumer).
+
+        Raises:
+            KafkaError: UNKNOWN_MEMBER_ID / REBALANCE_IN_PROGRESS when the group has members, ...
+        """
+        topics: dict[str, list] = {}
+        for (topic, partition), offset in offsets.items():
+            topics.setdefault(topic, []).append(oc_rq.OffsetCommitRequestPartition(
+                partition_index=int(partition), committed_offset=int(offset), committed_metadata=""))
+
+        def check(response) -> None:
+            for topic in response.topics:
+                for p in topic.partitions:
+                    if int(p.error_code):
+                        raise KafkaError(int(p.error_code), f"commit {topic.name}-{p.partition_index} for group {group_id!r}")
+
+        await self._group(group_id).request(
+            oc_rq.OffsetCommitRequest(group_id=group_id, generation_id_or_member_epoch=-1, member_id="",
+                                      retention_time=datetime.timedelta(milliseconds=-1),
+                                      topics=tuple(oc_rq.OffsetCommitRequestTopic(name=t, partitions=tuple(p))
+                                                   for t, p in topics.items())),
+            oc_rs.OffsetCommitResponse, check)
+
+    async def delete_groups(self, group_ids) -> dict[str, int]:
+        """Delete groups (DeleteGroups v1, each to its coordinator); a group must have no members.
+        Returns ``{group: error_code}``; raises the first error (GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, ...)."""
+        results: dict[str, int] = {}
+        for group_id in ([group_ids] if isinstance(group_ids, str) else group_ids):
+            response = await self._group(group_id).request(
+                dgr_rq.DeleteGroupsRequest(groups_names=(group_id,)), dgr_rs.DeleteGroupsResponse,
+                lambda response: _raise_coordinator_error(response.results))
+            for result in response.results:
+                results[result.group_id] = int(result.error_code)
+        for group_id, code in results.items():
+            if code:
+                raise KafkaError(code, f"delete group {group_id!r}")
+        return results
+
+    async def delete_group_offsets(self, group_id: str, partitions) -> None:
+        """Delete the committed offsets of ``partitions`` for ``group_id`` (OffsetDelete v0); the group
+        must not be subscribed to their topics."""
+        topics: dict[str, list] = {}
+        for topic, partition in partitions:
+            topics.setdefault(topic, []).append(od_rq.OffsetDeleteRequestPartition(partition_index=int(partition)))
+
+        def check(response) -> None:
+            if int(response.error_code):
+                raise KafkaError(int(response.error_code), f"delete offsets of group {group_id!r}")
+            for topic in response.topics:
+                for p in topic.partitions:
+                    if int(p.error_code):
+                        raise KafkaError(int(p.error_code), f"delete offset {topic.name}-{p.partition_index} of {group_id!r}")
+
+        await self._group(group_id).request(
+            od_rq.OffsetDeleteRequest(group_id=group_id, topics=tuple(
+                od_rq.OffsetDeleteRequestTopic(name=t, partitions=tuple(p)) for t, p in topics.items())),
+            od_rs.OffsetDeleteResponse, check)
+
+
+def _raise_coordinator_error(results) -> None:
+    """Raise a coordinator error of a per-group result so ``GroupCoordinator.request`` retries it."""
+    for result in results:
+        if int(result.error_code) in COORDINATOR_ERRORS:
+            raise KafkaError(int(result.error_code), f"group {result.group_id!r}")
+
+
+def decode_assignment_lenient(data: bytes) -> list[TopicPartition]:
+    """A member's assignment in the consumer protocol, or [] when it is not in that format."""
+    try:
+        return sorted(decode_assignment(data))
+    except Exception:
+        return []

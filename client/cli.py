@@ -1,176 +1,170 @@
-"""``copyless produce | consume | topics``: a kcat-like command line over the copyless client.
+"""``copyless produce`` and ``copyless consume``: kcat's -P and -C over the copyless client; and the
+registration of every client command (``topics``, ``groups``, ``cluster`` live in ``admin_cli``).
 
-Registered into the ``copyless`` console script by ``add_parsers(subparsers)`` (see ``broker/cli.py``).
+    copyless produce TOPIC [-K :] [-H k=v] [-p N]      each stdin line becomes a record as it arrives
+    copyless produce TOPIC --count N --size BYTES      N synthetic records of BYTES each
+    copyless consume TOPIC [-g G] [-o beginning|end|N|-N] [--from-time T] [-e] [-f FMT | --json] [-K :]
 
-    copyless produce TOPIC --bootstrap HOST:PORT            lines from stdin become records (-K: key delimiter)
-    copyless produce TOPIC --count N --size BYTES           N synthetic records of BYTES each
-    copyless consume TOPIC --bootstrap HOST:PORT [--group G] [--from-beginning] [--count N] [--exit]
-    copyless topics list|create|delete|describe ...
+Output of ``consume``: the value per line (``-K D``: key D value), a kcat-like ``-f`` format, or with
+``--json`` one object per record: ``{"topic", "partition", "offset", "timestamp", "key", "value",
+"headers"}`` (key, value and header values as UTF-8 text; bytes that are not UTF-8 as ``{"base64": ...}``).
+With ``-q --json`` (consume) and ``--json`` (produce) the command prints one summary object instead:
+``{"records", "bytes", "seconds", "records_per_s", "mb_per_s"}`` (bytes = key + value; MB = 10**6 bytes).
 
-With ``--json``, produce and consume end with one JSON line on stdout:
-``{"records": N, "bytes": B, "seconds": T, "records_per_s": R, "mb_per_s": M}`` (bytes = key + value bytes;
-MB = 10**6 bytes). A progress line is drawn on stderr when stderr is a terminal.
+Ctrl-C (SIGINT) stops both at once, on a terminal or a pipe: ``produce`` sends what it has read (waiting
+at most ``STOP_FLUSH_S`` for acknowledgements) and ``consume`` prints what it has received, then each
+prints its summary. A missing or invalid topic and a partition the topic does not have fail at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
-__all__ = ["add_parsers", "main"]
+from copyless.client.cli_common import Progress, add_common, print_summary, run, summary
 
-DEFAULT_BOOTSTRAP = os.environ.get("COPYLESS_BOOTSTRAP", "127.0.0.1:9092")
+__all__ = ["add_parsers", "main", "format_record"]
+
+# After Ctrl-C, how long produce waits for what it already sent to be acknowledged.
+STOP_FLUSH_S = 1.0
+# How often the consume loop looks at its stop flag (getmany's longest wait).
+POLL_S = 0.5
 
 
 def add_parsers(subparsers) -> None:
-    """Register ``produce``, ``consume`` and ``topics`` on the ``copyless`` command's subparsers."""
-    produce = subparsers.add_parser("produce", help="produce records (stdin lines or synthetic)")
-    produce.add_argument("topic")
-    _common(produce)
-    produce.add_argument("--count", type=int, help="send N synthetic records instead of reading stdin")
-    produce.add_argument("--size", type=int, default=100, help="synthetic record value bytes (default 100)")
-    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"], help="default all")
-    produce.add_argument("-K", "--key-delimiter", help="split each stdin line into key DELIM value")
-    produce.add_argument("-p", "--partition", type=int, help="produce to this partition only")
-    produce.add_argument("-z", "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
-    produce.add_argument("--batch-size", type=int, help="bytes per partition batch (default: the producer's)")
-    produce.add_argument("--linger-ms", type=float, default=5)
-    produce.add_argument("--no-idempotence", action="store_true", help="disable the idempotent producer")
-    produce.set_defaults(func=run_produce)
+    """Register ``produce``, ``consume``, ``topics``, ``groups`` and ``cluster``."""
+    produce = subparsers.add_parser("produce", help="produce records: stdin lines, or synthetic ones",
+                                    description="Each stdin line becomes one record, sent as it arrives.")
+    produce.add_argument("topic", help="the topic (created on first use where the broker allows it)")
+    add_common(produce, json_help="print one JSON summary line at the end")
+    produce.add_argument("-K", "--key-delimiter", metavar="DELIM", help="split each line into KEY DELIM VALUE")
+    produce.add_argument("-H", "--header", action="append", default=[], metavar="KEY=VALUE",
+                         help="add this header to every record (repeatable)")
+    produce.add_argument("-p", "--partition", type=int, help="produce to this partition (default: by key, "
+                         "or one partition at a time for unkeyed records)")
+    produce.add_argument("--count", type=int, help="send COUNT synthetic records instead of reading stdin")
+    produce.add_argument("--size", type=int, default=100, help="value bytes of a synthetic record (default 100)")
+    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"],
+                         help="acknowledgements to wait for (default all)")
+    produce.add_argument("-z", "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"],
+                         help="batch compression codec (default none)")
+    produce.add_argument("--batch-size", type=int, help="bytes per partition batch (default: the producer's, 256 KiB)")
+    produce.add_argument("--linger-ms", type=float, default=5, help="wait this long for a batch to fill (default 5)")
+    produce.add_argument("--no-idempotence", action="store_true", help="turn the idempotent producer off")
+    produce.set_defaults(func=run_produce, command_name="copyless produce")
 
-    consume = subparsers.add_parser("consume", help="consume records and print their values")
-    consume.add_argument("topic")
-    _common(consume)
+    consume = subparsers.add_parser("consume", help="consume records and print them",
+                                    description="Print records as they arrive; Ctrl-C stops.")
+    consume.add_argument("topic", help="the topic (must exist)")
+    add_common(consume, json_help="one JSON object per record (with -q: one summary line at the end)")
     consume.add_argument("-g", "--group", help="consume as a member of this group (commits offsets)")
-    consume.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    consume.add_argument("--count", type=int, help="stop after N records")
+    consume.add_argument("-p", "--partition", type=int, action="append",
+                         help="only this partition (repeatable; not with --group)")
+    consume.add_argument("-o", "--offset", metavar="beginning|end|N|-N",
+                         help="start at the earliest offset, the end, offset N, or N before the end "
+                              "(not with --group); default: the end, as kcat")
+    consume.add_argument("--from-beginning", action="store_true",
+                         help="start at the earliest offset (with --group: the partitions without a "
+                              "committed offset)")
+    consume.add_argument("--from-time", metavar="MS|ISO-8601",
+                         help="start at the first record at or after this time: milliseconds since the "
+                              "epoch or e.g. 2026-11-24T10:00:00Z (not with --group)")
+    consume.add_argument("--count", type=int, help="stop after COUNT records")
     consume.add_argument("-e", "--exit", action="store_true", help="stop at the end of the log (as kcat -e)")
-    consume.add_argument("-p", "--partition", type=int, action="append", help="only these partitions")
     consume.add_argument("-q", "--quiet", action="store_true", help="do not print records")
-    consume.add_argument("-K", "--key-delimiter", help="print key DELIM value")
-    consume.set_defaults(func=run_consume)
+    consume.add_argument("-K", "--key-delimiter", metavar="DELIM", help="print KEY DELIM VALUE")
+    consume.add_argument("-f", "--format", metavar="FMT",
+                         help="kcat-like format: %%t topic, %%p partition, %%o offset, %%T timestamp, %%k key, "
+                              "%%s value, %%h headers, %%K key bytes, %%S value bytes, \\n, \\t")
+    consume.set_defaults(func=run_consume, command_name="copyless consume")
 
-    topics = subparsers.add_parser("topics", help="list, create, delete or describe topics")
-    actions = topics.add_subparsers(dest="action", metavar="ACTION")
-    actions.required = True
-    listing = actions.add_parser("list", help="topic names")
-    _common(listing)
-    listing.add_argument("--internal", action="store_true", help="include internal topics")
-    create = actions.add_parser("create", help="create topics")
-    create.add_argument("names", nargs="+")
-    _common(create)
-    create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--replication-factor", type=int, default=1)
-    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
-    create.add_argument("--if-not-exists", action="store_true")
-    delete = actions.add_parser("delete", help="delete topics")
-    delete.add_argument("names", nargs="+")
-    _common(delete)
-    delete.add_argument("--if-exists", action="store_true")
-    describe = actions.add_parser("describe", help="partitions, leaders, replicas and offsets")
-    describe.add_argument("names", nargs="*")
-    _common(describe)
-    for parser in (listing, create, delete, describe):
-        parser.set_defaults(func=run_topics)
+    from copyless.client import admin_cli
 
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=f"HOST:PORT[,...] (default {DEFAULT_BOOTSTRAP})"
-    )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _run(coroutine) -> int:
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        runner = asyncio.run
-    try:
-        return runner(coroutine)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `copyless consume ... | head`: the reader left; that is not an error
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return 0
-    except Exception as exc:  # a clear one-line error instead of a traceback for expected failures
-        from copyless.client.errors import ClientError
-
-        if isinstance(exc, (ClientError, OSError, ValueError)):
-            print(f"copyless: error: {exc}", file=sys.stderr)
-            return 1
-        raise
-
-
-class _Progress:
-    """A one-line progress display on stderr, only when stderr is a terminal (redrawn at most 10x/s)."""
-
-    def __init__(self, total: int | None, unit: str) -> None:
-        self.total = total
-        self.unit = unit
-        self.enabled = sys.stderr.isatty()
-        self.count = 0
-        self.started = time.perf_counter()
-        self._drawn = 0.0
-
-    def advance(self, n: int) -> None:
-        self.count += n
-        if self.enabled:
-            now = time.perf_counter()
-            if now - self._drawn >= 0.1:
-                self._drawn = now
-                self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        rate = self.count / max(now - self.started, 1e-9)
-        if self.total:
-            fraction = min(self.count / self.total, 1.0)
-            bar = "#" * int(fraction * 30)
-            text = f"[{bar:<30}] {self.count}/{self.total} {self.unit} {rate:,.0f}/s"
-        else:
-            text = f"{self.count} {self.unit} {rate:,.0f}/s"
-        sys.stderr.write("\r" + text)
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw(time.perf_counter())
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def _summary(records: int, total_bytes: int, seconds: float) -> dict:
-    seconds = max(seconds, 1e-9)
-    return {
-        "records": records,
-        "bytes": total_bytes,
-        "seconds": round(seconds, 6),
-        "records_per_s": round(records / seconds, 1),
-        "mb_per_s": round(total_bytes / seconds / 1e6, 3),
-    }
+    admin_cli.add_parsers(subparsers)
 
 
 # --- produce ------------------------------------------------------------------------------------------------
 
 
 def run_produce(args) -> int:
-    return _run(_produce(args))
+    return run(args, _produce(args))
+
+
+def _parse_headers(items) -> list[tuple[str, bytes]] | None:
+    headers = []
+    for item in items:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise ValueError(f"-H expects KEY=VALUE, got {item!r}")
+        headers.append((key, value.encode()))
+    return headers or None
+
+
+def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    """The stdin reader thread: the complete lines of each read go to ``queue`` at once, as a list (None at
+    EOF), so a line piped or typed slowly is sent when it arrives, not when 64 KiB have. ``os.read`` on the
+    descriptor, not ``sys.stdin.buffer``: a daemon thread blocked inside the buffered reader holds its lock,
+    and the interpreter aborts at exit (after Ctrl-C) when it finds the lock held."""
+    fd = sys.stdin.fileno()
+    pending = b""
+
+    def put(item) -> bool:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the loop is gone
+            return False
+
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if lines and not put(lines):
+            return
+    if pending:
+        put([pending])
+    put(None)
+
+
+def _install_stop(on_stop) -> callable:
+    """SIGINT calls ``on_stop()`` once (the loop's own handler); returns the function that removes it."""
+    loop = asyncio.get_running_loop()
+    installed = False
+
+    def handler() -> None:
+        remove()
+        on_stop()
+
+    def remove() -> None:
+        nonlocal installed
+        if installed:
+            installed = False
+            loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, handler)
+        installed = True
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
+        pass
+    return remove
 
 
 async def _produce(args) -> int:
     from copyless.client.errors import BufferFullError
     from copyless.client.producer import Producer
 
+    headers = _parse_headers(args.header)
     options = {"batch_size": args.batch_size} if args.batch_size else {}
     producer = Producer(
         args.bootstrap,
@@ -184,72 +178,213 @@ async def _produce(args) -> int:
     records = 0
     total_bytes = 0
     last = None
-    progress = _Progress(args.count, "records")
+    progress = Progress(args.count, "records")
     started = time.perf_counter()
+    stopping = asyncio.Event()
+    main_task = asyncio.current_task()
+
+    def stop() -> None:
+        stopping.set()
+        main_task.cancel()
+
+    remove_handler = _install_stop(stop)
     try:
-        if args.partition is None:
-            await producer.wait_for_topic(args.topic)
+        topic, partition = args.topic, args.partition
+        # Fails at once for an invalid name (INVALID_TOPIC_EXCEPTION) and checks -p against the topic.
+        count = await producer.wait_for_topic(topic)
+        if partition is not None and not 0 <= partition < count:
+            from copyless.client.errors import KafkaError
+
+            raise KafkaError(3, f"topic {topic!r} has no partition {partition} (it has {count}: 0..{count - 1})")
         send_nowait = producer.send_nowait
-        topic = args.topic
-        partition = args.partition
-        if args.count is not None:
-            value = (b"0123456789abcdefghijklmnopqrstuvwxyz" * (args.size // 36 + 1))[: args.size]
-            for sent in range(args.count):
-                try:
-                    last = send_nowait(topic, value, partition=partition)
-                except BufferFullError:
-                    last = await producer.send(topic, value, partition=partition)
-                if sent & 1023 == 1023:
-                    progress.advance(1024)
-                    await asyncio.sleep(0)  # let the sender and the socket run
-            records = args.count
-            total_bytes = args.count * args.size
-            progress.advance(args.count - progress.count)
-        else:
-            loop = asyncio.get_running_loop()
-            stdin = sys.stdin.buffer
-            delimiter = args.key_delimiter.encode() if args.key_delimiter else None
-            while True:
-                try:
-                    lines = await loop.run_in_executor(None, stdin.readlines, 1 << 16)
-                except asyncio.CancelledError:  # Ctrl-C: send what was read, then print the summary
-                    break
-                if not lines:
-                    break
-                for line in lines:
-                    line = line.rstrip(b"\r\n")
-                    key = None
-                    if delimiter is not None and delimiter in line:
-                        key, line = line.split(delimiter, 1)
+        try:
+            if args.count is not None:
+                value = (b"0123456789abcdefghijklmnopqrstuvwxyz" * (args.size // 36 + 1))[: args.size]
+                for sent in range(args.count):
                     try:
-                        last = send_nowait(topic, line, key, partition=partition)
+                        last = send_nowait(topic, value, partition=partition, headers=headers)
                     except BufferFullError:
-                        last = await producer.send(topic, line, key, partition=partition)
+                        last = await producer.send(topic, value, partition=partition, headers=headers)
                     records += 1
-                    total_bytes += len(line) + (len(key) if key else 0)
-                progress.advance(len(lines))
-        await producer.flush()
-        if last is not None and producer.acks != 0:
-            await last  # raises the delivery error of the last record, if any
+                    if sent & 1023 == 1023:
+                        progress.advance(1024)
+                        await asyncio.sleep(0)  # let the sender and the socket run
+                total_bytes = records * args.size
+                progress.advance(records - progress.count)
+            else:
+                loop = asyncio.get_running_loop()
+                queue: asyncio.Queue = asyncio.Queue()
+                threading.Thread(target=_read_lines, args=(loop, queue), name="stdin", daemon=True).start()
+                delimiter = args.key_delimiter.encode() if args.key_delimiter else None
+                while True:
+                    lines = await queue.get()
+                    if lines is None:
+                        break
+                    for line in lines:
+                        line = line.rstrip(b"\r")
+                        key = None
+                        if delimiter is not None and delimiter in line:
+                            key, line = line.split(delimiter, 1)
+                        last = await producer.send(topic, line, key, partition=partition, headers=headers)
+                        records += 1
+                        total_bytes += len(line) + (len(key) if key else 0)
+                    progress.advance(len(lines))
+                    if queue.empty():
+                        producer.flush_nowait()  # what has arrived goes out now, not after linger or at EOF
+        except asyncio.CancelledError:
+            if not stopping.is_set():
+                raise
+            asyncio.current_task().uncancel()
+        if stopping.is_set():
+            try:
+                async with asyncio.timeout(STOP_FLUSH_S):
+                    await producer.flush()
+            except TimeoutError:
+                pass
+        else:
+            await producer.flush()
+            if last is not None and producer.acks != 0:
+                await last  # raises the delivery error of the last record, if any
     finally:
+        remove_handler()
         progress.close()
-        await producer.close()
+        await producer.close(timeout_s=STOP_FLUSH_S if stopping.is_set() else None)
     seconds = time.perf_counter() - started
-    if args.json:
-        print(json.dumps(_summary(records, total_bytes, seconds)))
-    return 0
+    print_summary(args, "produced", summary(records, total_bytes, seconds), json_on_stdout=args.json)
+    return 0  # Ctrl-C is how a producer reading a terminal stops: not an error
 
 
 # --- consume ------------------------------------------------------------------------------------------------
 
 
 def run_consume(args) -> int:
-    return _run(_consume(args))
+    return run(args, _consume(args))
+
+
+def _text(data: bytes | None):
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def record_json(record) -> str:
+    """One record as the ``--json`` object."""
+    return json.dumps({
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp,
+        "key": _text(record.key),
+        "value": _text(record.value),
+        "headers": [[name, _text(value)] for name, value in record.headers],
+    })
+
+
+def format_record(fmt: str, record) -> bytes:
+    """kcat's ``-f``: %t %p %o %T %k %s %h %K %S %% and the escapes \\n \\t \\\\ (an unknown %x is kept)."""
+    out = bytearray()
+    i = 0
+    length = len(fmt)
+    while i < length:
+        char = fmt[i]
+        if char == "%" and i + 1 < length:
+            code = fmt[i + 1]
+            i += 2
+            if code == "t":
+                out += record.topic.encode()
+            elif code == "p":
+                out += str(record.partition).encode()
+            elif code == "o":
+                out += str(record.offset).encode()
+            elif code == "T":
+                out += str(record.timestamp).encode()
+            elif code == "k":
+                out += record.key or b""
+            elif code == "s":
+                out += record.value or b""
+            elif code == "K":
+                out += str(len(record.key) if record.key is not None else -1).encode()
+            elif code == "S":
+                out += str(len(record.value) if record.value is not None else -1).encode()
+            elif code == "h":
+                out += b",".join(name.encode() + b"=" + (value or b"") for name, value in record.headers)
+            elif code == "%":
+                out += b"%"
+            else:
+                out += ("%" + code).encode()
+        elif char == "\\" and i + 1 < length:
+            code = fmt[i + 1]
+            i += 2
+            out += {"n": b"\n", "t": b"\t", "\\": b"\\", "r": b"\r"}.get(code, ("\\" + code).encode())
+        else:
+            out += char.encode()
+            i += 1
+    return bytes(out)
+
+
+def _parse_time_ms(text: str) -> int:
+    if text.lstrip("-").isdigit():
+        return int(text)
+    import datetime
+
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"--from-time expects milliseconds since the epoch or an ISO-8601 time, got {text!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # local time, as date(1) would read it
+    return int(moment.timestamp() * 1000)
+
+
+def _parse_offset(text: str):
+    if text in ("beginning", "earliest", "end", "latest"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"-o expects beginning, end, N or -N, got {text!r}") from None
+
+
+async def _position_partitions(consumer, tps, args) -> None:
+    """Apply -o / --from-time / --from-beginning to manually assigned partitions."""
+    if args.from_time is not None:
+        found = await consumer.offsets_for_times({tp: _parse_time_ms(args.from_time) for tp in tps})
+        after = [tp for tp, offset in found.items() if offset is None]
+        for tp, offset in found.items():
+            if offset is not None:
+                consumer.seek(tp, offset)
+        if after:
+            consumer.seek_to_end(*after)
+        return
+    offset = _parse_offset(args.offset) if args.offset is not None else ("beginning" if args.from_beginning else None)
+    if offset is None:
+        return  # auto_offset_reset (latest) applies
+    if offset in ("beginning", "earliest"):
+        consumer.seek_to_beginning(*tps)
+    elif offset in ("end", "latest"):
+        consumer.seek_to_end(*tps)
+    elif offset >= 0:
+        for tp in tps:
+            consumer.seek(tp, offset)
+    else:
+        ends = await consumer.end_offsets(tps)
+        starts = await consumer.beginning_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(ends[tp] + offset, starts[tp]))
 
 
 async def _consume(args) -> int:
     from copyless.client.consumer import Consumer, TopicPartition
+    from copyless.client.errors import KafkaError
 
+    if args.group and (args.partition or args.offset is not None or args.from_time is not None):
+        raise ValueError("-p, -o and --from-time choose partitions and offsets by hand: not with --group")
+    fmt = args.format
+    if fmt is not None and args.json:
+        raise ValueError("-f and --json are two output formats: choose one")
     consumer = Consumer(
         bootstrap_servers=args.bootstrap,
         group_id=args.group,
@@ -261,38 +396,37 @@ async def _consume(args) -> int:
     delimiter = args.key_delimiter.encode() if args.key_delimiter else None
     records = 0
     total_bytes = 0
-    progress = _Progress(args.count, "records")
+    progress = Progress(args.count, "records")
     started = time.perf_counter()
-    # Ctrl-C: stop and still print the summary. The loop's own handler sets a flag the poll loop checks
-    # (getmany returns at least every 500 ms), so the stop does not hang on a cancellation alone; it also
-    # cancels the task to cut the current wait short. It is removed at once: a second Ctrl-C interrupts.
-    loop = asyncio.get_running_loop()
+    # Ctrl-C: the loop's own handler sets a flag the poll loop checks (getmany returns at least every
+    # POLL_S) and cancels the task to cut the current wait short; a second Ctrl-C interrupts.
     main_task = asyncio.current_task()
     stopping = False
-    handler_installed = False
 
     def stop() -> None:
-        nonlocal stopping, handler_installed
+        nonlocal stopping
         stopping = True
-        loop.remove_signal_handler(signal.SIGINT)
-        handler_installed = False
         main_task.cancel()
 
+    remove_handler = _install_stop(stop)
     try:
-        loop.add_signal_handler(signal.SIGINT, stop)
-        handler_installed = True
-    except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
-        pass
-    try:
+        # A missing topic fails at once, as kcat's does (no waiting for it to appear).
+        count = await consumer._cluster.wait_for_topic(args.topic, 10_000, allow_auto_create=False,
+                                                        fail_if_missing=True)
         if args.group:
             consumer.subscribe([args.topic])
             # --from-beginning sets auto_offset_reset: partitions with a committed offset resume from it
             # (as kafka-console-consumer does); the others start at the earliest offset.
             await consumer.wait_for_assignment()
         else:
-            count = await consumer._cluster.wait_for_topic(args.topic, allow_auto_create=False)
-            partitions = args.partition if args.partition else range(count)
-            consumer.assign([TopicPartition(args.topic, p) for p in partitions])
+            partitions = args.partition if args.partition else list(range(count))
+            missing = [p for p in partitions if not 0 <= p < count]
+            if missing:
+                raise KafkaError(3, f"topic {args.topic!r} has no partition {missing[0]} "
+                                    f"(it has {count}: 0..{count - 1})")
+            tps = [TopicPartition(args.topic, p) for p in partitions]
+            consumer.assign(tps)
+            await _position_partitions(consumer, tps, args)
         end_offsets = None
         if args.exit:
             end_offsets = await consumer.end_offsets(consumer.assignment())
@@ -308,117 +442,49 @@ async def _consume(args) -> int:
             remaining = None if args.count is None else args.count - records
             if remaining is not None and remaining <= 0:
                 break
-            try:
-                batch = await consumer.getmany(timeout_ms=500, max_records=remaining)
-            except asyncio.CancelledError:  # Ctrl-C: stop cleanly and still print the summary
-                break
+            batch = await consumer.getmany(timeout_ms=int(POLL_S * 1000), max_records=remaining)
             for tp_records in batch.values():
                 for record in tp_records:
                     records += 1
-                    size = len(record.value or b"") + len(record.key or b"")
-                    total_bytes += size
-                    if not args.quiet:
+                    total_bytes += len(record.value or b"") + len(record.key or b"")
+                    if args.quiet:
+                        continue
+                    if args.json:
+                        out.write(record_json(record).encode() + b"\n")
+                    elif fmt is not None:
+                        out.write(format_record(fmt, record))
+                    else:
                         if delimiter is not None:
                             out.write((record.key or b"") + delimiter)
                         out.write((record.value or b"") + b"\n")
                 progress.advance(len(tp_records))
             if not args.quiet and batch:
                 out.flush()
+    except asyncio.CancelledError:  # Ctrl-C: stop cleanly, print what was read and the summary
+        if not stopping:
+            raise
+        asyncio.current_task().uncancel()
     finally:
-        if handler_installed:  # uvloop raises ValueError off the main thread, where none was installed
-            loop.remove_signal_handler(signal.SIGINT)
+        remove_handler()
         progress.close()
-        await consumer.close()
+        try:
+            out.flush()
+        except BrokenPipeError:
+            pass
+        try:
+            async with asyncio.timeout(STOP_FLUSH_S if stopping else None):
+                await consumer.close()
+        except TimeoutError:
+            pass
     seconds = time.perf_counter() - started
-    if args.json:
-        sys.stdout.flush()
-        print(json.dumps(_summary(records, total_bytes, seconds)), flush=True)
-    return 0
-
-
-# --- topics -------------------------------------------------------------------------------------------------
-
-
-def run_topics(args) -> int:
-    return _run(_topics(args))
-
-
-async def _topics(args) -> int:
-    from copyless.client.admin import EARLIEST, LATEST, Admin
-
-    async with Admin(args.bootstrap, client_id="copyless-cli") as admin:
-        if args.action == "list":
-            names = await admin.list_topics(internal=args.internal)
-            if args.json:
-                print(json.dumps(names))
-            else:
-                for name in names:
-                    print(name)
-        elif args.action == "create":
-            configs = {}
-            for item in args.config:
-                key, separator, value = item.partition("=")
-                if not separator:
-                    raise ValueError(f"--config expects KEY=VALUE, got {item!r}")
-                configs[key] = value
-            results = await admin.create_topics(
-                args.names,
-                num_partitions=args.partitions,
-                replication_factor=args.replication_factor,
-                configs=configs,
-                if_not_exists=args.if_not_exists,
-            )
-            _report(args, "created", results)
-        elif args.action == "delete":
-            results = await admin.delete_topics(args.names, if_exists=args.if_exists)
-            _report(args, "deleted", results)
-        else:
-            descriptions = await admin.describe_topics(args.names or None)
-            requests = {}
-            for description in descriptions:
-                for partition in description.partitions:
-                    requests[(description.name, partition.partition)] = None
-            earliest = await admin.list_offsets({tp: EARLIEST for tp in requests}) if requests else {}
-            latest = await admin.list_offsets({tp: LATEST for tp in requests}) if requests else {}
-            document = []
-            for description in descriptions:
-                partitions = []
-                for p in description.partitions:
-                    tp = (description.name, p.partition)
-                    partitions.append(
-                        {
-                            "partition": p.partition,
-                            "leader": p.leader,
-                            "replicas": list(p.replicas),
-                            "isr": list(p.isr),
-                            "log_start_offset": earliest.get(tp),
-                            "log_end_offset": latest.get(tp),
-                        }
-                    )
-                document.append({"topic": description.name, "internal": description.internal, "partitions": partitions})
-            if args.json:
-                print(json.dumps(document))
-            else:
-                for topic in document:
-                    print(f"topic {topic['topic']} partitions {len(topic['partitions'])}")
-                    for p in topic["partitions"]:
-                        print(
-                            f"  partition {p['partition']} leader {p['leader']} replicas {p['replicas']} "
-                            f"isr {p['isr']} offsets {p['log_start_offset']}..{p['log_end_offset']}"
-                        )
-    return 0
-
-
-def _report(args, verb: str, results: dict) -> None:
-    if args.json:
-        print(json.dumps(results))
-    else:
-        for name, code in results.items():
-            print(f"{verb} {name}" if code == 0 else f"{name}: error {code}")
+    print_summary(args, "consumed", summary(records, total_bytes, seconds), json_on_stdout=args.json and args.quiet)
+    return 0  # Ctrl-C is how a tail is stopped: not an error (kcat exits 0 too)
 
 
 def main(argv=None) -> int:
     """Standalone entry point (``python -m copyless.client.cli``) with only the client's subcommands."""
+    import argparse
+
     parser = argparse.ArgumentParser(prog="copyless")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

@@ -31,6 +31,7 @@ class KafkaError(ClientError):
     def __init__(self, code: int, context: str = "") -> None:
         self.code = int(code)
         self.name = error_name(self.code)
+        self.context = context
         try:
             self.retriable = bool(ErrorCode(self.code).retriable)
         except ValueError:

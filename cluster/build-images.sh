@@ -13,7 +13,11 @@
 # never asked, so the same path works with or without one. Dependencies are not pinned: a build takes their
 # newest releases, and a source change (or `docker rmi` of the keyed tag) picks up later ones.
 #
+#   copyless-prometheus:local  only with --prometheus: the base plus Debian's prometheus package
+#                            (cluster/prometheus.Dockerfile), for the compose file's opt-in "metrics" profile.
+#
 # Usage: cluster/build-images.sh [--quiet]     prints the two stable image references on its last two lines
+#        cluster/build-images.sh --prometheus  the same, and the Prometheus image's on a third, last line
 #        cluster/build-images.sh --print-tags    builds nothing; prints the content-keyed tags a build would
 #                                                use (the copyless one only once the base exists)
 # Environment:
@@ -27,9 +31,11 @@ cd "$(dirname "$0")/.."
 
 QUIET=0
 PRINT_TAGS=0
+PROMETHEUS=0
 for arg in "$@"; do
     case "$arg" in
         --quiet) QUIET=1 ;;
+        --prometheus) PROMETHEUS=1 ;;
         --print-tags) PRINT_TAGS=1 ;;
         *) echo "build-images: unknown argument $arg" >&2; exit 2 ;;
     esac
@@ -183,5 +189,33 @@ else
 fi
 docker tag "$IMAGE_TAG" "$IMAGE_REPO:local"
 
+# ---- the Prometheus image (only when asked) ----------------------------------------------------------------
+
+PROMETHEUS_REPO=copyless-prometheus
+if [ "$PROMETHEUS" = 1 ]; then
+    PROMETHEUS_KEY=$( {
+        echo "$BASE_ID"
+        sha256sum cluster/build-images.sh cluster/prometheus.Dockerfile cluster/prometheus.yml
+    } | hash_text)
+    PROMETHEUS_TAG=$PROMETHEUS_REPO:$PROMETHEUS_KEY
+    if docker image inspect "$PROMETHEUS_TAG" >/dev/null 2>&1; then
+        say "prometheus image $PROMETHEUS_TAG is up to date"
+    else
+        STAGE=$(mktemp -d "${TMPDIR:-/tmp}/copyless-prometheus.XXXXXX")
+        trap 'rm -rf "$STAGE"' EXIT
+        started=$SECONDS
+        cp cluster/prometheus.yml "$STAGE/"
+        say "building $PROMETHEUS_TAG (Debian's prometheus package from the base's mirror; about a minute)"
+        docker build -f cluster/prometheus.Dockerfile --build-arg "BASE_IMAGE=$BASE_TAG" \
+            --label "org.copyless.build-key=$PROMETHEUS_KEY" -t "$PROMETHEUS_TAG" "$STAGE" >"$STAGE.log" 2>&1 \
+            || { tail -n 30 "$STAGE.log" >&2; rm -f "$STAGE.log"; die "docker build of the prometheus image failed"; }
+        rm -rf "$STAGE" "$STAGE.log"
+        trap - EXIT
+        say "built $PROMETHEUS_TAG in $((SECONDS - started)) s"
+    fi
+    docker tag "$PROMETHEUS_TAG" "$PROMETHEUS_REPO:local"
+fi
+
 echo "$BASE_REPO:$SUITE"
 echo "$IMAGE_REPO:local"
+[ "$PROMETHEUS" = 0 ] || echo "$PROMETHEUS_REPO:local"

@@ -18,4 +18,6 @@ for arg in "$@"; do
         *) echo "down: unknown argument $arg" >&2; exit 2 ;;
     esac
 done
+# With the opt-in profile named, `down` also stops its services (Prometheus) when they run.
+export COMPOSE_PROFILES=${COMPOSE_PROFILES:-metrics}
 exec "$HERE/compose.sh" "${SINGLE[@]}" "${DOWN[@]}"

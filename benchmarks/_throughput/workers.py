@@ -51,6 +51,9 @@ class Workload:
     read_seconds: float = 0.0           # ... or, when set, until this long (at most read_passes times)
     topic: str = ""
     label: str = ""
+    replication_factor: int = 1         # a cluster's topics: replicas per partition ...
+    topic_configs: tuple[tuple[str, str], ...] = ()  # ... and topic settings (min.insync.replicas)
+    precreated: bool = False            # the topic exists already (created and checked by the caller)
 
 
 @dataclass
@@ -448,7 +451,8 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
             if latency:
                 for value in values:
                     scheduled = _TIMESTAMP.unpack_from(value)[0]
-                    result.e2e_ms.append((scheduled, (received_at - scheduled) / 1e6))
+                    if scheduled:  # 0: a record written before the run to check the topic (not timed)
+                        result.e2e_ms.append((scheduled, (received_at - scheduled) / 1e6))
             reading.took(called_at, cpu_at_call)
         else:
             result.error_text = reading.timed_out()

@@ -28,12 +28,13 @@ def _admin(bootstrap: str):
     return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int = 1,
+                 configs: dict[str, str] | None = None) -> None:
     from confluent_kafka.admin import NewTopic
 
     admin = _admin(bootstrap)  # keep a reference: a collected AdminClient fails its pending futures
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
-                                  request_timeout=30)
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor,
+                                            config=dict(configs or {}))], request_timeout=30)
     futures[topic].result(60)
     # Wait until metadata shows every partition with a leader (Kafka creates them asynchronously).
     deadline = time.monotonic() + 60
@@ -128,20 +129,23 @@ def _serving_figures(before: dict | None, after: dict | None) -> dict[str, Any]:
 
 
 def run_workload(ctx, bootstrap: str, work: Workload, serving_stats=None,
-                 broker_pid: int | None = None) -> dict[str, Any]:
+                 broker_pid=None) -> dict[str, Any]:
     """Run one workload against ``bootstrap``; returns the measured figures (raises on client errors).
 
     ``serving_stats``: the broker's ``BrokerHandle.serving_stats``, read when the consumers start and when
     they are done, for the ``broker_*`` figures of that window. ``broker_pid``: the broker's process, whose
     CPU seconds over the produce window and over the consume window (when the two are apart) are charged
-    per GB moved in each."""
+    per GB moved in each; or a callable returning it once the topic exists (a cluster's partition leader,
+    known only then)."""
     serving_stats = serving_stats or (lambda: None)
 
     def broker_cpu() -> float | None:
         return cpu_seconds(broker_pid) if broker_pid else None
 
-    if not work.consume_only:
-        create_topic(bootstrap, work.topic, work.partitions)
+    if not (work.consume_only or work.precreated):
+        create_topic(bootstrap, work.topic, work.partitions, work.replication_factor, dict(work.topic_configs))
+    if callable(broker_pid):
+        broker_pid = broker_pid()
     ready = ctx.Queue()
     results = ctx.Queue()
     processes = []

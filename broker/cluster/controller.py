@@ -151,6 +151,12 @@ class Controller:
         """Every new image: a controller that no longer holds the key resigns; one that does re-checks."""
         if not self.active:
             return
+        # An image older than this broker's election (built from watch events already on their way while the
+        # election's transaction ran) cannot name it yet. Resigning on it left a cluster with no controller at
+        # all: every other broker saw this one named and never campaigned (the compose cluster hung at its first
+        # CreateTopics, NOT_CONTROLLER, in one start of three).
+        if image.revision < self.token:
+            return
         if image.controller_id != self.node_id:
             self.resign(f"the controller key names node {image.controller_id}")
             return

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import math
@@ -76,6 +77,18 @@ PRODUCER_ID_BLOCK = 1000
 # How long a CreateTopics / DeleteTopics answer waits for this broker's image to show the change.
 PROPAGATION_TIMEOUT_S = 10.0
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+
+
+@contextlib.contextmanager
+def _etcd_trouble_answered():
+    """The controller's etcd write did not get through (etcd electing a leader, a member down): the client
+    gets REQUEST_TIMED_OUT, which every Kafka admin client retries, instead of a closed connection. The
+    write may or may not have happened; the retry finds out (TOPIC_ALREADY_EXISTS and the like)."""
+    try:
+        yield
+    except etcd.EtcdUnavailable as exc:
+        raise TopicError(ErrorCode.request_timed_out, f"the metadata store did not answer ({exc}); retry") from None
 
 
 class DuplicateBrokerError(RuntimeError):
@@ -399,7 +412,8 @@ class EtcdMetadata(MetadataBackend):
 
     async def create_topic(self, new: NewTopic, *, validate_only: bool = False) -> TopicInfo:
         if self.controller.active:
-            info, revision = await self.controller.create_topic(new, validate_only=validate_only)
+            with _etcd_trouble_answered():
+                info, revision = await self.controller.create_topic(new, validate_only=validate_only)
         else:
             info = await self._forward_create(new, validate_only)
         if validate_only:
@@ -448,7 +462,8 @@ class EtcdMetadata(MetadataBackend):
     async def delete_topic(self, name: str) -> None:
         info = self.image.topic(name)
         if self.controller.active:
-            await self.controller.delete_topic(name)
+            with _etcd_trouble_answered():
+                await self.controller.delete_topic(name)
         else:
             from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
             from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
@@ -501,7 +516,8 @@ class EtcdMetadata(MetadataBackend):
 
     async def elect_preferred_leaders(self, partitions=None) -> dict:
         if self.controller.active:
-            return await self.controller.elect_preferred(partitions)
+            with _etcd_trouble_answered():
+                return await self.controller.elect_preferred(partitions)
         from kio.schema.elect_leaders.v1.request import ElectLeadersRequest, TopicPartitions
         from kio.schema.elect_leaders.v1.response import ElectLeadersResponse
         from kio.schema.types import TopicName
@@ -538,8 +554,9 @@ class EtcdMetadata(MetadataBackend):
     async def create_partitions(self, name: str, count: int, assignments: Sequence[Sequence[int]] | None = None,
                                 *, validate_only: bool = False) -> TopicInfo:
         if self.controller.active:
-            info, _revision = await self.controller.create_partitions(name, count, assignments,
-                                                                      validate_only=validate_only)
+            with _etcd_trouble_answered():
+                info, _revision = await self.controller.create_partitions(name, count, assignments,
+                                                                          validate_only=validate_only)
         else:
             info = await self._forward_create_partitions(name, count, assignments, validate_only)
         if validate_only:

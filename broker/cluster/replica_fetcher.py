@@ -265,6 +265,7 @@ class ReplicaFetcher:
         frame, view, (error_code, partitions) = await future
         retriable = False
         appended: list[Partition] = []
+        log_starts: list[tuple[Partition, int]] = []  # the leader's log start moved (DeleteRecords, retention)
         try:
             self.stats["fetches"] += 1
             if error_code:
@@ -296,10 +297,18 @@ class ReplicaFetcher:
                     self.stats["bytes"] += answer.records_end - answer.records_start
                     appended.append(partition)
                 partition.update_follower_high_watermark(answer.high_watermark)
+                if answer.log_start_offset > partition.log.log_start_offset:
+                    log_starts.append((partition, answer.log_start_offset))
         finally:
             view.release()
             if hasattr(frame, "release"):
                 frame.release()
+        for partition, leader_log_start in log_starts:
+            # Kafka's follower moves its log start with the leader's (DeleteRecords must not come back on
+            # a new leader), as far as its own high watermark; storage fsyncs the checkpoint, so a thread.
+            target = min(leader_log_start, partition.high_watermark)
+            if target > partition.log.log_start_offset:
+                await asyncio.to_thread(partition.log.delete_records_before, target)
         if appended and config.flush_mode == "sync":
             # The next fetch's offset tells the leader how far this replica is, and the leader's high
             # watermark (so acks=all) follows from it: under the sync flush mode that offset must be durable

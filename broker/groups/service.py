@@ -418,7 +418,7 @@ class GroupService:
         info, partition = await self._append(shard, records, fold=False)
         # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition), and
         # only then shown to OffsetFetch: the view never holds an offset a failover could take back.
-        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S, info.leader_epoch)
         if partition.config.flush_mode == "sync":
             await asyncio.wrap_future(partition.log.wait_flushed(info.last_offset + 1))
         if self.shards.get(shard.partition) is shard:
@@ -433,7 +433,7 @@ class GroupService:
         """Append tombstones and wait, as a commit does, until the ISR has them; the view drops what they
         delete at once (a deleted offset is never served again by this coordinator)."""
         info, partition = await self._append(shard, records)
-        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S)
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S, info.leader_epoch)
 
     async def delete_groups(self, group_ids) -> dict[str, ErrorCode]:
         """DeleteGroups (Kafka's ``GroupCoordinator.handleDeleteGroups``): an Empty (or Dead) group loses its

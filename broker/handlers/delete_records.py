@@ -6,7 +6,9 @@ segments below it and checkpoints the new start; fetches below it answer OFFSET_
 ListOffsets(earliest) answers it. The answer's ``low_watermark`` is the new log start offset. Errors: an
 offset past the high watermark or negative -> OFFSET_OUT_OF_RANGE (1); not the leader ->
 NOT_LEADER_OR_FOLLOWER (6); unknown -> UNKNOWN_TOPIC_OR_PARTITION (3); a storage failure ->
-KAFKA_STORAGE_ERROR (56). Followers move their own start when their fetch responses carry the leader's.
+KAFKA_STORAGE_ERROR (56). The new start is the leader's: followers keep their copies below it until their
+own retention removes them (Kafka's followers also take the leader's log start from fetch responses; the
+replica fetcher does so only for a fetch out of range), and the answer does not wait for them.
 """
 
 from __future__ import annotations

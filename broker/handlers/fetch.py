@@ -72,7 +72,7 @@ def read_partitions(broker, request, response_max_bytes: int):
                 limit = max(0, min(fetch_partition.partition_max_bytes, remaining))
                 if replica_id >= 0:
                     read = partition.read_for_follower(replica_id, offset, limit, min_one_message=min_one_message)
-                    replicas.after_follower_fetch(partition)
+                    replicas.after_follower_fetch(partition, replica_id)
                 elif limit == 0 and not min_one_message:
                     # Budget spent: report positions only, but still check the offset as Kafka does.
                     start, end = partition.log_start_offset, partition.log_end_offset

@@ -160,7 +160,7 @@ async def handle(ctx: RequestContext, request):
                     stats.topic_bytes_in[name] += len(partition_data.records)
                 if acks == -1:
                     # A retry of an acknowledged batch waits too: the original may not be replicated yet.
-                    required = (partition, info.last_offset + 1)
+                    required = (partition, info.last_offset + 1, info.leader_epoch)
             except Exception as exc:
                 code, message = error_for(exc)
                 stats.produce_errors += 1
@@ -179,9 +179,9 @@ async def handle(ctx: RequestContext, request):
     if waits:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.timeout.total_seconds(), 0.0)
-        for entry, partition, required_offset in waits:
+        for entry, partition, required_offset, leader_epoch in waits:
             try:
-                await partition.wait_replicated(required_offset, deadline - loop.time())
+                await partition.wait_replicated(required_offset, deadline - loop.time(), leader_epoch)
                 if partition.config.flush_mode == "sync":
                     await _wait_flushed(partition, required_offset, deadline - loop.time())
             except Exception as exc:

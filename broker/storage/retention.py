@@ -26,14 +26,30 @@ class Retention:
 
     def run_retention(self, now: int | None = None) -> int:
         """Delete the oldest whole segments past retention.ms (by their largest timestamp) or beyond
-        retention.bytes; never the active segment. The log start offset moves first, then the files are
-        renamed ``.deleted`` and handed to the reaper, which removes them once no FileSlice pins them and
-        file_delete_delay_ms has passed. Returns the number of segments retired."""
+        retention.bytes; never the active segment, and only segments wholly below the high watermark
+        (Kafka's ``deletableSegments`` rule). The log start offset moves first, then the files are renamed
+        ``.deleted`` and handed to the reaper, which removes them once no FileSlice pins them and
+        file_delete_delay_ms has passed. Returns the number of segments retired.
+
+        Why the high watermark bounds it: on a leader, records above it are not yet on every ISR member. If
+        retention removed them, the log start would pass a follower that is still in the ISR, and that
+        follower would have to restart its log at the leader's start, dropping records it never received
+        (and the high watermark, held at or above the log start, would jump over them: acks=all writes
+        acknowledged without being replicated). A single-node broker's partition layer keeps the high
+        watermark at the log end, so there it bounds nothing.
+        """
         now = now_ms() if now is None else now
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         with self._lock:
             segments = self._segments
             candidates = segments[:-1]
+            # Only segments whose every record is below the high watermark: the next segment starts at or
+            # below it.
+            upper_bound = min(self.high_watermark, self.log_end_offset)
+            for number, segment in enumerate(segments[1:len(candidates) + 1], start=1):
+                if segment.base_offset > upper_bound:
+                    candidates = candidates[: number - 1]
+                    break
             # The segment before one that still carries its prepared name stays until the rename (io thread,
             # just after the roll) is done: after a crash in that window the successor's base offset is
             # known only from its first batch, and if that batch was torn this named predecessor is what
@@ -63,7 +79,8 @@ class Retention:
                 return 0
             doomed = segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[count].base_offset)
-            # Never below the log start (Kafka moves it the same way when the start passes it).
+            # The bound above keeps the new start at or below the high watermark; this only lifts one that
+            # was already below the start (a checkpointed value older than a DeleteRecords start).
             self.high_watermark = max(self.high_watermark, self.log_start_offset)
             failpoint("retention.after_log_start")
             self._segments = segments[count:]

@@ -58,6 +58,12 @@ class TruncationMixin:
         if offset < self.log_start_offset:
             self.truncate_fully_and_start_at(offset)
             return
+        first = self._segments[0]
+        found = first.find_batch(offset, first.committed_position) if offset < first.next_offset else None
+        if found is not None and found[1].base_offset < self.log_start_offset:
+            # The cut would take the batch DeleteRecords left straddling the log start: nothing is kept.
+            self.truncate_fully_and_start_at(self.log_start_offset)
+            return
         self._background.submit_io(lambda: None).result()  # the queued renames and seals are done
         try:
             with self._io_lock:  # no fdatasync or seal of these segments meanwhile

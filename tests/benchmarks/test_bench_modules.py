@@ -215,6 +215,39 @@ def _check_throughput(document: dict) -> None:
     assert any(t.startswith("Targets warm-up") for t in titles)
 
 
+def _check_replication(document: dict) -> None:
+    # Tiny runs never touch the reference Kafka; copyless runs every section.
+    assert document["sides"] == ["copyless"] and "tiny" in document["kafka"]
+    assert {r["section"] for r in document["rows"]} == {"failover", "produce", "latency", "cpu"}
+    for row in _rows_with(document, section="failover"):
+        # Measured, not judged: a stall and a new leader other than the one killed.
+        assert row["stall_s"] > 0 and row["gap_s"] > 0 and row["new_leader"] != row["killed"], row
+        assert row["records_acked"] > 0
+    for row in _rows_with(document, section="produce") + _rows_with(document, section="cpu"):
+        # CPU is read in clock ticks (10 ms): a tiny run's leader may use less than one.
+        assert row["produce_mb_per_s"] > 0 and row["leader_cpu_s_per_gb"] >= 0, row
+    # Both sides of the cpu section ran, and each proved its replica path (or the run would have failed).
+    cpu = _rows_with(document, section="cpu")
+    assert {r["side"] for r in cpu} == {"copyless", "copyless --no-sendfile"}
+    assert all((r["replica_copied_mb"] == 0) == (r["side"] == "copyless") for r in cpu), cpu
+    for row in _rows_with(document, section="latency"):
+        assert 0 < row["e2e_p50_ms"] <= row["e2e_p99_ms"] <= row["e2e_p999_ms"], row
+    titles = [t["title"] for t in document["tables"]]
+    assert any(t.startswith("Write stall") for t in titles) and any(t.startswith("Leader CPU") for t in titles)
+
+
+def _check_cluster_metadata(document: dict) -> None:
+    assert {r["section"] for r in document["rows"]} == {"controller", "create", "etcd"}
+    for row in _rows_with(document, section="controller"):
+        assert row["new_controller"] not in (None, row["killed"]) and row["create_ok_s"] > 0, row
+    sides = {r["side"] for r in _rows_with(document, section="create")}
+    assert sides == {"embedded single node", "etcd cluster RF 1", "etcd cluster RF 3"}
+    assert all(0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] for r in _rows_with(document, section="create"))
+    etcd = _rows_with(document, section="etcd")
+    assert [r["acks"] for r in etcd] == ["1", "all"]
+    assert all(r["produce_requests"] > 0 and r["etcd_calls_per_produce_request"] is not None for r in etcd), etcd
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -223,6 +256,8 @@ CHECKS = {
     "mmap_warmup": _check_mmap_warmup,
     "prefault": _check_prefault,
     "throughput": _check_throughput,
+    "replication": _check_replication,
+    "cluster_metadata": _check_cluster_metadata,
 }
 
 

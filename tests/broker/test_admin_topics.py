@@ -1,9 +1,6 @@
 """The admin APIs on topics and the cluster, against a real broker process with the admin clients of
 confluent-kafka (librdkafka) and kafka-python: CreatePartitions, DeleteRecords, DescribeCluster,
 ElectLeaders, and ApiVersions advertising each of them.
-
-DeleteRecords goes through ``PartitionLog.delete_records_before`` in the storage layer; until that lands,
-the two delete-records tests fail (the broker closes the connection on the missing method).
 """
 
 from __future__ import annotations

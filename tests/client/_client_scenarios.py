@@ -71,7 +71,7 @@ async def round_trip_all_codecs(bootstrap: str) -> None:
 async def idempotent_producer_stamps_batches(bootstrap: str) -> None:
     topic = unique("idem")
     async with Producer(bootstrap, linger_ms=1, batch_size=2048) as producer:
-        assert producer.enable_idempotence and producer._producer_id >= 0
+        assert producer.enable_idempotence and producer._sender.producer_id >= 0
         futures = [await producer.send(topic, b"x" * 100, partition=0) for _ in range(500)]
         await producer.flush()
         offsets = [(await f).offset for f in futures]
@@ -134,7 +134,7 @@ async def back_pressure(bootstrap: str) -> None:
                 refused = True
                 break
         assert refused and 0 < sent < 200  # ~8 batches of 1 KiB, then the budget is spent
-        assert producer._reserved_bytes <= 8 * 1024 + 1024
+        assert producer._accumulator.reserved_bytes <= 8 * 1024 + 1024
         # send() waits until the broker acknowledges earlier batches, then goes through.
         last = await asyncio.wait_for(producer.send(topic, b"last", partition=0), 30)
         producer.flush_nowait()

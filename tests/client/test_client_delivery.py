@@ -97,7 +97,7 @@ def test_record_timestamps_are_the_clock_millisecond_on_every_path(broker, monke
     every record must still get exactly ``time_ns() // 1_000_000`` at its send - across millisecond
     boundaries (readings exactly on one, and whole seconds), after explicit past and future timestamps,
     and when the clock steps back - through ``send`` and ``send_nowait`` alike."""
-    import copyless.client.producer as producer_module
+    import copyless.client.accumulator as producer_module  # the clock the per-record path reads
 
     clock = [0]
     monkeypatch.setattr(producer_module, "_time_ns", lambda: clock[0])
@@ -167,7 +167,7 @@ def test_acknowledgements_keep_the_in_flight_window_full(broker):
                     handles.append(producer.send_nowait(topic, value, partition=0))
                 time.sleep(0.01)  # busy without yielding (the broker answers meanwhile), then yield once
                 await asyncio.sleep(0)
-            queued = sum(len(queue) for queue in producer._batches.values())
+            queued = sum(len(queue) for queue in producer._accumulator.batches.values())
             await producer.flush()
             offsets = [(await handle).offset for handle in handles]
         assert offsets == list(range(len(handles)))

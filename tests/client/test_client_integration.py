@@ -193,10 +193,10 @@ def test_getmany_is_cancelled_even_when_data_arrives_in_the_same_step(broker, lo
             consumer.assign([TopicPartition(topic, 0)])
             task = asyncio.ensure_future(consumer.getmany(timeout_ms=10_000))
             deadline = asyncio.get_running_loop().time() + 10
-            while not consumer._data_waiters:  # getmany is parked on its waiter
+            while not consumer._fetcher._data_waiters:  # getmany is parked on its waiter
                 assert asyncio.get_running_loop().time() < deadline, "getmany never waited"
                 await asyncio.sleep(0.01)
-            consumer._wake_waiters()  # what a fetch response does ...
+            consumer._fetcher.wake_waiters()  # what a fetch response does ...
             task.cancel()             # ... in the same step as the cancellation
             started = asyncio.get_running_loop().time()
             with pytest.raises(asyncio.CancelledError):

@@ -154,3 +154,35 @@ def test_describe_cluster_lists_every_broker_and_the_controller(cluster_factory)
     assert described.controller.id == cluster.metadata().controller_id
     assert sorted((node.id, node.port) for node in described.nodes) == sorted(
         (node, broker.port) for node, broker in cluster.brokers.items())
+
+
+def test_deleted_records_stay_deleted_on_the_next_leader(cluster_factory):
+    from confluent_kafka import Consumer, Producer
+
+    cluster = cluster_factory(3)
+    topic = unique_topic("delete-records")
+    admin = admin_for(cluster.bootstrap)
+    create_topic(admin, topic, 1)
+    cluster.wait_for_isr(topic, 1, 3)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for number in range(50):
+        producer.produce(topic, b"r%d" % number, partition=0)
+    assert producer.flush(30) == 0
+    done = admin.delete_records([TopicPartition(topic, 0, 30)])
+    assert done[TopicPartition(topic, 0, 30)].result(OP_TIMEOUT_S).low_watermark == 30
+    leader = cluster.leader_of(topic)
+    # The followers learn the new log start from their next fetches; the leader then goes away.
+    def checkpointed(broker) -> bool:
+        path = broker.data_dir / "log-start-offset-checkpoint"
+        return path.exists() and f"{topic} 0 30" in path.read_text().splitlines()
+
+    wait_until(lambda: all(checkpointed(broker) for node, broker in cluster.brokers.items() if node != leader),
+               what="every follower's log start checkpoint at 30", timeout_s=20)
+    cluster.brokers[leader].kill()
+    cluster.wait_for_leaders(topic, 1, excluding={leader})
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "low-watermark"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=OP_TIMEOUT_S)
+    finally:
+        consumer.close()
+    assert (low, high) == (30, 50)

@@ -11,6 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from copyless.broker.cluster import etcd_client as etcd
 from copyless.broker.cluster.controller import Controller
+from copyless.broker.cluster.image import ClusterImage
 from copyless.broker.cluster.keys import Layout
 from copyless.broker.config import BrokerConfig
 from tests.support.etcd import unique_root
@@ -98,3 +99,36 @@ def test_a_deposed_controllers_write_is_refused_by_etcd(etcd_server):
     assert outcome["state unchanged"] is True
     assert outcome["a still active"] is False, "the refused controller did not resign"
     assert outcome["b write"] is True
+
+
+async def _image_from_before_the_election(endpoint: str) -> dict:
+    root = unique_root()
+    layout = Layout(root, "cluster")
+    client = etcd.EtcdClient(etcd.parse_endpoints(endpoint))
+    outcome = {}
+    try:
+        lease, _ttl = await client.grant(2)
+        a = Controller(_Metadata(node_id=1, client=client, layout=layout, lease_id=lease,
+                                 broker=types.SimpleNamespace(config=BrokerConfig(auto_leader_rebalance=False)),
+                                 image=None))
+        a._run = a._rebalance = lambda: asyncio.sleep(0)
+        assert await a.campaign()
+        # The watch delivers an image of the revision before the election: no controller named yet.
+        a.on_image(ClusterImage(revision=a.token - 1, controller_id=-1))
+        outcome["active after a stale image"] = a.active
+        a.on_image(ClusterImage(revision=a.token, controller_id=1))
+        outcome["active after its own"] = a.active
+        # A newer image naming another broker still deposes it.
+        a.on_image(ClusterImage(revision=a.token + 1, controller_id=2))
+        outcome["active after a newer one naming another"] = a.active
+        await client.revoke(lease)
+        await client.txn([], [etcd.delete_prefix(f"/{root}/".encode())])
+    finally:
+        await client.close()
+    return outcome
+
+
+def test_an_image_from_before_the_election_does_not_depose_the_controller(etcd_server):
+    outcome = asyncio.run(_image_from_before_the_election(etcd_server.endpoint))
+    assert outcome == {"active after a stale image": True, "active after its own": True,
+                       "active after a newer one naming another": False}

@@ -6,8 +6,10 @@
                       is installed (tests/run.sh installs Debian's docker-compose).
     copyless_images   session. cluster/build-images.sh once per run: from nothing the first time on a machine,
                       a content-key check (nothing built) after that.
-    compose_project   function. ``compose_project(kind="cluster"|"single")`` -> a ComposeProject under a fresh
-                      name, not started; at teardown everything it created is removed by name, and when the test
+    prometheus_images session, on first use. build-images.sh --prometheus: the images above and the opt-in
+                      Prometheus image (Debian's package on the base; about a minute the first time).
+    compose_project   function. ``compose_project(kind="cluster"|"single", metrics=False)`` -> a ComposeProject
+                      under a fresh name, not started (``metrics``: with the "metrics" profile, Prometheus); at teardown everything it created is removed by name, and when the test
                       failed the services' last log lines are printed first. While a project exists, SIGTERM
                       (a CI timeout) raises KeyboardInterrupt so this teardown still runs.
     cluster_mode      session (so it skips before the images are built). Skips until the brokers have their
@@ -76,12 +78,23 @@ def _raise_on_sigterm(signum, frame):
     raise _TerminatedError(f"signal {signum}")
 
 
+@pytest.fixture(scope="session")
+def prometheus_images(copyless_images) -> harness.Images:
+    try:
+        images = harness.build_images(prometheus=True)
+    except harness.DockerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    harness.TIMINGS.append(f"cluster/build-images.sh --prometheus: {images.build_seconds:.1f} s ({images.prometheus})")
+    return images
+
+
 @pytest.fixture
 def compose_project(request, compose_cmd, copyless_images):
     projects: list[harness.ComposeProject] = []
 
-    def make(kind: str = "cluster") -> harness.ComposeProject:
-        project = harness.ComposeProject(kind=kind, compose=compose_cmd, images=copyless_images)
+    def make(kind: str = "cluster", *, metrics: bool = False) -> harness.ComposeProject:
+        images = request.getfixturevalue("prometheus_images") if metrics else copyless_images
+        project = harness.ComposeProject(kind=kind, compose=compose_cmd, images=images)
         projects.append(project)
         return project
 

@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,8 @@ CLUSTER_DIR = REPO_ROOT / "cluster"
 CLUSTER_FILE = REPO_ROOT / "docker-compose.yml"
 SINGLE_FILE = REPO_ROOT / "docker-compose.single.yml"
 PROJECT_PREFIX = "copyless-test-"
+# Services of docker-compose.yml's opt-in "metrics" profile: started only by a project with the Prometheus image.
+OPTIONAL_SERVICES = ("prometheus",)
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -109,16 +113,23 @@ class Images:
     base: str
     copyless: str
     build_seconds: float
+    prometheus: str | None = None
 
 
-def build_images() -> Images:
-    """cluster/build-images.sh: builds what is missing or stale, reuses the rest (a no-op when nothing changed)."""
+def build_images(*, prometheus: bool = False) -> Images:
+    """cluster/build-images.sh: builds what is missing or stale, reuses the rest (a no-op when nothing changed);
+    with ``prometheus`` also the opt-in Prometheus image."""
     started = time.monotonic()
-    result = run([str(CLUSTER_DIR / "build-images.sh")], timeout_s=BUILD_TIMEOUT_S, check=False)
+    result = run([str(CLUSTER_DIR / "build-images.sh"), *(["--prometheus"] if prometheus else [])],
+                 timeout_s=BUILD_TIMEOUT_S, check=False)
     if result.returncode != 0:
         raise DockerError(f"cluster/build-images.sh failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
-    base, copyless = result.stdout.split()[-2:]
-    return Images(base=base, copyless=copyless, build_seconds=time.monotonic() - started)
+    if prometheus:
+        base, copyless, prometheus_image = result.stdout.split()[-3:]
+    else:
+        (base, copyless), prometheus_image = result.stdout.split()[-2:], None
+    return Images(base=base, copyless=copyless, build_seconds=time.monotonic() - started,
+                  prometheus=prometheus_image)
 
 
 # ---- leftovers ------------------------------------------------------------------------------------------------
@@ -174,10 +185,26 @@ def remove_leftovers() -> list[str]:
     return removed
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Host ports for published listeners come from below Linux's ephemeral range (32768-60999 by default): a port
+# picked there by binding port 0 was taken, while its broker was killed, by another process's outgoing
+# connection or port-0 listener, and `docker start` then failed with "address already in use" (seen here).
+PUBLISHED_PORTS = range(20000, 32000)
+
+
+def free_port(exclude=()) -> int:
+    """A port in PUBLISHED_PORTS, not in ``exclude``, free on the host's loopback now (random, so parallel runs
+    differ)."""
+    for _ in range(200):
+        port = random.choice(PUBLISHED_PORTS)
+        if port in exclude:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise DockerError(f"no free port in {PUBLISHED_PORTS.start}-{PUBLISHED_PORTS.stop - 1} after 200 tries")
 
 
 # ---- a compose project ----------------------------------------------------------------------------------------
@@ -205,11 +232,15 @@ class ComposeProject:
     images: Images
     name: str = field(default_factory=lambda: f"{PROJECT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
     ports: dict[str, int] = field(default_factory=dict)
+    _aliases: dict[tuple[str, str], list[str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.ports:
             services = ("copyless",) if self.kind == "single" else ("broker1", "broker2", "broker3")
-            self.ports = {service: free_port() for service in services}
+            if self.kind == "cluster" and self.images.prometheus is not None:
+                services += ("prometheus",)
+            for service in services:
+                self.ports[service] = free_port(exclude=set(self.ports.values()))
 
     @property
     def file(self) -> Path:
@@ -219,6 +250,10 @@ class ComposeProject:
     def env(self) -> dict[str, str]:
         env = dict(os.environ, COPYLESS_IMAGE=self.images.copyless, COPYLESS_BASE_IMAGE=self.images.base)
         env.pop("COMPOSE_PROJECT_NAME", None)
+        env.pop("COMPOSE_PROFILES", None)
+        if self.images.prometheus is not None:
+            # The opt-in "metrics" profile (Prometheus), for a project made with the Prometheus image.
+            env.update(COMPOSE_PROFILES="metrics", COPYLESS_PROMETHEUS_IMAGE=self.images.prometheus)
         if self.kind == "single":
             env["COPYLESS_PORT"] = str(self.ports["copyless"])
         else:
@@ -262,7 +297,10 @@ class ComposeProject:
         return remove_project_objects(self.name)
 
     def services(self) -> list[str]:
-        return self.run_compose("config", "--services").stdout.split()
+        """The services an `up` without names starts: a profile's services only when the profile is on
+        (`docker-compose config --services` 1.29 lists them either way)."""
+        services = self.run_compose("config", "--services").stdout.split()
+        return [s for s in services if s not in OPTIONAL_SERVICES or self.images.prometheus is not None]
 
     # -- containers by service name ----------------------------------------------------------------------------
     def container(self, service: str) -> str | None:
@@ -339,13 +377,23 @@ class ComposeProject:
 
     def disconnect(self, service: str, network: str | None = None) -> None:
         """`docker network disconnect`: cut ``service`` off ``network`` (default "cluster": etcd and the other
-        brokers). A broker keeps its "clients" network, so the host still reaches its published port."""
-        run(["docker", "network", "disconnect", self.network(network), self.require_container(service)])
+        brokers, who reach a broker by its brokerN-internal alias, which only that network has). A broker keeps
+        its "clients" network, so the host still reaches its published port. Its DNS aliases on ``network`` are
+        kept for ``connect``."""
+        network_name, container = self.network(network), self.require_container(service)
+        networks = json.loads(run(["docker", "inspect", "--format", "{{json .NetworkSettings.Networks}}",
+                                   container]).stdout)
+        aliases = (networks.get(network_name) or {}).get("Aliases") or []
+        self._aliases[(service, network_name)] = [a for a in aliases if not container.startswith(a)]
+        run(["docker", "network", "disconnect", network_name, container])
 
     def connect(self, service: str, network: str | None = None) -> None:
-        """Undo ``disconnect``: back on the network under its service name (the DNS alias compose gave it)."""
-        container = self.require_container(service)
-        run(["docker", "network", "connect", "--alias", service, self.network(network), container])
+        """Undo ``disconnect``: back on the network under the DNS aliases it had there (its service name, and a
+        broker's brokerN-internal on "cluster")."""
+        network_name, container = self.network(network), self.require_container(service)
+        aliases = self._aliases.pop((service, network_name), [service])
+        run(["docker", "network", "connect", *(arg for a in aliases for arg in ("--alias", a)), network_name,
+             container])
 
     def pause(self, service: str) -> None:
         """`docker pause`: freezes every process of the service (no signal, no socket closed): a hung node."""
@@ -379,7 +427,8 @@ class ComposeProject:
     # -- clients from the host ----------------------------------------------------------------------------------
     def bootstrap(self, *services: str) -> str:
         """Host addresses of the brokers' published ports (all brokers when none named)."""
-        return ",".join(f"127.0.0.1:{self.ports[s]}" for s in (services or self.ports))
+        services = services or [s for s in self.ports if s not in OPTIONAL_SERVICES]
+        return ",".join(f"127.0.0.1:{self.ports[s]}" for s in services)
 
     def cli(self, *args: str, input_text: str | None = None, check: bool = True,
             timeout_s: float = 120.0) -> subprocess.CompletedProcess:
@@ -404,6 +453,66 @@ def produce(bootstrap: str, topic: str, values: list[bytes], *, key_prefix: byte
         return [(m.partition, m.offset) for m in metadata]
 
     return asyncio.run(asyncio.wait_for(main(), timeout_s))
+
+
+class BackgroundProducer:
+    """An idempotent acks=all producer writing one record every ``interval_s`` to ``partition`` on a thread of its
+    own (its own event loop), while a test breaks the cluster. ``acknowledged`` collects (offset, value, the
+    monotonic time of the acknowledgement); ``failed`` the values whose send failed for good. ``stop()`` stops
+    sending, waits up to ``drain_s`` for what is in flight, and re-raises what the thread raised."""
+
+    def __init__(self, bootstrap: str, topic: str, *, partition: int = 0, interval_s: float = 0.01,
+                 drain_s: float = 90.0) -> None:
+        self.bootstrap, self.topic, self.partition = bootstrap, topic, partition
+        self.interval_s, self.drain_s = interval_s, drain_s
+        self.acknowledged: list[tuple[int, bytes, float]] = []
+        self.failed: list[bytes] = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=f"producer-{topic}", daemon=True)
+
+    def start(self) -> "BackgroundProducer":
+        self._thread.start()
+        return self
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._produce())
+        except BaseException as exc:  # handed to stop()
+            self._error = exc
+
+    async def _produce(self) -> None:
+        from copyless import Producer
+
+        producer = Producer(self.bootstrap, linger_ms=1, delivery_timeout_ms=int(self.drain_s * 1000))
+        await producer.start()
+        try:
+            while not self._stop.is_set():
+                value = f"{self.topic}-{self.sent:07d}".encode()
+                delivery = await producer.send(self.topic, value, partition=self.partition)
+                delivery.add_done_callback(lambda d, v=value: self._done(v, d))
+                self.sent += 1
+                await asyncio.sleep(self.interval_s)
+        finally:
+            await producer.close(timeout_s=self.drain_s)
+
+    def _done(self, value: bytes, delivery) -> None:
+        if delivery.exception() is not None:
+            self.failed.append(value)
+        else:
+            self.acknowledged.append((delivery.result().offset, value, time.monotonic()))
+
+    def acknowledged_after(self, moment: float) -> list[tuple[int, bytes, float]]:
+        return [entry for entry in list(self.acknowledged) if entry[2] > moment]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.drain_s + 30)
+        if self._thread.is_alive():
+            raise DockerError(f"the producer of {self.topic} did not stop within {self.drain_s + 30:.0f} s")
+        if self._error is not None:
+            raise self._error
 
 
 def consume(bootstrap: str, topic: str, partitions: list[int], count: int, *,
@@ -447,6 +556,19 @@ def describe_partitions(bootstrap: str, topic: str, *, timeout_s: float = 30.0) 
         async with Admin(bootstrap) as admin:
             (description,) = await admin.describe_topics(topic)
         return {p.partition: p for p in description.partitions}
+
+    return asyncio.run(asyncio.wait_for(main(), timeout_s))
+
+
+def end_offset(bootstrap: str, topic: str, partition: int = 0, *, timeout_s: float = 30.0) -> int:
+    """The partition's high watermark (ListOffsets latest) through the project's admin client."""
+    from copyless import Admin
+    from copyless.client.admin import LATEST
+
+    async def main():
+        async with Admin(bootstrap) as admin:
+            (offset,) = (await admin.list_offsets({(topic, partition): LATEST})).values()
+        return offset
 
     return asyncio.run(asyncio.wait_for(main(), timeout_s))
 

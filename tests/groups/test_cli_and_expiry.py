@@ -15,7 +15,7 @@ from kio.schema.offset_commit.v2 import request as oc_rq, response as oc_rs
 from kio.schema.offset_fetch.v3 import request as of_rq, response as of_rs
 from kio.static.primitive import i32Timedelta
 
-from copyless.broker.groups.cli import GroupsClient
+from copyless.client.blocking import BlockingClient as GroupsClient
 from tests.support.groups import GROUP_CONFIG, create_topic, produce
 from tests.support.polling import wait_until
 

@@ -1,6 +1,6 @@
 """Illegal group sequences sent as raw protocol requests get Kafka's error codes and never wedge the group.
 
-Requests are built with kio and sent over plain sockets (``broker.groups.cli.GroupsClient``), one connection
+Requests are built with kio and sent over plain sockets (``copyless.client.blocking.BlockingClient``), one connection
 per simulated member, because a parked JoinGroup holds its connection as in Kafka. After the abuse, a real
 kafka-python consumer joins the same group and consumes every record.
 """
@@ -21,7 +21,7 @@ from kio.schema.offset_commit.v7 import request as oc_rq, response as oc_rs
 from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
 from kio.static.primitive import i32Timedelta
 
-from copyless.broker.groups.cli import GroupsClient
+from copyless.client.blocking import BlockingClient as GroupsClient
 from tests.support.groups import create_topic, produce, start_broker, wait_until_coordinator_active
 from tests.support.polling import wait_until
 

@@ -55,6 +55,9 @@ def main() -> None:
         result = partition_log.append_blocking(batches)
         assert result.last_offset == offset - 1
         print(f"ACK {result.last_offset}", flush=True)
+        # As a single node's partition layer does: the high watermark follows the log end (retention deletes
+        # only below it).
+        partition_log.set_high_watermark(partition_log.log_end_offset)
         if number % 7 == 3:
             manager.run_retention()
         if number % 11 == 5:

@@ -75,6 +75,9 @@ def main() -> None:
     # Free space with retention: appends work again.
     partition_log.config = LogConfig(segment_bytes=CONFIG.segment_bytes, segment_index_bytes=CONFIG.segment_index_bytes,
                                      retention_ms=None, retention_bytes=1 << 20, file_delete_delay_ms=0)
+    # Retention deletes only below the high watermark, which a single node's partition layer keeps at the
+    # log end.
+    partition_log.set_high_watermark(partition_log.log_end_offset)
     report["segments_deleted"] = manager.run_retention()
     # Appends resume by themselves: the first refused append starts a background preallocation; a producer
     # keeps retrying (as Kafka clients do on KAFKA_STORAGE_ERROR) and gets through once it is ready.

@@ -259,6 +259,9 @@ def test_retention_by_size_and_time_keeps_active_and_pins(manager_factory):
     manager.wait_for_background()  # the last roll's renames are done (until then its predecessor stays)
     pinned = partition_log.read(0, 100).slice  # a FileSlice in flight pins segment 0
     first_segment = partition_log.segments[0]
+    # Retention deletes only below the high watermark; the partition layer of a single node keeps it at the
+    # log end, as here.
+    partition_log.set_high_watermark(partition_log.log_end_offset)
     deleted = partition_log.run_retention()
     assert deleted > 0
     assert partition_log.log_start_offset == partition_log.segment_base_offsets()[0] > 0
@@ -276,6 +279,27 @@ def test_retention_by_size_and_time_keeps_active_and_pins(manager_factory):
     partition_log.config = LogConfig(segment_bytes=16 << 10, retention_ms=86_400_000, file_delete_delay_ms=0)
     partition_log.run_retention()
     assert len(partition_log.segments) == 1 and partition_log.log_start_offset == partition_log.segments[0].base_offset
+
+
+def test_retention_stops_at_the_high_watermark(manager_factory):
+    """Kafka's rule: only segments wholly below the high watermark are deletable. Records above it are not on
+    every in-sync replica yet; a leader that deleted them would force a follower still in the ISR to restart
+    its log past records it never received."""
+    config = LogConfig(segment_bytes=16 << 10, segment_index_bytes=1024, retention_ms=None,
+                       retention_bytes=20 << 10, file_delete_delay_ms=0)
+    manager = manager_factory(config)
+    partition_log = manager.create_log("t", 0)
+    append_values(partition_log, 400, size=500)  # ~13 segments, far over retention.bytes
+    manager.wait_for_background()
+    bases = partition_log.segment_base_offsets()
+    high_watermark = bases[3] + 1  # inside the fourth segment: the first three are wholly below it
+    partition_log.set_high_watermark(high_watermark)
+    assert partition_log.run_retention() == 3
+    assert partition_log.log_start_offset == bases[3] and partition_log.high_watermark == high_watermark
+    assert partition_log.run_retention() == 0  # nothing more while the high watermark stays
+    partition_log.set_high_watermark(partition_log.log_end_offset)
+    assert partition_log.run_retention() > 0
+    assert partition_log.size_bytes - partition_log.segments[0].size_bytes < 20 << 10
 
 
 def test_flush_and_group_commit(manager_factory, small_config):

@@ -121,7 +121,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
     def read(self, data, max_bytes, min_one_message) -> None:
         offset = data.draw(st.integers(self.log_start_offset, self.log_end_offset), label="offset")
         result = self.log.read(offset, max_bytes, min_one_message=min_one_message)
-        assert result.high_watermark == self.log.high_watermark  # replication's; nothing sets it here
+        assert result.high_watermark == self.log.high_watermark  # replication's; only the retention rule sets it here
         assert result.log_start_offset == self.log_start_offset
         if offset == self.log_end_offset:
             assert result.slice is None
@@ -213,20 +213,25 @@ class PartitionLogMachine(RuleBasedStateMachine):
         else:
             assert self.log.segment_base_offsets() == before + [self.log_end_offset]
 
-    @rule(retention_bytes=st.integers(0, 40_000))
-    def retention(self, retention_bytes) -> None:
+    @rule(retention_bytes=st.integers(0, 40_000), data=st.data())
+    def retention(self, retention_bytes, data) -> None:
         # Let the io thread finish renames and seals first: what retention may take depends on them, and the
         # machine must be deterministic for hypothesis to replay it. (States with that work still pending at
         # a crash are the subprocess kill tests' job.)
         self.manager.wait_for_background()
+        # Replication's high watermark, anywhere it could be (it only moves forward): retention deletes only
+        # segments wholly below it.
+        high_watermark = data.draw(st.integers(self.log.high_watermark, self.log_end_offset), label="high_watermark")
+        self.log.set_high_watermark(high_watermark)
         self.log.config = LogConfig(**{**self.config.__dict__, "retention_bytes": retention_bytes})
         sizes_before = [segment.size_bytes for segment in self.log.segments]
         deleted = self.manager.run_retention()
         sizes_after = [segment.size_bytes for segment in self.log.segments]
         assert sizes_after == sizes_before[deleted:]
+        assert self.log.log_start_offset <= high_watermark, "retention deleted records above the high watermark"
         if deleted:
             assert sum(sizes_before) - sum(sizes_before[:deleted]) >= retention_bytes or len(sizes_after) == 1
-        if len(sizes_after) > 1:
+        if len(sizes_after) > 1 and self.log.segment_base_offsets()[1] <= high_watermark:
             assert sum(sizes_after) - sizes_after[0] < retention_bytes, "retention stopped too early"
         self.log.config = self.config
         self.log_start_offset = self.log.log_start_offset

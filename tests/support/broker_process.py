@@ -295,9 +295,11 @@ class BrokerProcess:
         self.process.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + timeout_s
         while True:
-            for line in reversed(self.log_since(offset).splitlines()):
+            # Only whole lines: a reader can see a long line's write half done. The object is decoded from
+            # the line's start, so a log line that slipped in before its newline does not matter.
+            for line in reversed(self.log_since(offset).split("\n")[:-1]):
                 if line.startswith("stats-json "):
-                    return json.loads(line[len("stats-json "):])
+                    return json.JSONDecoder().raw_decode(line[len("stats-json "):])[0]
             if time.monotonic() > deadline:
                 raise AssertionError(f"no stats-json line within {timeout_s:g} s of SIGUSR1:\n{self.log_tail()}")
             time.sleep(0.05)

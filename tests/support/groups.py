@@ -15,7 +15,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
 
-from copyless.broker.groups.cli import GroupsClient
+from copyless.client.blocking import BlockingClient as GroupsClient
 from tests.support.polling import wait_until
 from tests.support.subprocesses import python_env
 

@@ -1,0 +1,128 @@
+"""What every ``copyless`` client command shares: ``-b/--bootstrap``, ``--json``, running a coroutine under
+uvloop, the error style, progress and summaries.
+
+Errors: one line on stderr, ``copyless COMMAND: error: NAME: what`` for a broker's error code
+(``UNKNOWN_TOPIC_OR_PARTITION: topic 'x'``), ``copyless COMMAND: error: what`` otherwise, exit status 1;
+Ctrl-C exits 130 and a closed stdout pipe (``| head``) exits 0. With ``--json`` the error is also printed
+as ``{"error": NAME, "code": N, "message": ...}`` on stdout, so scripts never parse stderr.
+Progress: a redrawn line on stderr when stderr is a terminal; otherwise nothing until a one-line summary
+at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+__all__ = ["DEFAULT_BOOTSTRAP", "add_common", "run", "Progress", "summary"]
+
+DEFAULT_BOOTSTRAP = os.environ.get("COPYLESS_BOOTSTRAP", "127.0.0.1:9092")
+
+
+def add_common(parser: argparse.ArgumentParser, *, json_help: str = "machine-readable output (JSON)") -> None:
+    """``-b/--bootstrap`` and ``--json``, the same on every command."""
+    parser.add_argument(
+        "-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT[,...]",
+        help=f"brokers to start from, tried in turn (default {DEFAULT_BOOTSTRAP}, or $COPYLESS_BOOTSTRAP)",
+    )
+    parser.add_argument("--json", action="store_true", help=json_help)
+
+
+def run(args, coroutine) -> int:
+    """Run ``coroutine`` under uvloop and turn its failure into the error style above."""
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    command = getattr(args, "command_name", "copyless")
+    try:
+        return runner(coroutine)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `copyless consume ... | head`: the reader left; that is not an error
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:
+        from copyless.client.errors import ClientError, KafkaError
+
+        if not isinstance(exc, (ClientError, OSError, ValueError, TimeoutError)):
+            raise
+        if isinstance(exc, KafkaError):
+            message = f"{exc.name}: {exc.context}" if exc.context else exc.name
+            document = {"error": exc.name, "code": exc.code, "message": exc.context}
+        else:
+            message = str(exc) or type(exc).__name__
+            document = {"error": type(exc).__name__, "code": None, "message": message}
+        if getattr(args, "json", False):
+            print(json.dumps(document), flush=True)
+        print(f"{command}: error: {message}", file=sys.stderr)
+        return 1
+
+
+class Progress:
+    """A one-line progress display on stderr, only when stderr is a terminal (redrawn at most 10x/s)."""
+
+    def __init__(self, total: int | None, unit: str) -> None:
+        self.total = total
+        self.unit = unit
+        self.enabled = sys.stderr.isatty()
+        self.count = 0
+        self.started = time.perf_counter()
+        self._drawn = 0.0
+
+    def advance(self, n: int) -> None:
+        self.count += n
+        if self.enabled:
+            now = time.perf_counter()
+            if now - self._drawn >= 0.1:
+                self._drawn = now
+                self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        rate = self.count / max(now - self.started, 1e-9)
+        if self.total:
+            fraction = min(self.count / self.total, 1.0)
+            bar = "#" * int(fraction * 30)
+            text = f"[{bar:<30}] {self.count}/{self.total} {self.unit} {rate:,.0f}/s"
+        else:
+            text = f"{self.count} {self.unit} {rate:,.0f}/s"
+        sys.stderr.write("\r" + text)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.perf_counter())
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def summary(records: int, total_bytes: int, seconds: float) -> dict:
+    """The ``--json`` summary: records, bytes (key + value), seconds, records/s, MB/s (10**6 bytes)."""
+    seconds = max(seconds, 1e-9)
+    return {
+        "records": records,
+        "bytes": total_bytes,
+        "seconds": round(seconds, 6),
+        "records_per_s": round(records / seconds, 1),
+        "mb_per_s": round(total_bytes / seconds / 1e6, 3),
+    }
+
+
+def print_summary(args, verb: str, document: dict, *, json_on_stdout: bool) -> None:
+    """The end of a produce or consume: the JSON summary on stdout, or one line on stderr when stderr is
+    not a terminal (a terminal has seen the progress line)."""
+    if json_on_stdout:
+        sys.stdout.flush()
+        print(json.dumps(document), flush=True)
+    elif not sys.stderr.isatty():
+        print(f"{getattr(args, 'command_name', 'copyless')}: {verb} {document['records']} records "
+              f"({document['bytes']} bytes) in {document['seconds']:.3f} s", file=sys.stderr)

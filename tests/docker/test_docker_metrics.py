@@ -1,0 +1,52 @@
+"""The compose file's opt-in "metrics" profile on the real engine: Prometheus scraping the three brokers.
+
+Invariants: with the Prometheus image (cluster/build-images.sh --prometheus) and the profile on, the seven
+containers turn healthy, Prometheus reports the three brokers' /metrics targets up (labelled broker1..3 by the
+relabelling in cluster/prometheus.yml), and a query for the brokers' request counters returns one series per
+broker. The profile off (every other docker test), no Prometheus container exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+import docker_harness as harness
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_mode")]
+
+BROKERS = {"broker1", "broker2", "broker3"}
+
+
+def _api(project: harness.ComposeProject, path: str, **query) -> dict:
+    """Prometheus's HTTP API through its published port."""
+    url = f"http://127.0.0.1:{project.ports['prometheus']}{path}"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        document = json.load(response)
+    assert document["status"] == "success", document
+    return document["data"]
+
+
+def test_prometheus_scrapes_every_broker(compose_project):
+    project = compose_project("cluster", metrics=True)
+    project.timed_up(label="cluster with Prometheus (3 etcd + 3 brokers + prometheus)")
+    assert project.state("prometheus").health == "healthy"
+
+    deadline = time.monotonic() + 60
+    while True:
+        targets = _api(project, "/api/v1/targets")["activeTargets"]
+        health = {t["labels"].get("broker"): t["health"] for t in targets}
+        if health == dict.fromkeys(BROKERS, "up"):
+            break
+        assert time.monotonic() < deadline, f"Prometheus's targets after 60 s: {targets}"
+        time.sleep(1)
+
+    series = _api(project, "/api/v1/query", query="copyless_requests_total")["result"]
+    assert {s["metric"]["broker"] for s in series} == BROKERS
+    assert all(s["metric"]["job"] == "copyless" for s in series)
