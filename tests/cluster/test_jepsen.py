@@ -257,12 +257,12 @@ def read_partition(bootstrap: str, topic: str, partition: int) -> list[tuple[int
     try:
         def high_watermark():
             try:
-                return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1] + 1
+                return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
             except KafkaException as exc:
                 if not exc.args[0].retriable():
                     raise
                 return None
-        high = wait_until(high_watermark, what=f"partition {partition}'s high watermark", timeout_s=60) - 1
+        _low, high = wait_until(high_watermark, what=f"partition {partition}'s high watermark", timeout_s=60)
         consumer.assign([TopicPartition(topic, partition, 0)])
         out: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + 60
