@@ -320,11 +320,16 @@ def test_no_live_in_sync_replica_means_no_leader_unless_unclean_election_is_enab
         wait_until(lambda t=topic: (lambda v: v is not None and set(v.isr) == {1, 2})(partition_view(cluster, t)),
                    what=f"{topic}'s ISR without broker 3", timeout_s=LEASE_S + 20)
         assert acks_all(cluster.bootstrap, topic, 0, while_down) == list(range(50, 100))
-    epoch_before = {topic: partition_view(cluster, topic).leader_epoch for topic in (clean, unclean)}
 
-    # Then 1 and 2 die, and 3 comes back: the only live replica, and out of sync.
-    cluster.brokers[1].kill()
+    # Then 2 dies (and leaves both ISRs: 1 alone holds every acknowledged record), then 1, and 3 comes back:
+    # the only live replica, and out of sync. (One at a time: two killed together leave the ISR to the order
+    # in which their leases happen to expire.)
     cluster.brokers[2].kill()
+    for topic in (clean, unclean):
+        wait_until(lambda t=topic: (lambda v: v is not None and v.isr == (1,))(partition_view(cluster, t)),
+                   what=f"{topic}'s ISR down to broker 1", timeout_s=LEASE_S + 20)
+    epoch_before = {topic: partition_view(cluster, topic).leader_epoch for topic in (clean, unclean)}
+    cluster.brokers[1].kill()
     cluster.brokers[3].start()
     survivor = cluster.brokers[3]
 
@@ -336,25 +341,33 @@ def test_no_live_in_sync_replica_means_no_leader_unless_unclean_election_is_enab
     after_unclean = [f"unclean-{i}".encode() for i in range(20)]
     assert acks_all(survivor.bootstrap, unclean, 0, after_unclean) == list(range(50, 70))
 
-    # Clean: no leader, LEADER_NOT_AVAILABLE, the ISR kept, for as long as only 3 is up (watched across
-    # more than one leader-rebalance interval); 3 refuses writes for it.
-    deadline = time.monotonic() + 4.0
-    while time.monotonic() < deadline:
-        view = partition_view(cluster, clean, via=3)
-        assert view is not None and view.leader == -1 and view.error_code == ErrorCode.leader_not_available, view
-        assert set(view.isr) == {1, 2}
-        time.sleep(0.2)
-    refused = raw_produce(survivor, clean, 0, [b"no-leader"], acks=1)
-    assert refused.error_code == ErrorCode.not_leader_or_follower
+    def leaderless_for(seconds: float, live: set[int]) -> None:
+        """Clean: no leader, LEADER_NOT_AVAILABLE, the ISR kept (watched across more than one leader-rebalance
+        interval), and 3 refuses writes for it."""
+        wait_until(lambda: set(cluster.metadata(via=3).brokers) == live, what=f"brokers {sorted(live)} live",
+                   timeout_s=LEASE_S + 30)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            view = partition_view(cluster, clean, via=3)
+            assert view is not None and view.leader == -1 and view.error_code == ErrorCode.leader_not_available, view
+            assert view.isr == (1,), view
+            time.sleep(0.2)
+        refused = raw_produce(survivor, clean, 0, [b"no-leader"], acks=1)
+        assert refused.error_code == ErrorCode.not_leader_or_follower
 
-    # 2, an in-sync replica, comes back: it leads the clean topic with every acknowledged record; in the
-    # unclean topic it follows 3 and cuts the records 3 never had.
+    leaderless_for(4.0, {3})
+
+    # 2 comes back, out of sync in both: the clean partition still has no leader; in the unclean one it
+    # follows 3 and cuts the records 3 never had.
     cluster.brokers[2].start()
-    led = wait_until(lambda: (lambda v: v if v is not None and v.leader == 2 else None)(
-        partition_view(cluster, clean, via=3)), what="the clean partition led by broker 2", timeout_s=30)
+    leaderless_for(3.5, {2, 3})
+    # 1, the last in-sync replica, comes back: it leads the clean partition with every acknowledged record,
+    # and cuts the unclean one's records too.
+    cluster.brokers[1].start()
+    led = wait_until(lambda: (lambda v: v if v is not None and v.leader == 1 else None)(
+        partition_view(cluster, clean, via=3)), what="the clean partition led by broker 1", timeout_s=30)
     assert led.leader_epoch > epoch_before[clean]
     assert read_values(cluster.bootstrap, clean, 0, 100) == list(enumerate(first + while_down))
-    cluster.brokers[1].start()
     for topic in (clean, unclean):
         cluster.wait_for_isr(topic, 1, 3)
     wait_until(lambda: all(log_end(cluster, n, unclean) == 70 for n in (1, 2, 3)),
@@ -366,7 +379,12 @@ def test_no_live_in_sync_replica_means_no_leader_unless_unclean_election_is_enab
     logs = {n: b"".join(b.data for b in log_batches(cluster, n, unclean)) for n in (1, 2, 3)}
     assert logs[1] == logs[2] == logs[3]
     assert [r.value for r in records_of(logs[3])] == first + after_unclean
-    assert read_values(cluster.bootstrap, clean, 0, 100) == list(enumerate(first + while_down))
+    # The clean partition lost nothing, on any replica.
+    wait_until(lambda: all(log_end(cluster, n, clean) == 100 for n in (1, 2, 3)),
+               what="every replica of the clean partition ending at 100", timeout_s=30)
+    logs = {n: b"".join(b.data for b in log_batches(cluster, n, clean)) for n in (1, 2, 3)}
+    assert logs[1] == logs[2] == logs[3]
+    assert [r.value for r in records_of(logs[3])] == first + while_down
 
 
 # --- 3: the group coordinator moves with its __consumer_offsets partition -------------------------------------
