@@ -157,6 +157,7 @@ class NetLab:
         if not REGISTRY.is_dir():
             return
         for entry in REGISTRY.iterdir():
+            record = None  # an unreadable entry (a run killed while writing it) is a leftover too
             try:
                 record = json.loads(entry.read_text())
                 os.kill(int(record["pid"]), 0)
