@@ -158,7 +158,7 @@ class NetLab:
         if not REGISTRY.is_dir():
             return
         for entry in REGISTRY.iterdir():
-            record = None
+            record = None  # an unreadable entry (a run killed while writing it) is a leftover too, once old
             try:
                 record = json.loads(entry.read_text())
                 os.kill(int(record["pid"]), 0)
