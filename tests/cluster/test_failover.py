@@ -144,6 +144,11 @@ def offsets_of(broker, topic: str, partition: int) -> tuple[int, int]:
 
 
 def log_batches(cluster: Cluster, node_id: int, topic: str, partition: int = 0):
+    for _ in range(20):
+        try:
+            return read_partition_log(cluster.brokers[node_id].data_dir, topic, partition)
+        except FileNotFoundError:
+            time.sleep(0.05)  # retention retired a segment between the directory listing and its read
     return read_partition_log(cluster.brokers[node_id].data_dir, topic, partition)
 
 
