@@ -60,8 +60,9 @@ OFFSETS_TOPIC = "__consumer_offsets"
 
 @pytest.fixture(scope="module")
 def cluster(etcd_server, tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("failover-cluster"), etcd_server, 3, config=FAILOVER_CONFIG).start()
+    cluster = Cluster(tmp_path_factory.mktemp("failover-cluster"), etcd_server, 3, config=FAILOVER_CONFIG)
     try:
+        cluster.start()  # inside the try: brokers already started are stopped if a later one fails to
         yield cluster
     finally:
         for broker in cluster.brokers.values():
