@@ -9,14 +9,19 @@ RecordBatch v2 bytes, offsets assigned by rewriting each batch's baseOffset in t
    10% of the segment at the same rate (untimed) lets the broker see the append rate, which sizes its
    pre-fault window (half a second of it: whole segments at these GB/s), and the warm thread catch up;
    then 80% of the segment is timed. One more row, ``fresh partition burst``, times the same appends from
-   the first byte of a new partition, where only the window's 16 MiB floor is warm and the burst outruns the
-   warm thread (it faults pages itself): the price of not pre-faulting whole segments per partition.
+   the first byte of a new partition, where only a 4 MiB first step has blocks and the window's floor is
+   warm: the burst outruns the warm thread (it writes pages with pwrite) and waits for the next steps of
+   blocks: the price of neither reserving nor pre-faulting whole segments per partition.
 2. Appends right after a roll vs appends into warm pages (1 MiB batches, just under half a segment each). The next segment is created,
    posix_fallocate'd and pre-faulted (MADV_POPULATE_WRITE) on the warm thread while the active one fills;
    the roll takes it. Ratio ``after_roll_vs_warm``: target >= 0.8 (a cold sparse map ran at ~0.35 GB/s
    here, a warmed one at ~6.7 GB/s: the warm-up is the whole game). A "burst" row rolls without waiting
    for the warm-up to finish (appends racing the pre-faulting), the worst case.
 3. Restart time with one full segment: unclean (CRC-32C rescan of every batch, index rebuild) vs clean.
+4. Blocks reserved per idle partition: new partitions with the default 1 GiB segments, their files' blocks
+   (``st_blocks``) once their warm-up is done. Segments own blocks in steps ahead of the writer
+   (LogConfig.preallocate_*: a 4 MiB first step, then a second of the append rate up to 64 MiB past the
+   data), so the burst rows above include the steps catching up with a writer at GB/s.
 
 Every run starts from the same memory state (``Benchmark.settle``: written back, freed pages returned to the
 host). Without that, a run that follows a deleted segment writes into pages freed moments ago (0.15 s per
@@ -175,6 +180,25 @@ def measure_recovery(bench: Benchmark, scratch: Path, segment_bytes: int) -> dic
             "rescanned_bytes": unclean["bytes_rescanned"]}
 
 
+def measure_idle_blocks(bench: Benchmark, scratch: Path, partitions: int) -> float:
+    """MiB of blocks each new, idle partition owns (1 GiB segments, every file of its directory)."""
+    directory = scratch / "idle"
+    bench.settle()
+    config = LogConfig(retention_ms=None, segment_ms=None)
+    manager = LogManager(directory, default_config=config, background_interval_ms=None)
+    manager.startup()
+    try:
+        logs = [manager.create_log("idle", partition) for partition in range(partitions)]
+        for partition_log in logs:
+            partition_log.wait_warm(60)
+        owned = sum(entry.stat().st_blocks * 512 for partition_log in logs
+                    for entry in os.scandir(partition_log.directory))
+    finally:
+        manager.shutdown()
+        _remove(directory)
+    return owned / partitions / MIB
+
+
 def _remove(path: Path) -> None:
     import shutil
 
@@ -189,8 +213,8 @@ def main(argv=None) -> None:
     # The roll windows are short (a quarter segment each side), so a scheduler hiccup on this shared machine
     # moves one run a lot: take more runs and the median of the per-run ratios.
     roll_runs = bench.pick(7, 5, 1)
-    # A fresh log preallocates its segment and the next one; the plain file is as big.
-    scale = bench.disk_scale(3 * segment_bytes, what="two preallocated segments and a plain file")
+    # A log holds a segment and the next one's first steps; the plain file is as big.
+    scale = bench.disk_scale(3 * segment_bytes, what="two segments and a plain file")
     if scale < 1.0:
         segment_bytes = max(8 * MIB, int(segment_bytes * scale) // MIB * MIB)
     bench.note(f"segment_bytes = {segment_bytes // MIB} MiB; medians of {runs} run(s) ({roll_runs} for the roll)")
@@ -202,7 +226,7 @@ def main(argv=None) -> None:
     def median_of(results):
         return tuple(statistics.median(r[i] for r in results) for i in range(3))
 
-    steps = len(BATCH_SIZES) * 2 * runs + runs + 2 * roll_runs + 1
+    steps = len(BATCH_SIZES) * 2 * runs + runs + 2 * roll_runs + 2
     with bench.scratch_dir() as scratch, bench.progress(steps, "steps") as bar:
         for size, batch in batches.items():
             append_results, write_results = [], []
@@ -251,6 +275,8 @@ def main(argv=None) -> None:
             bench.note(f"{unprepared} roll(s) found no prepared segment and preallocated on the append path")
         recovery = measure_recovery(bench, scratch, segment_bytes)
         bar.advance()
+        idle_mib = measure_idle_blocks(bench, scratch, bench.pick(20, 10, 3))
+        bar.advance()
     bench.table("restart with one full segment", [
         {"restart": "unclean (CRC rescan + index rebuild)", "segment_mb": round(recovery["data_bytes"] / MIB, 1),
          "batches": recovery["batches"], "seconds": round(recovery["unclean_s"], 3),
@@ -264,6 +290,7 @@ def main(argv=None) -> None:
         "after_roll_vs_warm": round(after[0] / warm[0], 3),
         "after_roll_burst_vs_warm": round(burst[0] / burst_run["warm"][0], 3),
         "after_roll_vs_warm_runs": sorted(round(r["after"][0] / r["warm"][0], 3) for r in roll_results[True]),
+        "blocks_per_idle_partition_mib": round(idle_mib, 2),
         "targets": {"append_vs_write": 1.0, "after_roll_vs_warm": 0.8},
     }
 

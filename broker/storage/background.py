@@ -1,10 +1,13 @@
 """The storage's worker threads, and the reaper of retired segments. Never imports asyncio.
 
-Four executors, so one kind of slow work never queues behind another:
+Five executors, so one kind of slow work never queues behind another:
 
 - ``warm`` (1 thread): create + posix_fallocate the next segment of a log while the active one still has
   room, and pre-fault each active segment's window ahead of its appends (0.15 s per GiB of recycled memory
   here, up to 3.3 s per GiB of memory the VM never touched: why it is a window, see segment.py).
+- ``allocate`` (1 thread): the next step of blocks of an active segment (posix_fallocate of up to 64 MiB,
+  a few ms), never queued behind a pre-fault step of the warm thread (up to 0.1 s): an append that outran
+  its blocks waits for this alone.
 - ``prefault_helper`` (1 thread): the upper half of a pre-fault step when the appends outrun the warm
   thread (segment.PREFAULT_SPLIT_BYTES); only ever waited on by a warm task, so it never queues behind one.
 - ``io`` (1 thread, FIFO): seal rolled segments (unmap, trim, fdatasync) and delete retired files. FIFO
@@ -85,6 +88,7 @@ class Background:
     def __init__(self) -> None:
         self.warm = ThreadPoolExecutor(1, thread_name_prefix="copyless-warm")
         self.prefault_helper = ThreadPoolExecutor(1, thread_name_prefix="copyless-prefault")
+        self.allocate = ThreadPoolExecutor(1, thread_name_prefix="copyless-allocate")
         self.io = ThreadPoolExecutor(1, thread_name_prefix="copyless-io")
         self.flush = ThreadPoolExecutor(2, thread_name_prefix="copyless-flush")
         self._lock = threading.Lock()
@@ -99,6 +103,12 @@ class Background:
         """Queue a warm-up whose completion ``done`` announces. ``done`` is set however the task ends, even
         cancelled before it ran (a shutdown that drops queued work): seals and closes wait on it."""
         future = self.warm.submit(function, *args)
+        future.add_done_callback(lambda _: done.set())
+        return future
+
+    def submit_allocate(self, done: Completion, function, *args) -> Future:
+        """Queue a step of blocks whose completion ``done`` announces (set however the task ends)."""
+        future = self.allocate.submit(function, *args)
         future.add_done_callback(lambda _: done.set())
         return future
 
@@ -162,5 +172,5 @@ class Background:
         self._closed = True
         # io first: a running seal may wait for a warm-up to stop, never the other way round.
         # The helper after warm: a running chase waits on its helper's half.
-        for executor in (self.io, self.flush, self.warm, self.prefault_helper):
+        for executor in (self.io, self.flush, self.allocate, self.warm, self.prefault_helper):
             executor.shutdown(wait=True, cancel_futures=cancel_queued)

@@ -243,11 +243,12 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
                     or active.extension_failed_s < 0) and active.start_extension():
                 self.stats["extensions"] += 1
-                self._background.submit_warm(active.extension_done, active.extend_ahead,
-                                             active.written_position + ahead)
+                self._background.submit_allocate(active.extension_done, active.extend_ahead,
+                                                 active.written_position + ahead)
         if self._prepared is None and self._should_prepare(active, now, rate):
             self._prepare_next()
-        self._prefault_ahead(active, max(self.config.prefault_window_bytes, int(rate * preparation_module.WARM_AHEAD_MS)), rate)
+        window = max(self.config.prefault_window_bytes, int(rate * preparation_module.WARM_AHEAD_MS))
+        self._prefault_ahead(active, window, rate)
         flush_messages = self.config.flush_messages
         if flush_messages is not None and next_offset - self.flushed_offset >= flush_messages:
             self._request_flush(None)

@@ -46,10 +46,10 @@ ROLL_RETRY_INTERVAL_S = 0.25
 ALLOCATE_AHEAD_MS = 1_000
 RATE_FLOOR_MS = 10
 # Pre-fault at least this much of the observed append rate ahead of the write position (see
-# LogConfig.prefault_window_bytes for the floor and segment.py for why it is a window). Half a second: the warm thread pre-faults
-# recycled memory at ~6.7 GB/s, so it stays ahead of any append rate this machine reaches once it has a head
-# start of a few milliseconds; a longer window only pre-faults more pages a run may never use. A partition
-# appending at 6 GB/s (the storage benchmark's 1 MiB batches) gets whole segments, as before.
+# LogConfig.prefault_window_bytes for the floor and prefault.py for why it is a window), never past the
+# blocks the segment owns (at most LogConfig.preallocate_ahead_bytes ahead). Half a second: the warm thread
+# pre-faults recycled memory at ~6.7 GB/s, so it stays ahead of any append rate this machine reaches once it
+# has a head start of a few milliseconds; a longer window only pre-faults more pages a run may never use.
 WARM_AHEAD_MS = 500
 # The head of the next segment is asked for this many times the time pre-faulting it should take before the
 # roll: the warm thread may first finish a step of the active segment's window.
@@ -118,7 +118,7 @@ class SegmentPreparation:
 
     def _require_allocated(self, active: Segment, end: int, now: int) -> None:
         """Before writing up to ``end``: blocks must cover it. An append that outran extend_ahead queues the
-        next step on the warm thread and raises AppendNotReady (the caller awaits it); once an extension
+        next step on the allocate thread and raises AppendNotReady (the caller awaits it); once an extension
         has failed (disk full), appends past the blocks get StorageError, and a new attempt is queued at
         most every ROLL_RETRY_INTERVAL_S. Loop thread, never blocks; nothing appended when it raises."""
         if end <= active.allocated_bytes:
@@ -134,7 +134,7 @@ class SegmentPreparation:
         if not extending and active.start_extension():
             self.stats["extensions"] += 1
             target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
-            self._background.submit_warm(active.extension_done, active.extend_ahead, target)
+            self._background.submit_allocate(active.extension_done, active.extend_ahead, target)
         raise AppendNotReady("the next step of blocks", active.extension_done.future())
 
     def _should_prepare(self, active: Segment, now: int, bytes_per_ms: float) -> bool:

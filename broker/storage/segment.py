@@ -209,7 +209,7 @@ class Segment(SegmentRecovery):
         return True
 
     def extend_ahead(self, end: int) -> None:
-        """Warm thread: allocate [allocated_bytes, end) and publish it. Appends may write a byte only once
+        """Allocate thread: allocate [allocated_bytes, end) and publish it. Appends may write a byte only once
         allocated_bytes covers it, so publishing after posix_fallocate is what keeps writes off sparse pages.
         Pre-faulting is the window's job (chase)."""
         try:
