@@ -412,8 +412,8 @@ def main(argv=None) -> dict[str, Any]:
                                                         config=COPYLESS_CONFIG, name="copyless --no-sendfile"))
             cpu_sizes = bench.pick(full=(1000, 10_000), quick=(10_000,), tiny=(1000,))
             works = [_workload(bench, "cpu", size) for size in cpu_sizes]
-            section_failed(bench, failures, "cpu", run.rounds, [("copyless", copyless), ("copyless --no-sendfile", plain)], works, min(rounds, CPU_ROUNDS),
-                       "cpu")
+            section_failed(bench, failures, "cpu", run.rounds, [("copyless", copyless), ("copyless --no-sendfile", plain)],
+                           works, min(rounds, CPU_ROUNDS), "cpu")
     ratios = tables(bench, sides)
     columns = ["section", "side", "record_bytes", "round", "kill", "killed", "new_leader", "new_leader_s",
                "stall_s", "gap_s", "rejoin_s", "records", "produce_mb_per_s", "produce_records_per_s",

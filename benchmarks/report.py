@@ -191,9 +191,10 @@ def _headline_replication(d: dict) -> str:
     cpu = [(k.rsplit("_", 1)[1], v) for k, v in ratios.items() if k.startswith("leader_cpu_copyless_vs_no_sendfile_")]
     if cpu:
         parts.append("leader CPU per GB, sendfile / --no-sendfile: " + ", ".join(f"{k} x{_fmt(v)}" for k, v in cpu))
-    latency = [(k.rsplit("_", 1)[1], v) for k, v in ratios.items() if k.startswith("e2e_p99_ms_")]
+    latency = next((rows for title, rows in tables.items() if title.startswith("End-to-end latency")), [])
     if latency:
-        parts.append("end-to-end p99 at half the peak rate: " + ", ".join(f"{k} {_fmt(v)} ms" for k, v in latency))
+        parts.append("end-to-end p99 (1 KB, acks=all): " + ", ".join(
+            f"{line['side']} {_fmt(line['e2e_p99_ms'])} ms at {line['offered_per_s']}/s" for line in latency))
     return "; ".join(parts or ["see tables"]) + f" (Kafka: {d.get('kafka', '?')})"
 
 
