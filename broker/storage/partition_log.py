@@ -51,6 +51,7 @@ from ._fileops import sync_data
 from .background import Background
 from .blocking_appends import BlockingAppends
 from .checkpoint import fsync_directory
+from .clock import now_ms
 from .config import LogConfig
 from .errors import AppendNotReady, StorageError, UnexpectedAppendOffsetError
 from .flusher import Flusher
@@ -62,7 +63,6 @@ from .prepared_segment import PreparedSegment
 from .results import AppendResult, FollowerAppend, ReadResult
 from .retention import Retention
 from .segment import Segment
-from .clock import now_ms
 from .truncation import TruncationMixin
 
 __all__ = ["PartitionLog", "AppendResult", "FollowerAppend", "ReadResult", "LoadStats"]
