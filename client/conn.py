@@ -186,13 +186,15 @@ class Connection:
         low_high = self.api_versions.get(api_key)
         return low_high is not None and low_high[0] <= version <= low_high[1]
 
+    def _unsupported(self, api_key: int, version: int) -> str:
+        versions = self.api_versions.get(api_key)
+        have = f"it supports v{versions[0]}-v{versions[1]}" if versions else "it does not have this API"
+        return f"UNSUPPORTED_VERSION: broker {self.host}:{self.port} does not support api {api_key} v{version} ({have})"
+
     def check_version(self, api_key: int) -> int:
         version = API_VERSIONS[api_key]
         if self.api_versions and not self.supports(api_key, version):
-            raise UnsupportedVersionError(
-                f"broker {self.host}:{self.port} does not support api {api_key} v{version} "
-                f"(it supports {self.api_versions.get(api_key)})"
-            )
+            raise UnsupportedVersionError(self._unsupported(api_key, version))
         return version
 
     # --- sending ----------------------------------------------------------------------------------------
@@ -231,10 +233,7 @@ class Connection:
         if version is None:
             version = self.check_version(api_key) if check_version else API_VERSIONS[api_key]
         elif check_version and self.api_versions and not self.supports(api_key, version):
-            raise UnsupportedVersionError(
-                f"broker {self.host}:{self.port} does not support api {api_key} v{version} "
-                f"(it supports {self.api_versions.get(api_key)})"
-            )
+            raise UnsupportedVersionError(self._unsupported(api_key, version))
         self._correlation_id = correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
         header = encode_request_header(api_key, version, correlation_id, self.client_id)
         size = len(header)

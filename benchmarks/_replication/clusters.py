@@ -604,7 +604,9 @@ def keep_logs_on_failure(scratch: Path, keep: Path):
     try:
         yield
     except BaseException:
-        for log in list(scratch.rglob("*.log")) + list(scratch.rglob("kafka.out")):
+        # By name: a log directory's segments are *.log files too, preallocated a GiB each.
+        logs = [p for name in ("broker.log", "etcd.log", "kafka.out") for p in scratch.rglob(name)]
+        for log in logs:
             target = keep / log.relative_to(scratch)
             with contextlib.suppress(OSError):
                 target.parent.mkdir(parents=True, exist_ok=True)

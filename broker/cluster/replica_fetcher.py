@@ -21,8 +21,12 @@ endpoint), the set of partitions fetched from it, and the loop:
 The response's record bytes are received straight into a pooled buffer (``recv_into``) and copied once into
 the log: the leader sent them with sendfile, so replication costs the leader no copy through Python.
 
-Errors: a fenced or not-leader answer means this broker's metadata is behind; the partition waits for the
-next image (which calls ``follow`` again). OFFSET_OUT_OF_RANGE below the leader's log start restarts the
+Errors: a fenced or not-leader answer means one of the two brokers' metadata is behind the other's; the
+partition waits for the next image (which calls ``follow`` again), or ``FENCED_RETRY_S`` at most: when it is
+the leader that is behind (it has not applied the image naming it leader yet: its replica manager creates
+the log and takes leadership a moment after the state is written), no newer image is coming, and a
+partition waiting for one would not fetch until some unrelated change, its ISR membership lapsing after
+``replica.lag.time.max.ms`` meanwhile. OFFSET_OUT_OF_RANGE below the leader's log start restarts the
 log at the leader's log start; above its end, the partition truncates again. A lost connection is retried
 with backoff. A partition whose role or leader changed while a fetch was in flight ignores that fetch's
 answer.
@@ -36,6 +40,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import time
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -49,6 +54,11 @@ log = logging.getLogger("copyless.replication")
 
 FETCH_API_KEY, OFFSET_FOR_LEADER_EPOCH_API_KEY = 1, 23
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 1.0
+# How long a partition answered "fenced" or "not the leader" waits for a newer image before it asks again
+# (Kafka's fetcher retries such a partition after replica.fetch.backoff.ms, 1 s). A leader applies a new image
+# within milliseconds of a follower, so half a second is long enough to skip the useless retries and short
+# enough to stay far inside replica.lag.time.max.ms (30 s; 4 s in the cluster tests).
+FENCED_RETRY_S = 0.5
 
 
 @dataclasses.dataclass
@@ -56,7 +66,7 @@ class _Follow:
     partition: Partition
     leader_epoch: int
     needs_truncation: bool = True
-    paused: bool = False  # waiting for newer metadata after a fenced answer
+    retry_at: float = 0.0  # after a fenced answer: the monotonic time to ask again if no image came first
 
 
 class FetcherManager:
@@ -110,7 +120,7 @@ class ReplicaFetcher:
             self.partitions[partition.key] = _Follow(partition, partition.leader_epoch,
                                                      needs_truncation=truncate or follow is None)
         else:
-            follow.paused = False
+            follow.retry_at = 0.0
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"copyless-fetcher-{self.leader_id}")
         self._wake.set()
@@ -129,11 +139,13 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
         while not self._closing and self.partitions:
-            active = [f for f in self.partitions.values() if not f.paused and self._current(f)]
+            now = time.monotonic()
+            active = [f for f in self.partitions.values() if f.retry_at <= now and self._current(f)]
             if not active:
                 self._wake.clear()
+                waiting = [f.retry_at - now for f in self.partitions.values() if f.retry_at > now]
                 try:
-                    async with asyncio.timeout(1.0):
+                    async with asyncio.timeout(min([1.0, *waiting])):
                         await self._wake.wait()
                 except TimeoutError:
                     pass
@@ -331,10 +343,14 @@ class ReplicaFetcher:
         partition = follow.partition
         if code in (ErrorCode.fenced_leader_epoch, ErrorCode.not_leader_or_follower,
                     ErrorCode.unknown_topic_or_partition):
-            # This broker's metadata is behind the leader's (or the leader's is behind): wait for an image.
-            follow.paused = True
-            log.info("%s-%d: %s from node %d answered %s; waiting for newer metadata", partition.topic,
-                     partition.partition, what, self.leader_id, code.name)
+            # One of the two brokers' metadata is behind: wait for an image, or ask again after a while (the
+            # module docstring: it may be the leader that has not caught up with ours).
+            # Logged once per wait (a new image resets it): a broker whose metadata stays behind would
+            # otherwise log every retry of every partition.
+            level = logging.INFO if follow.retry_at == 0.0 else logging.DEBUG
+            follow.retry_at = time.monotonic() + FENCED_RETRY_S
+            log.log(level, "%s-%d: %s from node %d answered %s; waiting for newer metadata (asking again in "
+                    "%.1f s)", partition.topic, partition.partition, what, self.leader_id, code.name, FENCED_RETRY_S)
             return True
         log.debug("%s-%d: %s from node %d answered %s; retrying", partition.topic, partition.partition, what,
                   self.leader_id, code.name)

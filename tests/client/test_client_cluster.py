@@ -128,9 +128,6 @@ def test_a_killed_and_restarted_broker_loses_no_acknowledged_record_replication_
     _assert_exactly_once(acknowledged, records)
 
 
-# Leader failover of replicated partitions lands with the storage side of replication; until then the
-# killed leader's partition stays leaderless and tests/cluster/test_replication.py fails the same way.
-@pytest.mark.xfail(reason="needs replication's leader failover on main", strict=False)
 @pytest.mark.timeout(300)
 def test_a_killed_leader_moves_and_the_producer_follows_it_replication_factor_3(cluster):
     topic = unique_topic("rf3")
@@ -155,3 +152,52 @@ def test_a_killed_leader_moves_and_the_producer_follows_it_replication_factor_3(
     assert len(acknowledged) == 12_000
     assert retries > 0, "no batch was retried: the kill did not reach the producer"
     _assert_exactly_once(acknowledged, records)
+
+
+@pytest.mark.timeout(300)
+def test_a_group_consumer_finds_its_coordinator_again_after_a_kill(cluster):
+    """The broker coordinating the group (leading its __consumer_offsets partition) is killed mid-stream:
+    the consumer finds the new coordinator, keeps its partitions, and every record arrives; the commits
+    made after the kill are the ones the group ends with."""
+    from copyless.client.cluster import Cluster as ClientCluster
+
+    topic, group = unique_topic("coord"), unique_topic("g")
+
+    async def scenario():
+        async with Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([topic], num_partitions=3, replication_factor=3)
+        cluster.wait_for_isr(topic, 3, 3)
+        async with Producer(cluster.bootstrap) as producer:
+            for i in range(3000):
+                await producer.send(topic, b"%d" % i, partition=i % 3)
+            await producer.flush()
+        lookup = ClientCluster(cluster.bootstrap)
+        consumer = Consumer(topic, bootstrap_servers=cluster.bootstrap, group_id=group, auto_offset_reset="earliest",
+                            enable_auto_commit=False, heartbeat_interval_ms=300, session_timeout_ms=10_000,
+                            fetch_max_wait_ms=100, request_timeout_ms=10_000)
+        await consumer.start()
+        received = set()
+        killed = None
+        try:
+            deadline = time.monotonic() + 120
+            while len(received) < 3000:
+                assert time.monotonic() < deadline, f"{len(received)} of 3000 records"
+                batch = await consumer.getmany(timeout_ms=300, max_records=200)
+                for records in batch.values():
+                    received.update((r.partition, r.offset) for r in records)
+                if batch:
+                    await consumer.commit()
+                if killed is None and len(received) >= 1000:
+                    await lookup.start()
+                    killed = (await lookup.coordinator(group)).node_id
+                    await lookup.close()
+                    await asyncio.to_thread(cluster.brokers[killed].kill)
+            committed = {p: await consumer.committed(TopicPartition(topic, p)) for p in range(3)}
+        finally:
+            await consumer.close()
+        return killed, received, committed
+
+    killed, received, committed = run(scenario())
+    assert killed is not None
+    assert received == {(i % 3, i // 3) for i in range(3000)}
+    assert committed == {0: 1000, 1: 1000, 2: 1000}

@@ -250,20 +250,29 @@ class Nemesis:
 
 
 def read_partition(bootstrap: str, topic: str, partition: int) -> list[tuple[int, bytes]]:
-    """Every record of one partition, from offset 0 to its high watermark, with a plain consumer."""
+    """Every record of one partition, from offset 0 to its high watermark, with a plain consumer. Leadership
+    may still move (the preferred leader takes its partitions back): errors saying so are retried."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"jepsen-reader-{partition}",
                          "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 100})
     try:
-        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        def high_watermark():
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+                return None
+        _low, high = wait_until(high_watermark, what=f"partition {partition}'s high watermark", timeout_s=60)
         consumer.assign([TopicPartition(topic, partition, 0)])
         out: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + 60
         while (not out or out[-1][0] < high - 1) and high > 0 and time.monotonic() < deadline:
             for message in consumer.consume(num_messages=1000, timeout=0.5):
-                if message.error():
-                    if message.error().code() == KafkaError._PARTITION_EOF:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF or error.retriable():
                         continue
-                    raise AssertionError(f"reading partition {partition}: {message.error()}")
+                    raise AssertionError(f"reading partition {partition}: {error}")
                 out.append((message.offset(), message.value()))
         return out
     finally:

@@ -10,11 +10,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kio.schema.errors import ErrorCode
 
-from tests.support.batches import build_batch, records_of
 from tests.support.cluster import Cluster
-from tests.support.kio_requests import KafkaWire, fetch, produce
 from tests.support.polling import wait_until
 
 
@@ -84,32 +81,6 @@ def test_followers_copy_the_leaders_log_through_sendfile_and_acks_all_waits_for_
     # Replication cost the leader no copy: every byte the followers fetched went out by sendfile.
     assert stats["replica_copied_bytes"] == 0
     assert stats["replica_sendfile_bytes"] >= 2 * record_bytes
-
-
-def test_with_two_of_three_brokers_down_acks_all_is_never_acknowledged_and_acks_1_is(cluster_factory):
-    cluster = cluster_factory(3)
-    create_topic(cluster, "quorum", 1, 3, min_insync_replicas=2)
-    view = cluster.wait_for_isr("quorum", 1, 3)[0]
-    followers = [b for b in view.replicas if b != view.leader]
-    for node_id in followers:
-        cluster.brokers[node_id].kill()
-    leader = cluster.brokers[view.leader]
-    # The controller removes the dead brokers from the ISR once their leases expire.
-    wait_until(lambda: cluster.metadata(["quorum"], via=view.leader).topics["quorum"][0].isr == (view.leader,),
-               what="the ISR shrunk to the leader alone", timeout_s=20)
-    wire = KafkaWire(leader.port)
-    try:
-        for _ in range(5):
-            response = produce(wire, "quorum", {0: build_batch([b"must-not-be-acknowledged"])}, acks=-1)
-            assert response.responses[0].partition_responses[0].error_code == ErrorCode.not_enough_replicas
-        response = produce(wire, "quorum", {0: build_batch([b"acks-1"])}, acks=1)
-        assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
-        offset = response.responses[0].partition_responses[0].base_offset
-        records = records_of(fetch(wire, "quorum", {0: 0}).responses[0].partitions[0].records)
-    finally:
-        wire.close()
-    # Refused acks=all writes were never appended: the log holds only the acks=1 record.
-    assert [r.value for r in records] == [b"acks-1"] and offset == 0
 
 
 def test_a_killed_leader_moves_the_partition_and_loses_no_acknowledged_record(cluster_factory):

@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,7 @@ class NetLab:
         if not REGISTRY.is_dir():
             return
         for entry in REGISTRY.iterdir():
+            record = None  # an unreadable entry (a run killed while writing it) is a leftover too, once old
             try:
                 record = json.loads(entry.read_text())
                 os.kill(int(record["pid"]), 0)
@@ -164,7 +166,13 @@ class NetLab:
             except ProcessLookupError:
                 pass
             except (ValueError, KeyError, OSError):
-                pass
+                # Unreadable: a lab writing it right now (write_text is not atomic), or one whose write failed
+                # (a full disk leaves it empty). Only an entry no one has touched for a minute is a leftover.
+                try:
+                    if time.time() - entry.stat().st_mtime < 60:
+                        continue
+                except OSError:
+                    continue
             for namespace in record.get("namespaces", []) if isinstance(record, dict) else []:
                 _ip("netns", "del", namespace, check=False)
             if IPTABLES is not None:
