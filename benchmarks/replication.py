@@ -366,6 +366,7 @@ def main(argv=None) -> dict[str, Any]:
     run = Run(bench, ctx)
     sides = ["copyless"] + (["kafka"] if use_kafka else [])
     latency_rate = args.latency_rate
+    failures: list[str] = []
     with bench.scratch_dir() as scratch, keep_logs_on_failure(scratch, bench.out / "replication-logs"), \
             contextlib.ExitStack() as stack:
         ports = PortPool()
@@ -403,7 +404,7 @@ def main(argv=None) -> dict[str, Any]:
             # Last of the sections both clusters run: kills and restarts leave leadership moved and logs
             # recovered, a state the produce and latency figures should not start from.
             for side, cluster in clusters:
-                run.failover(cluster, kills, side)
+                section_failed(bench, failures, f"failover on {side}", run.failover, cluster, kills, side)
         if kafka is not None:
             kafka.stop()  # what follows measures copyless alone on the machine
         if "cpu" in sections:
@@ -411,16 +412,30 @@ def main(argv=None) -> dict[str, Any]:
                                                         config=COPYLESS_CONFIG, name="copyless --no-sendfile"))
             cpu_sizes = bench.pick(full=(1000, 10_000), quick=(10_000,), tiny=(1000,))
             works = [_workload(bench, "cpu", size) for size in cpu_sizes]
-            run.rounds([("copyless", copyless), ("copyless --no-sendfile", plain)], works, min(rounds, CPU_ROUNDS),
+            section_failed(bench, failures, "cpu", run.rounds, [("copyless", copyless), ("copyless --no-sendfile", plain)], works, min(rounds, CPU_ROUNDS),
                        "cpu")
     ratios = tables(bench, sides)
     columns = ["section", "side", "record_bytes", "round", "kill", "killed", "new_leader", "new_leader_s",
                "stall_s", "gap_s", "rejoin_s", "records", "produce_mb_per_s", "produce_records_per_s",
                "leader_cpu_s_per_gb", "replica_sendfile_mb", "replica_copied_mb", "offered_per_s",
                "achieved_per_s", "produce_p50_ms", "produce_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms"]
-    return bench.finish(ratios=ratios, extra={"kafka": kafka_state, "sides": sides, "sections": sections},
-                        chart=chart(bench, sides + (["copyless --no-sendfile"] if "cpu" in sections else [])),
-                        columns=columns)
+    document = bench.finish(ratios=ratios, extra={"kafka": kafka_state, "sides": sides, "sections": sections,
+                                                  "failed": failures},
+                            chart=chart(bench, sides + (["copyless --no-sendfile"] if "cpu" in sections else [])),
+                            columns=columns)
+    if failures:
+        raise SystemExit(f"failed: {', '.join(failures)} (the other figures are written)")
+    return document
+
+
+def section_failed(bench: Benchmark, failures: list[str], what: str, measure, *args) -> None:
+    """Run one late section; a failure is noted and the run goes on, so half an hour of figures before it
+    is still written (the command then exits non-zero)."""
+    try:
+        measure(*args)
+    except Exception as exc:
+        failures.append(what)
+        bench.note(f"{what} failed: {exc!r}"[:2000])
 
 
 if __name__ == "__main__":

@@ -272,13 +272,33 @@ class KafkaNode:
     def alive(self) -> bool:
         return self.pid is not None
 
-    def start(self) -> None:
+    def start(self, ports: "PortPool | None" = None) -> None:
+        """Start the node again. Its client port lies in the kernel's ephemeral range, and clients retrying
+        the dead broker's port can take it meanwhile (a loopback connect to a port with no listener can
+        connect to itself): when the JVM cannot bind, it starts once more on a fresh port from ``ports``,
+        advertised as such (clients find it through Metadata)."""
+        try:
+            self._start_once()
+        except Exception:
+            if ports is None:
+                raise
+            self.kill()
+            self._move_to(ports.take())
+            self._start_once()
+
+    def _move_to(self, port: int) -> None:
+        config = self.workdir / "server.properties"
+        text = config.read_text().replace(f"PLAINTEXT://127.0.0.1:{self.port}", f"PLAINTEXT://127.0.0.1:{port}")
+        config.write_text(text)
+        self.port = port
+
+    def _start_once(self) -> None:
         command = ["java", "-Xmx768m", f"-Dlog4j.configuration=file:{self.kafka_home / 'log4j.properties'}",
                    "-cp", f"{self.kafka_home / 'libs'}/*", "kafka.Kafka", str(self.workdir / "server.properties")]
         with open(self.workdir / "kafka.out", "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._pid = None
-        _wait_for(lambda: _connectable(self.port), f"kafka node {self.node_id}", self.process)
+        _wait_for(lambda: _connectable(self.port), f"kafka node {self.node_id}", self.process, timeout_s=90)
 
     def kill(self) -> None:
         pid = self.pid
@@ -316,6 +336,7 @@ class Cluster:
     def __init__(self) -> None:
         self.nodes: dict[int, CopylessNode | KafkaNode] = {}
         self._admin = None
+        self.ports: PortPool | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -407,6 +428,12 @@ class Cluster:
                 return states
             return None
         return _wait_for(ready, f"{self.name}: {topic} with an ISR of {size}", timeout_s=timeout_s)
+
+    def restart(self, node_id: int) -> None:
+        """Start a killed node again (on a fresh port if its own was taken meanwhile)."""
+        node = self.nodes[node_id]
+        node.start(self.ports) if isinstance(node, KafkaNode) else node.start()
+        self._admin = None  # a moved node is found through Metadata; a fresh client bootstraps anew
 
     def pid_of(self, node_id: int) -> int | None:
         return self.nodes[node_id].pid

@@ -80,7 +80,7 @@ async def measure_failover(cluster: Cluster, topic: str, kills: int, *, rate_per
             await _resumed(acked, kill_at, writer)
             measured = stall(acked, kill_at)
             restart_at = time.monotonic()
-            await asyncio.to_thread(cluster.nodes[leader].start)
+            await asyncio.to_thread(cluster.restart, leader)
             await asyncio.to_thread(cluster.wait_isr, topic, 3)
             rows.append({"kill": number, "killed": leader, "new_leader": new_leader, "new_leader_s": new_leader_s,
                          "stall_s": measured.resumed_s, "gap_s": measured.gap_s,
