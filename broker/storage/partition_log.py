@@ -51,6 +51,7 @@ from ._fileops import sync_data
 from .background import Background
 from .blocking_appends import BlockingAppends
 from .checkpoint import fsync_directory
+from .clock import now_ms
 from .config import LogConfig
 from .errors import AppendNotReady, StorageError, UnexpectedAppendOffsetError
 from .flusher import Flusher
@@ -62,7 +63,6 @@ from .prepared_segment import PreparedSegment
 from .results import AppendResult, FollowerAppend, ReadResult
 from .retention import Retention
 from .segment import Segment
-from .clock import now_ms
 from .truncation import TruncationMixin
 
 __all__ = ["PartitionLog", "AppendResult", "FollowerAppend", "ReadResult", "LoadStats"]
@@ -245,8 +245,12 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
                 self.stats["extensions"] += 1
                 self._background.submit_allocate(active.extension_done, active.extend_ahead,
                                                  active.written_position + ahead)
-        if self._prepared is None and self._should_prepare(active, now, rate):
-            self._prepare_next()
+        prepared = self._prepared
+        if prepared is None:
+            if self._should_prepare(active, now, rate):
+                self._prepare_next()
+        elif not self.config.preallocate:
+            self._maybe_extend_next(active, prepared, rate)
         window = max(self.config.prefault_window_bytes, int(rate * preparation_module.WARM_AHEAD_MS))
         self._prefault_ahead(active, window, rate)
         flush_messages = self.config.flush_messages

@@ -121,6 +121,9 @@ class SegmentPreparation:
         next step on the allocate thread and raises AppendNotReady (the caller awaits it); once an extension
         has failed (disk full), appends past the blocks get StorageError, and a new attempt is queued at
         most every ROLL_RETRY_INTERVAL_S. Loop thread, never blocks; nothing appended when it raises."""
+        spare = active.prepared_from
+        if spare is not None and spare.allocated_bytes > active.allocated_bytes:
+            active.allocated_bytes = spare.allocated_bytes  # a step the spare took before the roll, published late
         if end <= active.allocated_bytes:
             return
         self.stats["extensions_waited"] += 1
@@ -136,6 +139,18 @@ class SegmentPreparation:
             target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
             self._background.submit_allocate(active.extension_done, active.extend_ahead, target)
         raise AppendNotReady("the next step of blocks", active.extension_done.future())
+
+    def _maybe_extend_next(self, active: Segment, prepared: PreparedSegment, bytes_per_ms: float) -> None:
+        """Near the roll the active segment's blocks ahead shrink to its room: the next segment takes what the
+        budget leaves (LogConfig.log_ahead_bytes), up to ALLOCATE_AHEAD_MS of the rate, so the appends after
+        the roll find blocks and a pre-faulted head waiting instead of a 4 MiB first step. Loop thread."""
+        config = self.config
+        ahead = max(0, active.allocated_bytes - active.written_position)
+        rate_bytes = int(bytes_per_ms * ALLOCATE_AHEAD_MS)
+        want = min(prepared.segment_bytes, max(config.first_step_bytes, min(rate_bytes, config.log_ahead_bytes - ahead)))
+        if want - prepared.allocated_bytes >= config.first_step_bytes and prepared.start_extension():
+            self.stats["extensions"] += 1
+            self._background.submit_allocate(prepared.extension_done, prepared.extend_to, want)
 
     def _should_prepare(self, active: Segment, now: int, bytes_per_ms: float) -> bool:
         """True once the active segment should fill (by bytes, index entries or segment.ms) within

@@ -72,6 +72,7 @@ class PreparedSegment:
         self.map: mmap.mmap | None = None
         self.offset_index: OffsetIndex | None = None
         self.time_index: TimeIndex | None = None
+        self.extension_done = Completion(done=True)  # no step of blocks queued or running (extend_to)
         self.ready = Completion()  # the files exist, preallocated and mapped (or create() failed: see failed)
         self.failed: BaseException | None = None
         self.warm_done = Completion()  # create + index warm-up finished (or failed)
@@ -152,12 +153,37 @@ class PreparedSegment:
         self.prefault.chase(None if self.stop_warm else self.map, self.fd, lambda: self.allocated_bytes,
                             helper=helper)
 
+    def start_extension(self) -> bool:
+        """Loop thread: mark an extend_to as queued (False if one already is, or the files are not there)."""
+        if not self.extension_done.is_set() or not self.ready.is_set() or self.failed is not None or self.taken:
+            return False
+        self.extension_done.clear()
+        return True
+
+    def extend_to(self, end: int) -> None:
+        """Allocate thread: give the log [allocated_bytes, end) blocks, and the indexes what that needs, then
+        publish it, as Segment.extend_ahead does once the roll has taken this segment (the same Completion
+        then guards both). A failure is left to the segment's own steps after the roll."""
+        try:
+            start = self.allocated_bytes
+            end = min(end, self.segment_bytes)
+            if self.stop_warm or self.map is None or end <= start:
+                return
+            for index in (self.offset_index, self.time_index):
+                index.allocate_to(index_allocation_bytes(end, index.entry.size, index.entries * index.entry.size,
+                                                         self.index_interval_bytes, self.index_ahead_bytes))
+            preallocate(self.fd, end, start)
+            self.allocated_bytes = max(self.allocated_bytes, end)
+        except OSError as exc:
+            log.warning("extending %s failed: %s", self.log_path, exc)
+
     def discard(self) -> None:
         """Close and remove an unused prepared segment (worker thread or shutdown)."""
         self.stop_warm = True
         self.prefault.stopped = True
         if self.ready.is_set():
             self.warm_done.wait()
+            self.extension_done.wait()
             self.prefault.idle.wait()
             if self.map is not None:
                 self.map.close()

@@ -168,6 +168,7 @@ class Segment(SegmentRecovery):
         segment.map = prepared.map
         segment.capacity_bytes = prepared.segment_bytes
         segment.allocated_bytes = prepared.allocated_bytes
+        segment.extension_done = prepared.extension_done  # a step of the spare may still be running
         segment.index_ahead_bytes = prepared.index_ahead_bytes
         segment.window_floor_bytes = prepared.window_floor_bytes
         segment.sealed = False

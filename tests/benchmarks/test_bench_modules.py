@@ -233,7 +233,10 @@ def _check_replication(document: dict) -> None:
     for row in _rows_with(document, section="latency"):
         assert 0 < row["e2e_p50_ms"] <= row["e2e_p99_ms"] <= row["e2e_p999_ms"], row
     titles = [t["title"] for t in document["tables"]]
-    assert any(t.startswith("Write stall") for t in titles) and any(t.startswith("Leader CPU") for t in titles)
+    assert any(t.startswith("Write stall") for t in titles)
+    if all(r["leader_cpu_s_per_gb"] > 0 for r in cpu):
+        # The paired CPU table needs a measurable CPU on both sides; a tiny run's may round to zero ticks.
+        assert any(t.startswith("Leader CPU") for t in titles)
 
 
 def _check_cluster_metadata(document: dict) -> None:

@@ -1,4 +1,6 @@
-"""The client against the reference Apache Kafka broker, when the anchor is present.
+"""The client against the reference Apache Kafka broker, when asked for (``COPYLESS_REFERENCE_KAFKA=1``) and
+the anchor is present: a check of the client's behaviour against Kafka itself, run by hand when the client
+changes, not part of the default run (Kafka is a benchmark reference, never a dependency of the suite).
 
 Starts ``../shared/anchors/kafka/run-kafka.sh PORT DIR`` (Kafka 3.9.1, KRaft, single node) on free ports
 for this module, runs the same scenarios as against copyless, and kills it. Skipped, with the reason
@@ -42,6 +44,8 @@ def _free_port_pair() -> int:
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
+    if os.environ.get("COPYLESS_REFERENCE_KAFKA") != "1":
+        pytest.skip("the reference Kafka run is opt-in: COPYLESS_REFERENCE_KAFKA=1")
     if not ANCHOR.exists():
         reason = f"reference Kafka not present at {ANCHOR}"
         print(f"SKIPPED: {reason}")

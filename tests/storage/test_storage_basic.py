@@ -544,7 +544,7 @@ def test_header_scan_finds_every_batch_whatever_the_mix_of_sizes(tmp_path, sizes
     assert found == [position for position in positions if position >= start]
 
 
-def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_factory):
+def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_factory, caplog):
     """The active segment has its full logical size (one map) but blocks only for a prefix that grows in
     steps; an append past the prefix waits for the next step (counted), and a crash leaves a sparse tail that
     recovery treats like the zero tail of a preallocated file."""
@@ -569,9 +569,15 @@ def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_fac
     assert os.fstat(active.fd).st_blocks * 512 >= active.written_position
     assert os.fstat(active.fd).st_size == 8 << 20
     manager.abandon()  # the file keeps its logical size with a sparse (never written) tail
-    manager = manager_factory(config)
+    with caplog.at_level(logging.INFO, logger="copyless.storage"):
+        manager = manager_factory(config)
     partition_log = manager.get_log("sparse", 0)
     assert partition_log.log_end_offset == 60 and manager.startup_stats["bytes_discarded"] > 0
+    # Said in words a user reads correctly: the tail was unused preallocated space, not lost data.
+    messages = [record.getMessage() for record in caplog.records]
+    trimmed = [message for message in messages if "of preallocated space past the last batch" in message]
+    assert len(trimmed) == 1 and f"trimmed {manager.startup_stats['bytes_discarded']} bytes" in trimmed[0], trimmed
+    assert not any("discarded" in message for message in messages)
     with partition_log.read(59, 1 << 20).slice as region:
         assert records_of(region.read_bytes())[-1].value == bytes([59]) * 3000
     assert partition_log.append_blocking(build_batch([b"after"], [2])).base_offset == 60

@@ -18,9 +18,12 @@ AHEAD = 64 * MIB
 
 def usage(partition_log) -> tuple[int, int]:
     """(bytes of blocks the partition's files own, bytes of data: batches and index entries)."""
-    blocks = 0
-    for entry in os.scandir(partition_log.directory):
-        blocks += entry.stat().st_blocks * 512
+    while True:  # the io thread renames a rolled-to segment's files meanwhile: scan again
+        try:
+            blocks = sum(entry.stat().st_blocks * 512 for entry in os.scandir(partition_log.directory))
+            break
+        except FileNotFoundError:
+            continue
     data = 0
     for segment in partition_log.segments:
         data += segment.committed_position
