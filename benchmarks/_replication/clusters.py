@@ -385,11 +385,10 @@ class Cluster:
         """A fresh 1-partition topic whose acks=all writes are acknowledged: created, its ISR whole, and one
         record acknowledged within ``PROBE_TIMEOUT_S``. Returns its name.
 
-        The probe is there because a fresh topic can start stalled: a follower whose first fetch reached the
-        leader before the leader had taken the partition up got NOT_LEADER_OR_FOLLOWER and waited for newer
-        metadata, and none came until some other change, so acks=all writes waited until the ISR shrank
-        (replica.lag.time.max.ms, 30 s): seen in 1 of 4 fresh topics after a failover. A run on such a topic
-        would measure that wait, not the produce path; the topic is replaced, and the note says so."""
+        A guard: a fresh topic once could start stalled (a follower answered NOT_LEADER_OR_FOLLOWER by a leader
+        that had not yet taken the partition up waited for newer metadata that never came, so acks=all writes
+        waited until the ISR shrank, 30 s later; fixed since: the fetcher asks again after 0.5 s). A run on
+        such a topic would measure that wait, not the produce path; the topic is replaced, with a note."""
         for attempt in range(1, attempts + 1):
             name = f"{prefix}-{uuid.uuid4().hex[:8]}"
             self.create_topic(name, 1, replication_factor, configs)
