@@ -49,7 +49,9 @@ def test_a_second_broker_with_the_same_id_refuses_to_start(cluster_factory, tmp_
 
 
 def test_a_restarted_broker_takes_its_own_id_back_at_once(cluster_factory):
-    cluster = cluster_factory(1)
+    # A lease long enough that the restart surely comes before it expires, even on a loaded machine: the
+    # old registration is still there, and must be revoked rather than waited out.
+    cluster = cluster_factory(1, config={"broker.session.timeout.ms": 20000})
     broker = cluster.brokers[1]
     epoch_line = re.compile(r"registered: broker epoch (\d+)")
     first = int(epoch_line.findall(broker.log_text())[-1])
