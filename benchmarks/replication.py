@@ -36,7 +36,7 @@ does not come, and is then replaced, with a note).
 
 Without the reference Kafka (not found, ``--no-kafka``, or tiny test runs) copyless is measured alone and
 the output says so. Every process started (etcd, brokers, JVMs) is stopped by pid, also on failure or
-interrupt; all listen in 44000-44999.
+interrupt; all listen in 61000-61999.
 
 Rows: ``section, side, record_bytes, round, kill`` and per section: failover ``killed, new_leader,
 new_leader_s, stall_s, gap_s, rejoin_s, records_acked``; produce / cpu ``records, produce_mb_per_s,

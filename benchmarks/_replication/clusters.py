@@ -9,7 +9,7 @@ started again on its port, and is stopped by pid when the benchmark ends, fails 
 cluster is always used inside ``with``. Metadata (leaders, ISR, controller) is read the way a client reads
 it, with confluent-kafka's AdminClient, so the two products are observed alike.
 
-Ports: every process listens in 44000-44999 (``PortPool`` hands out free ones in order), the range these
+Ports: every process listens in 61000-61999 (``PortPool`` hands out free ones in order), the range these
 benchmarks own on a shared machine; a port some other process holds is skipped, never taken over.
 """
 
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
-PORT_RANGE = range(44000, 45000)
+PORT_RANGE = range(61000, 62000)
 # A broker's first start imports the package and opens (preallocates) its logs; on this loaded 2-core
 # machine a copyless start took up to 6 s and a Kafka JVM's 20-40 s: generous limits, never a figure.
 START_TIMEOUT_S = 120.0
@@ -541,9 +541,9 @@ class KafkaCluster(Cluster):
         return (kafka_home / "run-kafka-cluster.sh").exists() and shutil.which("java") is not None
 
     def __enter__(self) -> "KafkaCluster":
-        # Ports 44000-44999 lie in the kernel's ephemeral range (32768-60999): some process's outgoing
-        # connection can take one between the check and a JVM's bind, 10-20 s later on a loaded machine
-        # (seen once: node 3's controller port). Then the whole cluster starts again on fresh ports.
+        # Another process can take a port between the check and a JVM's bind, 10-20 s later on a loaded
+        # machine (seen once, when these ports lay in the kernel's ephemeral range, 32768-60999, now
+        # avoided). Then the whole cluster starts again on fresh ports.
         for attempt in range(1, 4):
             self.base = self.ports.take_block(3, span=10)
             self.workdir = self.root / f"start{attempt}"
