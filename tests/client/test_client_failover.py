@@ -121,10 +121,14 @@ def test_idempotent_producer_and_consumer_through_connections_cut_every_200_ms(p
         failures = []
         async with Producer(proxy.address, linger_ms=2, batch_size=16 * 1024, retry_backoff_ms=20) as producer:
             deliveries = []
-            for i in range(20_000):
+            i = 0
+            # At least 20,000 records, and on until a cut has hit a produce request in flight (a quiet machine
+            # can send 20,000 between two cuts), at most 200,000.
+            while i < 20_000 or (producer.stats["retries"] == 0 and i < 200_000):
                 deliveries.append((await producer.send(topic, f"v{i:06d}".encode() * 4), f"v{i:06d}".encode() * 4))
                 if i % 200 == 0:
                     await asyncio.sleep(0.005)  # a steady stream over several cuts
+                i += 1
             await producer.flush()
             for delivery, value in deliveries:
                 try:
@@ -135,8 +139,8 @@ def test_idempotent_producer_and_consumer_through_connections_cut_every_200_ms(p
                 acknowledged[(metadata.partition, metadata.offset)] = value
             retries = producer.stats["retries"]
         assert not failures, failures[:3]
-        assert len(acknowledged) == 20_000
-        records = await _read_back(proxy.address, topic, 3, 20_000, fetch_max_wait_ms=100)
+        assert len(acknowledged) == len(deliveries)
+        records = await _read_back(proxy.address, topic, 3, len(deliveries), fetch_max_wait_ms=100)
         stop.set()
         await cutter
         return acknowledged, records, retries
