@@ -8,7 +8,6 @@ its port (the producer holds their batches, retrying, within delivery_timeout_ms
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from copyless.client import Admin, Consumer, Producer, TopicPartition
 from tests.support.cluster import Cluster
 from tests.support.etcd import EtcdProcess, require_etcd
+from tests.support.read_back import assert_exactly_once, read_back
 from tests.support.topics import unique_topic
 
 
@@ -72,34 +72,6 @@ async def _produce_through(cluster: Cluster, topic: str, partitions: int, count:
     return acknowledged, failures, retries
 
 
-async def _read_all(bootstrap: str, topic: str, partitions: int, expected: int) -> list:
-    consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        out = []
-        deadline = time.monotonic() + 90
-        while len(out) < expected:
-            assert time.monotonic() < deadline, f"only {len(out)} of {expected} records came back"
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(records)
-        for records in (await consumer.getmany(timeout_ms=500)).values():
-            out.extend(records)
-        return out
-    finally:
-        await consumer.close()
-
-
-def _assert_exactly_once(acknowledged: dict, records: list) -> None:
-    seen = collections.Counter((r.partition, r.offset) for r in records)
-    assert not [k for k, n in seen.items() if n > 1], "a record was handed out twice"
-    stored = {(r.partition, r.offset): r.value for r in records}
-    wrong = {k: v for k, v in acknowledged.items() if stored.get(k) != v}
-    assert not wrong, f"{len(wrong)} acknowledged records missing or different, e.g. {list(wrong.items())[:3]}"
-    duplicated = [v for v, n in collections.Counter(stored.values()).items() if n > 1]
-    assert not duplicated, f"values written twice: {duplicated[:5]}"
-
-
 @pytest.mark.timeout(300)
 def test_a_killed_and_restarted_broker_loses_no_acknowledged_record_replication_factor_1(cluster):
     topic = unique_topic("rf1")
@@ -119,13 +91,13 @@ def test_a_killed_and_restarted_broker_loses_no_acknowledged_record_replication_
 
         acknowledged, failures, retries = await _produce_through(cluster, topic, partitions, 12_000,
                                                                  kill_and_restart, at=3_000)
-        return acknowledged, failures, retries, await _read_all(cluster.bootstrap, topic, partitions, 12_000)
+        return acknowledged, failures, retries, await read_back(cluster.bootstrap, topic, partitions, 12_000, fetch_max_wait_ms=100)
 
     acknowledged, failures, retries, records = run(scenario())
     assert not failures, failures[:3]
     assert len(acknowledged) == 12_000
     assert retries > 0, "no batch was retried: the kill did not reach the producer"
-    _assert_exactly_once(acknowledged, records)
+    assert_exactly_once(acknowledged, records)
 
 
 @pytest.mark.timeout(300)
@@ -143,7 +115,7 @@ def test_a_killed_leader_moves_and_the_producer_follows_it_replication_factor_3(
         acknowledged, failures, retries = await _produce_through(
             cluster, topic, partitions, 12_000, cluster.brokers[victim].kill, at=3_000)
         after = cluster.wait_for_leaders(topic, partitions, excluding={victim})
-        records = await _read_all(cluster.bootstrap, topic, partitions, 12_000)
+        records = await read_back(cluster.bootstrap, topic, partitions, 12_000, fetch_max_wait_ms=100)
         return before, after, victim, acknowledged, failures, retries, records
 
     before, after, victim, acknowledged, failures, retries, records = run(scenario())
@@ -151,7 +123,7 @@ def test_a_killed_leader_moves_and_the_producer_follows_it_replication_factor_3(
     assert not failures, failures[:3]
     assert len(acknowledged) == 12_000
     assert retries > 0, "no batch was retried: the kill did not reach the producer"
-    _assert_exactly_once(acknowledged, records)
+    assert_exactly_once(acknowledged, records)
 
 
 @pytest.mark.timeout(300)

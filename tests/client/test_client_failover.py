@@ -6,7 +6,6 @@ the offset it was acknowledged with; and metadata never goes back to an older le
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime
 import time
 
@@ -16,6 +15,7 @@ from kio.schema.metadata.v8 import response as metadata_v8
 from copyless.client import Admin, Consumer, Producer, TopicPartition
 from copyless.client.cluster import Metadata
 from tests.support.proxy import CuttingProxy
+from tests.support.read_back import assert_exactly_once, read_back
 from tests.support.topics import unique_topic
 
 
@@ -77,36 +77,6 @@ async def _cut_every(proxy: CuttingProxy, interval_s: float, stop: asyncio.Event
         await asyncio.to_thread(proxy.cut)
 
 
-async def _read_back(bootstrap: str, topic: str, partitions: int, expected: int, **options) -> list:
-    consumer = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", **options)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        out = []
-        deadline = time.monotonic() + 90
-        while len(out) < expected:
-            assert time.monotonic() < deadline, f"only {len(out)} of {expected} records came back"
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(records)
-        for records in (await consumer.getmany(timeout_ms=500)).values():
-            out.extend(records)
-        return out
-    finally:
-        await consumer.close()
-
-
-def _assert_exactly_once(acknowledged: dict, records: list) -> None:
-    """``acknowledged``: {(partition, offset): value}. Every one read back once, nothing else read."""
-    seen = collections.Counter((r.partition, r.offset) for r in records)
-    assert not [k for k, n in seen.items() if n > 1], "a record was read twice"
-    stored = {(r.partition, r.offset): r.value for r in records}
-    missing = {k: v for k, v in acknowledged.items() if stored.get(k) != v}
-    assert not missing, f"{len(missing)} acknowledged records missing or different, e.g. {list(missing.items())[:3]}"
-    # Nothing was written twice: the idempotent producer's retries were deduplicated by the broker.
-    values = collections.Counter(stored.values())
-    assert not [v for v, n in values.items() if n > 1], "a value was written twice"
-
-
 @pytest.mark.timeout(180)
 def test_idempotent_producer_and_consumer_through_connections_cut_every_200_ms(proxied_broker):
     proxy, _broker = proxied_broker
@@ -140,7 +110,7 @@ def test_idempotent_producer_and_consumer_through_connections_cut_every_200_ms(p
             retries = producer.stats["retries"]
         assert not failures, failures[:3]
         assert len(acknowledged) == len(deliveries)
-        records = await _read_back(proxy.address, topic, 3, len(deliveries), fetch_max_wait_ms=100)
+        records = await read_back(proxy.address, topic, 3, len(deliveries), fetch_max_wait_ms=100)
         stop.set()
         await cutter
         return acknowledged, records, retries
@@ -148,7 +118,7 @@ def test_idempotent_producer_and_consumer_through_connections_cut_every_200_ms(p
     acknowledged, records, retries = run(scenario())
     assert proxy.cuts >= 5, "the proxy cut too few connections for the test to mean anything"
     assert retries > 0, "no produce request was ever retried: the cuts missed the producer"
-    _assert_exactly_once(acknowledged, records)
+    assert_exactly_once(acknowledged, records)
 
 
 @pytest.mark.timeout(180)
