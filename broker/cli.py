@@ -4,6 +4,7 @@ Each area registers its own subcommands through an ``add_parsers(subparsers)`` f
 ``func`` on its parsers; modules are imported lazily so ``copyless produce`` never loads the broker.
 
     copyless serve ...                                 broker.server.cli
+    copyless configs ...                               broker.config_cli (every setting)
     copyless inspect ...                               broker.inspect_log
     copyless produce|consume ...                       client.cli
     copyless topics|groups|cluster ...                 client.admin_cli (registered by client.cli)
@@ -18,6 +19,7 @@ import sys
 # (module, required): a module that is not there yet is skipped, so a partial checkout still runs.
 _COMMAND_MODULES = (
     "copyless.broker.server.cli",
+    "copyless.broker.config_cli",
     "copyless.broker.inspect_log",
     "copyless.client.cli",
 )

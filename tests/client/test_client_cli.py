@@ -64,8 +64,8 @@ def test_version_and_help_on_every_option():
                     walk(sub, f"{path} {name}")
             elif action.option_strings and not action.help:
                 bare.append(f"{path} {action.option_strings[0]}")
-        # serve and inspect work on a data dir, not through a broker.
-        if path.split()[1:2] and path.split()[1] not in ("serve", "inspect"):
+        # serve, inspect and configs work on a data dir or the registry, not through a broker.
+        if path.split()[1:2] and path.split()[1] not in ("serve", "inspect", "configs"):
             options = {o for a in parser._actions for o in a.option_strings}
             if len(path.split()) > 1 and parser._subparsers is None:
                 assert {"-b", "--bootstrap"} <= options, f"{path} has no -b/--bootstrap"
