@@ -16,7 +16,7 @@ import argparse
 import importlib
 import sys
 
-# (module, required): a module that is not there yet is skipped, so a partial checkout still runs.
+# A module that is not there yet is skipped, so a partial checkout still runs.
 _COMMAND_MODULES = (
     "copyless.broker.server.cli",
     "copyless.broker.config_cli",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from copyless import __version__
 
     parser = argparse.ArgumentParser(prog="copyless", description="copyless: a Kafka-protocol broker (serve) and its client.")
-    parser.add_argument("--version", action="version", version=f"copyless {__version__}",
+    parser.add_argument("-V", "--version", action="version", version=f"copyless {__version__}",
                         help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
