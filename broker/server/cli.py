@@ -11,13 +11,15 @@
 Flags override the TOML file, which overrides the defaults; every flag's help comes from the registry of
 settings (``broker.config.CONFIGS``), as does ``copyless configs``. The first line on
 stdout is ``copyless listening on HOST:PORT ...`` once the listener is bound (``--listen 127.0.0.1:0``
-picks a free port and the line shows which).
+picks a free port and the line shows which). Once the broker has shut down and logged it, the process exits
+at once, without the interpreter's teardown.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -132,4 +134,12 @@ def main_serve(args) -> int:
         return 2
     from copyless.broker.server.app import run
 
-    return run(config)
+    code = run(config)
+    # Everything durable is written and closed by now (logs, checkpoints, the clean-shutdown marker) and the
+    # last line is logged. What the interpreter would do next is tear down every module and object, with
+    # nothing left to save: 0.26-1.39 s after "shutdown complete" on this 2-core machine under load, during
+    # which the process looked alive to whoever waits for it (a supervisor, a test, docker stop).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
