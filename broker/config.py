@@ -33,7 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from copyless.broker.config_def import (
-    AtLeast, Between, ConfigDef, ConfigError, ListOf, OneOf, Scope, Supported, Synonym,
+    AtLeast,
+    Between,
+    ConfigDef,
+    ConfigError,
+    OneOf,
+    Scope,
+    Supported,
+    Synonym,
 )
 from copyless.broker.config_def import ConfigType as T
 
@@ -148,7 +155,8 @@ class BrokerConfig:
             if listener == name:
                 return host, port
         if not self.listeners and (self.advertise_host is not None or self.advertise_port is not None):
-            return self.advertise_host or bound_host, self.advertise_port if self.advertise_port is not None else bound_port
+            port = self.advertise_port if self.advertise_port is not None else bound_port
+            return self.advertise_host or bound_host, port
         return bound_host, bound_port
 
     @property
@@ -173,11 +181,11 @@ class BrokerConfig:
             return self.offsets_topic_num_partitions
         return 50 if self.clustered else 1
 
-    def with_bound_port(self, port: int) -> "BrokerConfig":
+    def with_bound_port(self, port: int) -> BrokerConfig:
         """The same settings once the listener is bound (port 0 resolves to a real port)."""
         return dataclasses.replace(self, listen_port=port)
 
-    def with_first_advertised(self) -> "BrokerConfig":
+    def with_first_advertised(self) -> BrokerConfig:
         """The first listener's advertised address also as the one-listener settings (the startup line)."""
         first = self.listener_specs()[0][0]
         for name, host, port in self.advertised_listeners:

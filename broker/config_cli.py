@@ -62,7 +62,9 @@ def run_configs(args) -> int:
         return 1
     for number, key in enumerate(keys):
         document = describe(key)
-        names = key.name if key.broker_config_name in (None, key.name) else f"{key.name} (broker: {key.broker_config_name})"
+        names = key.name
+        if key.broker_config_name not in (None, key.name):
+            names += f" (broker: {key.broker_config_name})"
         facts = [document["type"], f"default {document['default'] if document['default'] is not None else 'null'}"]
         if document["valid"]:
             facts.append(f"valid {document['valid']}")

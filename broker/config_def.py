@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import difflib
 import enum
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 __all__ = [
     "ConfigError", "ConfigType", "Scope", "Synonym", "ConfigKey", "ConfigDef", "AtLeast", "Between", "OneOf",
@@ -196,7 +197,8 @@ class Supported:
     def __call__(self, name: str, value) -> None:
         items = value if isinstance(value, tuple) else (value,)
         if any(item not in self.values for item in items):
-            raise ConfigError(f"{name}={_text(value)} is not supported (supported: {', '.join(map(_text, self.values))})")
+            supported = ", ".join(map(_text, self.values))
+            raise ConfigError(f"{name}={_text(value)} is not supported (supported: {supported})")
 
     def __str__(self) -> str:
         return f"[{', '.join(map(_text, self.values))}]"
@@ -357,7 +359,7 @@ class ConfigDef:
         self._broker_names: dict[str, tuple[ConfigKey, Synonym | None]] = {}
         self._topic_names: dict[str, ConfigKey] = {}
 
-    def define(self, name: str, config_type: ConfigType, doc: str, **options) -> "ConfigDef":
+    def define(self, name: str, config_type: ConfigType, doc: str, **options) -> ConfigDef:
         """Add a setting (options: the ``ConfigKey`` fields). Returns the registry, so definitions chain.
 
         Raises:

@@ -28,8 +28,9 @@ the config and the reason.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 

@@ -29,7 +29,14 @@ import threading
 import time
 
 from copyless.client.cli_common import (
-    EXIT_INTERRUPTED, Progress, add_common, count_arg, parse_time_ms, print_summary, run, summary,
+    EXIT_INTERRUPTED,
+    Progress,
+    add_common,
+    count_arg,
+    parse_time_ms,
+    print_summary,
+    run,
+    summary,
 )
 
 __all__ = ["add_parsers", "main", "format_record"]

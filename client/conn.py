@@ -29,7 +29,11 @@ import struct
 import time
 
 from copyless.client.errors import (
-    KafkaConnectionError, KafkaError, KafkaTimeoutError, NotKafkaError, UnsupportedVersionError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NotKafkaError,
+    UnsupportedVersionError,
 )
 from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 from copyless.client.protocol.framing import FrameTooLargeError

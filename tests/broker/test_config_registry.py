@@ -73,9 +73,11 @@ def test_a_value_is_accepted_or_refused_alike_wherever_it_is_given(key, value):
 def test_segment_bytes_follows_kafkas_validator_everywhere():
     # Kafka 3.9: at least LegacyRecord.RECORD_OVERHEAD_V0 = 14 bytes (a larger batch is refused at produce).
     for value, accepted in ((13, False), (14, True), (1 << 20, True)):
-        assert _accepted(lambda: config_sources.check_topic_configs({"segment.bytes": str(value)}, 1)) is accepted
-        assert _accepted(lambda: _from_file("log.segment.bytes", value)) is accepted
-    with pytest.raises(ConfigError, match="Invalid value 13 for configuration log.segment.bytes: Value must be at least 14"):
+        topic = {"segment.bytes": str(value)}
+        assert _accepted(lambda topic=topic: config_sources.check_topic_configs(topic, 1)) is accepted
+        assert _accepted(lambda value=value: _from_file("log.segment.bytes", value)) is accepted
+    with pytest.raises(ConfigError, match="Invalid value 13 for configuration log.segment.bytes: Value must be at "
+                                          "least 14"):
         _from_file("log.segment.bytes", 13)
 
 
@@ -139,7 +141,8 @@ def test_describe_derives_types_sources_and_read_only_from_the_registry():
     assert topic["retention.ms"].synonyms == (
         ("retention.ms", "1000", config_sources.DYNAMIC_TOPIC_CONFIG),
         ("log.retention.ms", "604800000", config_sources.DEFAULT_CONFIG))
-    assert topic["segment.bytes"].synonyms[0] == ("log.segment.bytes", str(1 << 20), config_sources.STATIC_BROKER_CONFIG)
+    static_layer = ("log.segment.bytes", str(1 << 20), config_sources.STATIC_BROKER_CONFIG)
+    assert topic["segment.bytes"].synonyms[0] == static_layer
     assert topic["cleanup.policy"].value == "delete" and topic["cleanup.policy"].documentation
 
 
@@ -169,7 +172,8 @@ def test_an_unquoted_dotted_key_gets_a_hint_to_quote_it(tmp_path):
 
 
 def test_an_unknown_key_names_the_likely_meant_one(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown setting 'log\.retention\.hourz'.*did you mean 'log\.retention\.hours'"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'log\.retention\.hourz'.*did you mean "
+                                          r"'log\.retention\.hours'"):
         _load(tmp_path, '"log.retention.hourz" = 1\n')
 
 
@@ -184,9 +188,12 @@ def test_kafkas_precedence_between_spellings_of_one_setting(tmp_path):
 def test_values_are_read_as_their_type(tmp_path):
     assert _load(tmp_path, 'sendfile = "false"\n').sendfile is False
     assert _load(tmp_path, 'sendfile = false\n"num.partitions" = "3"\n').num_partitions == 3
-    for text, name in (('"num.partitions" = true\n', "num.partitions"), ('"num.partitions" = 1.5\n', "num.partitions"),
-                       ('sendfile = "maybe"\n', "sendfile"), ('"log.segment.bytes" = 2147483648\n', "log.segment.bytes"),
-                       ('"metadata" = "zk://x:1"\n', "metadata"), ('"group.max.size" = 0\n', "group.max.size")):
+    for text, name in (('"num.partitions" = true\n', "num.partitions"),
+                       ('"num.partitions" = 1.5\n', "num.partitions"),
+                       ('sendfile = "maybe"\n', "sendfile"),
+                       ('"log.segment.bytes" = 2147483648\n', "log.segment.bytes"),
+                       ('"metadata" = "zk://x:1"\n', "metadata"),
+                       ('"group.max.size" = 0\n', "group.max.size")):
         with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
             _load(tmp_path, text)
 
