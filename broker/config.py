@@ -331,7 +331,7 @@ _define("metadata", T.STRING, "Join the cluster kept in etcd, etcd://HOST:PORT[,
 _define("cluster.id", T.STRING, "With metadata: the cluster id to create, or to require of the existing one.",
         field="cluster_id")
 _define("broker.session.timeout.ms", T.INT, "How long a broker's etcd lease outlives its last keepalive: a dead "
-        "broker's partitions move after about this long (etcd's least lease is 1 s).",
+        "broker's partitions move after about this long.",
         field="broker_session_timeout_ms", validator=AtLeast(1000))
 
 # Replication.
