@@ -10,6 +10,15 @@ a broker that sees no controller key runs
 Exactly one candidate's transaction succeeds (etcd serialises them; the loser's comparisons fail). The
 winner's fencing token is the revision of that transaction, the controller-epoch key's mod_revision.
 
+An election whose answer was lost. The transaction may commit while its answer never arrives (the call's
+deadline passed: etcd was slow, the connection dropped). The candidate then does not know it won, yet the
+key names it, on its live lease, and no other broker stands while the key is there: nothing would act as
+controller until that lease ended. So the backend takes office from its image instead: when the watched
+controller key names this broker on its current lease and the controller-epoch key was written by the same
+transaction (equal mod_revisions), the election was this broker's, and that revision is its token
+(``take_office``). A candidate that is no longer sure of its lease does not take office; its key goes with
+the lease, and the brokers stand again.
+
 Safety: every write a controller makes carries ``mod_revision(controller_epoch) == token`` among its
 comparisons. A controller whose lease expired lost its controller key with it; the next controller bumped
 the controller epoch in its election, so the old controller's token no longer matches and etcd refuses its
@@ -126,16 +135,27 @@ class Controller:
         )
         if not result.succeeded:
             return False
-        self.active, self.epoch, self.token = True, seen_value + 1, result.revision
+        self.take_office(seen_value + 1, result.revision, "won the election")
+        return True
+
+    def take_office(self, epoch: int, token: int, how: str) -> None:
+        """Act as the controller of ``epoch``, fenced by ``token`` (the controller-epoch key's mod_revision
+        written by this broker's election). Called by ``campaign`` on its answer, and by the backend when its
+        image shows the key naming this broker on its lease although no answer came (module docstring,
+        "An election whose answer was lost"). Idempotent: both may happen for one election."""
+        if self.active and self.token == token:
+            return
+        if self.active:
+            self.resign(f"a newer election (token {token}) names this broker")
+        self.active, self.epoch, self.token = True, epoch, token
         self.stats["elections_won"] += 1
-        log.info("node %d is the controller (controller epoch %d, token revision %d)", self.node_id, self.epoch,
-                 self.token)
+        log.info("node %d is the controller (controller epoch %d, token revision %d): %s", self.node_id,
+                 self.epoch, self.token, how)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="copyless-controller")
         if self.metadata.broker.config.auto_leader_rebalance:
             self._rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(),
                                                                           name="copyless-leader-rebalance")
         self._wake.set()
-        return True
 
     def resign(self, reason: str) -> None:
         if not self.active:

@@ -27,6 +27,11 @@ restarts the watch resumes from the last revision seen + 1; if etcd compacted th
 broker reloads everything at a new revision. Neither ever deletes data: only an image that lacks a topic
 (or has it under another topic id) makes the replica manager delete its logs.
 
+Standing for controller: whenever the image shows no controller and the lease is valid. An election's
+transaction can commit while its answer is lost; the image then names this broker on its own lease, and it
+takes office from there (``broker.cluster.controller``, "An election whose answer was lost"), so a lost
+answer never leaves the cluster without a controller.
+
 Requests that change the cluster (create / delete topics, add partitions, preferred elections) are carried
 out by the controller; on another broker they are forwarded to it over its inter-broker listener (Kafka's
 KIP-590 forwarding), and answered once this broker's own image shows the change. Config changes need no
@@ -311,6 +316,7 @@ class EtcdMetadata(MetadataBackend):
         self.image = image
         self.broker.replicas.publish(image)
         self.controller.on_image(image)
+        self._maybe_take_office()
         still = []
         for predicate, future in self._waiters:
             if future.done():
@@ -372,6 +378,23 @@ class EtcdMetadata(MetadataBackend):
             return await future
 
     # --- the controller ---------------------------------------------------------------------------------------
+
+    def _maybe_take_office(self) -> None:
+        """The image names this broker controller, but it is not acting: its election committed and the
+        answer was lost (controller module docstring). Take office when the key is on this broker's lease
+        and the controller-epoch key was written by the same transaction (its mod_revision is the token)."""
+        if self.controller.active or self.image.controller_id != self.node_id or not self.lease_valid():
+            return
+        key = self._kvs.get(self.layout.controller)
+        epoch = self._kvs.get(self.layout.controller_epoch)
+        if key is None or epoch is None or key.lease != self.lease_id or epoch.mod_revision != key.mod_revision:
+            return
+        try:
+            value = int(epoch.value)
+        except ValueError:
+            return
+        self.controller.take_office(value, epoch.mod_revision, "took office from the watched election key (the "
+                                                               "election's answer was lost)")
 
     def _maybe_campaign(self) -> None:
         if self.image.controller_id >= 0 or self._campaigning or self._stopping or not self.lease_valid():
