@@ -65,6 +65,7 @@ from copyless.broker.cluster.keys import (
     Layout,
     decode_broker,
     decode_image,
+    decode_isr_epochs,
     encode_broker,
     encode_state,
     encode_topic,
@@ -129,9 +130,13 @@ class EtcdMetadata(MetadataBackend):
         self.lease_id = 0
         self.broker_epoch = 0
         self.directory_id = ""
+        # The epoch whose data this process holds in full, named in its next registration (incarnation.py).
+        self._previous_epoch = -1
+        self._boot_id = ""
         self._lease_deadline = 0.0
         self._registered = False
         self._kvs: dict[bytes, etcd.KeyValue] = {}
+        self._isr_written: dict[bytes, etcd.KeyValue] = {}  # this broker's last ISR write per partition key
         self._revision = 0
         self._tasks: list[asyncio.Task] = []
         self._waiters: list[tuple[Callable[[ClusterImage], bool], asyncio.Future]] = []
@@ -226,11 +231,25 @@ class EtcdMetadata(MetadataBackend):
             properties["directory.id"] = directory_id
             write_atomically(path, "".join(f"{k}={v}\n" for k, v in properties.items()).encode())
         self.directory_id = directory_id
+        from copyless.broker.cluster import incarnation
+
+        self._boot_id = incarnation.boot_id()
+        record = incarnation.read_record(self.broker.data_dir)
+        storage = getattr(self.broker.log_manager, "startup_stats", {}) or {}
+        self._previous_epoch = incarnation.previous_epoch(record, clean_shutdown=bool(storage.get("clean")),
+                                                          current_boot_id=self._boot_id)
+        if record is not None:
+            log.info("previous incarnation: broker epoch %d; %s", record.broker_epoch,
+                     "its data is all here (a clean shutdown or the same boot): its ISR entries carry over"
+                     if self._previous_epoch > 0 else
+                     "its data may be incomplete (no clean shutdown, another boot): it rejoins ISRs by "
+                     "catching up")
 
     async def _register(self) -> None:
         """Register this broker under a new lease (module docstring, "Registration")."""
         key = self.layout.broker(self.node_id)
-        value = encode_broker(self.broker.advertised_listeners(), self.directory_id)
+        value = encode_broker(self.broker.advertised_listeners(), self.directory_id,
+                              previous_epoch=self._previous_epoch)
         waited_from = None
         while True:
             existing, _ = await self.client.get(key)
@@ -263,11 +282,25 @@ class EtcdMetadata(MetadataBackend):
             self._lease_deadline = sent + ttl
             self._registered = True
             self.stats["registrations"] += 1
-            log.info("node %d registered: broker epoch %d, lease %x (%d s)", self.node_id, self.broker_epoch,
-                     lease_id, ttl)
+            log.info("node %d registered: broker epoch %d (continuing %d), lease %x (%d s)", self.node_id,
+                     self.broker_epoch, self._previous_epoch, lease_id, ttl)
+            # This process holds its own data in full: a later re-registration (a lost lease) continues it.
+            self._previous_epoch = self.broker_epoch
+            await self._record_incarnation()
             # The watch may have shown the controller gone while this broker had no valid lease to stand with.
             self._maybe_campaign()
             return
+
+    async def _record_incarnation(self) -> None:
+        from copyless.broker.cluster import incarnation
+
+        try:
+            await asyncio.to_thread(incarnation.write_record, self.broker.data_dir,
+                                    incarnation.Incarnation(self.broker_epoch, self._boot_id))
+        except OSError as exc:
+            # The older record stays: it names an epoch the ISRs stop using, which costs availability after
+            # a restart, never safety (incarnation.py).
+            log.warning("could not record broker epoch %d in the data dir: %s", self.broker_epoch, exc)
 
     async def _keepalive(self) -> None:
         interval_s = self.ttl_s / 3
@@ -514,27 +547,46 @@ class EtcdMetadata(MetadataBackend):
 
     # --- partitions -----------------------------------------------------------------------------------------------
 
-    async def alter_isr(self, topic: str, partition: int, state: PartitionState,
-                        isr: tuple[int, ...]) -> PartitionState | None:
+    async def alter_isr(self, topic: str, partition: int, state: PartitionState, isr: tuple[int, ...],
+                        joining_epochs: Mapping[int, int] | None = None) -> PartitionState | None:
         """A leader's ISR change (Kafka before KIP-497's AlterPartition: the leader writes the state itself),
-        conditional on the state's version and on this broker's registration being the one it had."""
+        conditional on the state's version and on this broker's registration being the one it had.
+
+        Members that stay keep the broker epoch they were admitted under; a joining member is admitted under
+        the epoch in ``joining_epochs`` (the one its fetch named, KIP-903), and without one it is refused."""
         layout = self.layout
         new = PartitionState(state.leader, state.leader_epoch, tuple(isr), state.replicas)
-        current = self._kvs.get(layout.partition(topic, partition))
-        controller_epoch = -1
-        if current is not None:
-            import json
-
-            controller_epoch = int(json.loads(current.value).get("controller_epoch", -1))
+        key = layout.partition(topic, partition)
+        # The state the change was made from: as watched, or as this broker last wrote it (its own write's
+        # event may still be on its way).
+        current = next((kv for kv in (self._kvs.get(key), self._isr_written.get(key))
+                        if kv is not None and kv.mod_revision == state.version), None)
+        if current is None:
+            # The compare below would refuse it: the image is ahead of (or behind) the state it was made from.
+            self.stats["isr_writes_refused"] += 1
+            return None
+        data = json.loads(current.value)
+        controller_epoch = int(data.get("controller_epoch", -1))
+        kept = decode_isr_epochs(current.value)
+        epochs = {}
+        for member in new.isr:
+            if member in state.isr:
+                epochs[member] = kept.get(member, 0)
+            elif joining_epochs and member in joining_epochs:
+                epochs[member] = joining_epochs[member]
+            else:
+                self.stats["isr_writes_refused"] += 1
+                return None
+        value = encode_state(new, controller_epoch, epochs)
         result = await self.client.txn(
-            [etcd.modified(layout.partition(topic, partition), state.version),
-             etcd.created(layout.broker(self.node_id), self.broker_epoch)],
-            [etcd.put(layout.partition(topic, partition), encode_state(new, controller_epoch))])
+            [etcd.modified(key, state.version), etcd.created(layout.broker(self.node_id), self.broker_epoch)],
+            [etcd.put(key, value)])
         self.stats["etcd_writes"] += 1
         self.stats["isr_writes"] += 1
         if not result.succeeded:
             self.stats["isr_writes_refused"] += 1
             return None
+        self._isr_written[key] = etcd.KeyValue(key, value, current.create_revision, result.revision)
         return PartitionState(new.leader, new.leader_epoch, new.isr, new.replicas, result.revision)
 
     async def elect_preferred_leaders(self, partitions=None) -> dict:
