@@ -14,7 +14,8 @@ process's lease expires), and if it is still there the broker refuses to start: 
 id would be two leaders for the same partitions.
 
 The lease. ``lease_valid()`` is true only until ``granted TTL`` after the last keepalive that etcd
-answered, counted from when that keepalive was sent: etcd cannot expire the lease earlier than that, so a
+answered, counted from when that keepalive was sent, on CLOCK_BOOTTIME (``lease_clock``: a suspended
+machine's monotonic clock stops, etcd's does not): etcd cannot expire the lease earlier than that, so a
 broker that stops acting as leader at that instant never overlaps with a successor the controller elects
 after the expiry. Cut off from etcd, a broker thus keeps serving what it leads until its lease would have
 expired, then refuses (NOT_LEADER_OR_FOLLOWER, and Metadata no longer names it leader). If the lease turns
@@ -83,6 +84,13 @@ PRODUCER_ID_BLOCK = 1000
 # How long a CreateTopics / DeleteTopics answer waits for this broker's image to show the change.
 PROPAGATION_TIMEOUT_S = 10.0
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+
+def lease_clock() -> float:
+    """Seconds on CLOCK_BOOTTIME, the clock lease deadlines run on: unlike CLOCK_MONOTONIC it keeps counting
+    while the machine is suspended, as etcd's clock does, so a broker that wakes from a suspend longer than
+    its lease knows the lease may be gone instead of acting on it for the rest of its TTL."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 
@@ -157,7 +165,7 @@ class EtcdMetadata(MetadataBackend):
         return self.controller.active
 
     def lease_valid(self) -> bool:
-        return self._registered and time.monotonic() < self._lease_deadline
+        return self._registered and lease_clock() < self._lease_deadline
 
     # --- start-up ----------------------------------------------------------------------------------------------
 
@@ -268,7 +276,7 @@ class EtcdMetadata(MetadataBackend):
                         f"id would both act for the same partitions")
                 await asyncio.sleep(0.25)
                 continue
-            sent = time.monotonic()
+            sent = lease_clock()
             lease_id, ttl = await self.client.grant(self.ttl_s)
             result = await self.client.txn([etcd.created(key, 0)], [etcd.put(key, value, lease_id)])
             self.stats["etcd_writes"] += 2
@@ -306,13 +314,13 @@ class EtcdMetadata(MetadataBackend):
         interval_s = self.ttl_s / 3
         while not self._stopping:
             await asyncio.sleep(interval_s if self.lease_valid() else 0.1)
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 ttl = await self.client.keepalive(self.lease_id, timeout_s=interval_s)
             except etcd.EtcdUnavailable as exc:
                 if self.lease_valid():
                     log.warning("lease keepalive failed (%s); the lease holds for %.1f s more", exc,
-                                self._lease_deadline - time.monotonic())
+                                self._lease_deadline - lease_clock())
                 continue
             except Exception:
                 log.exception("lease keepalive failed")
