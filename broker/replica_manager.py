@@ -11,7 +11,12 @@ Owns the ``Partition`` objects (one per hosted (topic, partition)), and applying
    fetcher manager is told), or none.
 
 Images are applied one at a time, in revision order, by one task; a newer image that arrives while one is
-being applied replaces any image still queued (applying the newest covers the older ones). Deleting a log
+being applied replaces any image still queued (applying the newest covers the older ones). An image whose
+application failed is not counted applied: it is tried again (unless a newer one replaced it), and
+``wait_applied`` keeps waiting. The disk work of steps 1 and 2 is waited for ``DISK_STEP_TIMEOUT_S`` at
+most: past that (a stalled disk) the states of step 3 are applied anyway, later images skip the disk work
+while it runs, and the latest image is applied again once it ends, so a stalled disk never stops a broker
+from learning that it no longer leads. Deleting a log
 happens only on the word of a complete image (a backend publishes no other kind), so a broker never deletes
 data because its own view is stale.
 
@@ -41,6 +46,11 @@ __all__ = ["ReplicaManager", "PARTITION_METADATA_FILE", "read_topic_id"]
 log = logging.getLogger("copyless.replicas")
 
 PARTITION_METADATA_FILE = "partition.metadata"
+# How long applying an image waits for its log deletions and creations (worker threads) before it applies
+# the partitions' states anyway: a stalled disk must not stop leadership and ISR changes from taking effect.
+DISK_STEP_TIMEOUT_S = 5.0
+# After an image failed to apply, the next attempt (the same image, unless a newer one came meanwhile).
+APPLY_RETRY_S = 0.5
 
 
 def read_topic_id(directory: Path) -> uuid.UUID | None:
@@ -80,6 +90,7 @@ class ReplicaManager:
         self._lease_valid = lease_valid
         self._pending: ClusterImage | None = None
         self._applying: asyncio.Task | None = None
+        self._disk_work: asyncio.Future | None = None  # apply()'s log deletions and creations
         self._revision_waiters: list[tuple[int, asyncio.Future]] = []
         self._topic_ids: dict[tuple[str, int], uuid.UUID | None] = {}
         # Called with (partition, changed) whenever a hosted partition becomes or stays a follower, and with
@@ -187,7 +198,14 @@ class ReplicaManager:
             try:
                 await self.apply(image)
             except Exception:
-                log.exception("applying metadata revision %d failed; the next image retries", image.revision)
+                # Not applied: waiters keep waiting, and the image is tried again unless a newer one (which
+                # covers it) arrived meanwhile.
+                log.exception("applying metadata revision %d failed; retrying in %.1f s", image.revision,
+                              APPLY_RETRY_S)
+                if self._pending is None:
+                    self._pending = image
+                await asyncio.sleep(APPLY_RETRY_S)
+                continue
             self.applied_revision = max(self.applied_revision, image.revision)
             waiters, self._revision_waiters = self._revision_waiters, []
             for revision, future in waiters:
@@ -216,7 +234,11 @@ class ReplicaManager:
             local_id = self._topic_ids.get(key)
             if info is None or (local_id is not None and local_id != info.topic_id):
                 doomed.append(key)
-        if doomed:
+        disk_free = self._disk_work is None or self._disk_work.done()
+        if not disk_free:
+            log.warning("metadata revision %d: the storage is still busy with earlier log deletions or creations; "
+                        "applying the partitions' states now, the logs once it is done", image.revision)
+        if doomed and disk_free:
             for key in doomed:
                 partition = self.partitions.pop(key, None)
                 if partition is not None:
@@ -230,18 +252,36 @@ class ReplicaManager:
                 log.info("deleting the local log of %s-%d (%s)", key[0], key[1],
                          "topic deleted" if key[0] not in image.topics else
                          "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
-            await asyncio.to_thread(self._delete_logs_blocking, doomed)
         # 2. Creations.
         missing: dict[str, list[int]] = {}
         for (topic, partition), info in wanted.items():
             if self.broker.log_manager.get_log(topic, partition) is None or self._topic_ids.get((topic, partition)) is None:
                 missing.setdefault(topic, []).append(partition)
-        for topic, partitions in missing.items():
+        if disk_free and (doomed or missing):
+            # Worker threads, waited for a bounded time (a stalled disk must not hold the states of step 3);
+            # when they finish late, the latest image is applied again for what they left to do.
+            self._disk_work = asyncio.ensure_future(self._disk_steps(image, doomed, missing))
             try:
-                await asyncio.to_thread(self.create_logs_blocking, image.topics[topic], partitions)
-            except Exception:
-                log.exception("cannot create the logs of %s %s; they are retried with the next image", topic, partitions)
-        # 3. States.
+                async with asyncio.timeout(DISK_STEP_TIMEOUT_S):
+                    await asyncio.shield(self._disk_work)
+            except TimeoutError:
+                log.error("metadata revision %d: log deletions or creations still running after %.0f s (a stalled "
+                          "disk?); applying the partitions' states without them", image.revision, DISK_STEP_TIMEOUT_S)
+                self._disk_work.add_done_callback(lambda _task: self.closing or self.publish(self.image))
+        elif doomed:
+            # Their deletion waits for the storage: until then they serve nothing, and step 3 leaves them
+            # alone (a topic created again under the same name must not take the old log).
+            for key in doomed:
+                partition = self.partitions.get(key)
+                wanted.pop(key, None)
+                if partition is not None and partition.role is not Role.NONE:
+                    was_leader = partition.role is Role.LEADER
+                    partition.make_offline()
+                    if was_leader:
+                        self._notify_leadership(partition, False)
+                    self.on_follower(partition, None)
+        # 3. States. One partition that cannot take its settings (a topic config etcd holds but this broker
+        # refuses) must not keep the others from theirs: it is logged and skipped.
         for key, info in wanted.items():
             partition_log = self.broker.log_manager.get_log(*key)
             if partition_log is None:
@@ -252,11 +292,24 @@ class ReplicaManager:
                                       producers=self.broker.producers, notifier=self.broker.appends,
                                       lease_valid=self._lease_valid)
                 self.partitions[key] = partition
-            self._configure(partition, info)
+            try:
+                self._configure(partition, info)
+            except Exception:
+                log.exception("%s-%d: its topic's settings do not apply; it keeps the previous ones", *key)
             state = image.partition_state(*key)
             if state is None:
                 continue
             self._apply_state(partition, state)
+
+    async def _disk_steps(self, image: ClusterImage, doomed: list, missing: dict[str, list[int]]) -> None:
+        """Steps 1 and 2's work on disk (worker threads)."""
+        if doomed:
+            await asyncio.to_thread(self._delete_logs_blocking, doomed)
+        for topic, partitions in missing.items():
+            try:
+                await asyncio.to_thread(self.create_logs_blocking, image.topics[topic], partitions)
+            except Exception:
+                log.exception("cannot create the logs of %s %s; they are retried with the next image", topic, partitions)
 
     def _configure(self, partition: Partition, info: TopicInfo) -> None:
         config = self.broker.config
