@@ -11,7 +11,10 @@ already there means another process holds this node id: if it carries this data 
 is this broker's own previous process (the data dir's lock proves that process is gone), and its lease is
 revoked so its partitions move at once; otherwise the key is waited for for one lease time (a crashed
 process's lease expires), and if it is still there the broker refuses to start: two live brokers with one
-id would be two leaders for the same partitions.
+id would be two leaders for the same partitions. The registration names ``previous_epoch``, the epoch whose
+data this process holds in full (a clean shutdown, a restart in the same boot, or this process's own
+earlier registration; else -1), and each registration is recorded in the data dir: ISR entries of an
+earlier epoch hold only for a broker that vouches for it (``broker.cluster.incarnation``).
 
 The lease. ``lease_valid()`` is true only until ``granted TTL`` after the last keepalive that etcd
 answered, counted from when that keepalive was sent, on CLOCK_BOOTTIME (``lease_clock``: a suspended
