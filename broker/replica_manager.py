@@ -235,9 +235,6 @@ class ReplicaManager:
             if info is None or (local_id is not None and local_id != info.topic_id):
                 doomed.append(key)
         disk_free = self._disk_work is None or self._disk_work.done()
-        if not disk_free:
-            log.warning("metadata revision %d: the storage is still busy with earlier log deletions or creations; "
-                        "applying the partitions' states now, the logs once it is done", image.revision)
         if doomed and disk_free:
             for key in doomed:
                 partition = self.partitions.pop(key, None)
@@ -268,7 +265,9 @@ class ReplicaManager:
                 log.error("metadata revision %d: log deletions or creations still running after %.0f s (a stalled "
                           "disk?); applying the partitions' states without them", image.revision, DISK_STEP_TIMEOUT_S)
                 self._disk_work.add_done_callback(lambda _task: self.closing or self.publish(self.image))
-        elif doomed:
+        elif doomed or missing:
+            log.warning("metadata revision %d: the storage is still busy with earlier log deletions or creations; "
+                        "applying the partitions' states now, the logs once it is done", image.revision)
             # Their deletion waits for the storage: until then they serve nothing, and step 3 leaves them
             # alone (a topic created again under the same name must not take the old log).
             for key in doomed:
