@@ -36,6 +36,7 @@ from copyless.client.cluster import COORDINATOR_ERRORS, Cluster
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
 from copyless.client.errors import KafkaError
 from copyless.client.group import GroupCoordinator
+from copyless.client.security import resolve as resolve_security
 
 __all__ = ["Admin", "TopicDescription", "PartitionDescription", "ConfigEntry", "ClusterDescription",
            "GroupDescription", "GroupMember", "GroupOffset", "EARLIEST", "LATEST"]
@@ -117,7 +118,8 @@ class GroupDescription:
 
 
 class Admin:
-    """Args: bootstrap_servers, client_id, request_timeout_ms. Use as ``async with Admin(...) as admin``."""
+    """Args: bootstrap_servers, client_id, request_timeout_ms, and security (or the Producer's security
+    options). Use as ``async with Admin(...) as admin``."""
 
     def __init__(
         self,
@@ -125,8 +127,11 @@ class Admin:
         *,
         client_id: str = "copyless-admin",
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        security=None,
+        **security_options,
     ) -> None:
-        self._cluster = Cluster(bootstrap_servers, client_id=client_id, request_timeout_ms=request_timeout_ms)
+        self._cluster = Cluster(bootstrap_servers, client_id=client_id, request_timeout_ms=request_timeout_ms,
+                                security=resolve_security(security, security_options))
         self.request_timeout_ms = request_timeout_ms
 
     async def start(self) -> None:

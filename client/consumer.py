@@ -23,6 +23,7 @@ from copyless.client.errors import ClientError
 from copyless.client.fetcher import Fetcher, OffsetOutOfRangeError, RecordTooLargeError
 from copyless.client.group import GroupCoordinator, GroupMembership
 from copyless.client.protocol.fetch_records import ConsumerRecord
+from copyless.client.security import resolve as resolve_security
 
 __all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "OffsetOutOfRangeError", "RecordTooLargeError"]
 
@@ -42,6 +43,9 @@ class Consumer:
         partition_assignment_strategy: names from ("range", "roundrobin"), preferred first.
         check_crcs: verify each batch's CRC-32C.
         isolation_level: "read_uncommitted" or "read_committed".
+        security, or security_protocol / sasl_mechanism / sasl_plain_username / sasl_plain_password /
+            ssl_cafile / ssl_certfile / ssl_keyfile / ssl_password / ssl_check_hostname / ssl_context: TLS and
+            SASL (``client.security``).
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class Consumer:
         isolation_level: str = "read_uncommitted",
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         retry_backoff_ms: int = 100,
+        security=None,
+        **security_options,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
@@ -88,6 +94,7 @@ class Consumer:
             client_id=client_id,
             request_timeout_ms=max(request_timeout_ms, fetch_max_wait_ms + 5000),
             retry_backoff_ms=retry_backoff_ms,
+            security=resolve_security(security, security_options),
         )
         self._fetcher = Fetcher(
             self._cluster,

@@ -271,6 +271,7 @@ class ScramServer:
         self._first_bare = ""
         self._server_first = ""
         self._nonce = ""
+        self._client_nonce = ""
         self._gs2_header = ""
 
     def first(self, client_first: bytes) -> bytes:
@@ -301,6 +302,7 @@ class ScramServer:
         self._credential = self._lookup(username)
         self._gs2_header = f"{flag},{authzid},"
         self._first_bare = bare
+        self._client_nonce = values["r"]
         self._nonce = values["r"] + self._server_nonce
         credential = self._credential
         self._server_first = (f"r={self._nonce},s={base64.b64encode(credential.salt).decode()},"
@@ -316,7 +318,11 @@ class ScramServer:
             raise ScramError("the proof must be the last attribute")
         if _b64decode(values["c"], "channel binding") != self._gs2_header.encode("utf-8"):
             raise ScramError("channel binding does not repeat the gs2 header")
-        if values["r"] != self._nonce:
+        # librdkafka before 2.1 repeats its own nonce in front of the server's combined one (it sends
+        # cnonce + cnonce + snonce); Kafka accepts any client nonce that ends with the server-first's. Only
+        # that one form is accepted besides the RFC's, and the proof covers the message as sent either way.
+        nonce = values["r"]
+        if nonce != self._nonce and nonce != self._client_nonce + self._nonce:
             raise ScramError("nonce does not match")
         without_proof = text[:text.rindex(",p=")]
         auth_message = f"{self._first_bare},{self._server_first},{without_proof}".encode("utf-8")
