@@ -202,9 +202,20 @@ class Consumer:
 
     async def wait_for_assignment(self, timeout_ms: int = 60_000) -> set[TopicPartition]:
         """Wait until the group has given this member an assignment (possibly empty)."""
-        ready = self._membership.assignment_ready if self._membership is not None else self._assignment_ready
+        membership = self._membership
+        ready = membership.assignment_ready if membership is not None else self._assignment_ready
         async with asyncio.timeout(timeout_ms / 1000):
-            await ready.wait()
+            if membership is None:
+                await ready.wait()
+            else:
+                waits = [asyncio.ensure_future(ready.wait()), asyncio.ensure_future(membership.failed.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for wait in waits:
+                        wait.cancel()
+                if membership.fatal_error is not None:
+                    raise membership.fatal_error
         return self.assignment()
 
     def seek(self, partition, offset: int) -> None:
@@ -250,6 +261,8 @@ class Consumer:
             if fetcher.errors:
                 raise fetcher.errors.popleft()
             if self._membership is not None:
+                if self._membership.fatal_error is not None:
+                    raise self._membership.fatal_error
                 self._membership.ensure_joining()
             records = fetcher.take_records(max_records)
             if records:
@@ -261,6 +274,9 @@ class Consumer:
             if remaining <= 0:
                 self._maybe_auto_commit()
                 return {}
+            if self._membership is not None and self._membership.generation < 0:
+                # Not in the group yet: wake up as well if joining fails for good.
+                remaining = min(remaining, 0.1)
             await fetcher.wait_for_data(remaining)
 
     async def getone(self) -> ConsumerRecord:
