@@ -6,8 +6,8 @@
 # DIR/ca.pem and DIR/ca.key: the CA (made once; reused when present, so certificates made later still
 # chain to it). For each NAME: DIR/NAME.pem (the private key and the certificate: what the broker's
 # ssl.keystore.location reads), DIR/NAME-cert.pem and DIR/NAME-key.pem (the same two apart: what clients'
-# ssl.certificate.location / ssl.key.location read). The certificate's subject is CN=NAME,OU=copyless and
-# its subject alternative names are DNS:NAME plus the SANs given (DNS:host or IP:address; a bare value is
+# ssl.certificate.location / ssl.key.location read). The certificate's subject reads CN=NAME,OU=copyless in
+# RFC 2253 form (what ssl.principal.mapping.rules match against), and its subject alternative names are DNS:NAME plus the SANs given (DNS:host or IP:address; a bare value is
 # a DNS name), so it serves as a broker's and as a client's (mTLS) certificate. Keys are EC P-256, valid
 # 825 days; the private keys are written 0600.
 set -euo pipefail
@@ -32,7 +32,7 @@ for spec in "$@"; do
         done
     fi
     openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -sha256 \
-        -subj "/CN=$name/OU=copyless" -keyout "$dir/$name-key.pem" -out "$dir/$name.csr" 2>/dev/null
+        -subj "/OU=copyless/CN=$name" -keyout "$dir/$name-key.pem" -out "$dir/$name.csr" 2>/dev/null
     printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' "$sans" \
         >"$dir/$name.ext"
     openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial -sha256 \

@@ -279,8 +279,8 @@ class SecuritySettings:
             entry = _BY_NAME.get(base)
             if entry is None or (match and entry.scope != "listener"):
                 raise SettingsError(f"unknown setting {key!r}")
-            if match and match.group(1).upper() not in {n.upper() for n in listener_names}:
-                raise SettingsError(f"{key}: there is no listener named {match.group(1).upper()}")
+            # An override of a listener that is not configured is ignored, as Kafka does: the file may be
+            # shared by brokers whose listeners the command line names.
             if entry.validator is not None:
                 try:
                     entry.validator(value)
