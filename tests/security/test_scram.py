@@ -173,3 +173,27 @@ def test_server_first_on_structured_garbage(parts):
         server.first(",".join(parts).encode())
     except ScramError:
         pass
+
+
+def test_librdkafka_repeated_client_nonce_is_accepted_and_nothing_else():
+    """librdkafka before 2.1 sends r=<cnonce><cnonce><snonce> in client-final (Kafka accepts a nonce that
+    ends with the server's): that one form passes, other prefixes do not, and the proof still decides."""
+    import hmac as hmac_module
+
+    credential = credential_from_password("SCRAM-SHA-512", "pw", b"saltsaltsaltsalt", 4096)
+    salted = hashlib.pbkdf2_hmac("sha512", b"pw", b"saltsaltsaltsalt", 4096)
+
+    def attempt(prefix: bytes):
+        server = ScramServer("SCRAM-SHA-512", lambda user: credential, "SNONCE")
+        server_first = server.first(b"n,,n=u,r=CNONCE")
+        without_proof = b"c=biws,r=" + prefix + b"CNONCESNONCE"
+        auth_message = b"n=u,r=CNONCE," + server_first + b"," + without_proof
+        client_key = hmac_module.new(salted, b"Client Key", "sha512").digest()
+        signature = hmac_module.new(hashlib.sha512(client_key).digest(), auth_message, "sha512").digest()
+        proof = bytes(a ^ b for a, b in zip(client_key, signature))
+        return server.final(without_proof + b",p=" + base64.b64encode(proof))
+
+    assert attempt(b"").startswith(b"v=")
+    assert attempt(b"CNONCE").startswith(b"v=")
+    with pytest.raises(ScramError, match="nonce"):
+        attempt(b"XX")
