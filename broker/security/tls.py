@@ -38,6 +38,7 @@ import errno
 import logging
 import socket
 import ssl
+import struct
 from dataclasses import dataclass
 
 from copyless.broker.security.settings import ListenerSecurity, SettingsError
@@ -89,13 +90,19 @@ def kernel_tls_available() -> KtlsStatus:
                 sock.close()
 
 
+# struct tls_crypto_info: version (u16), cipher_type (u16). The kernel answers getsockopt(SOL_TLS, TLS_TX)
+# with exactly this header when asked for exactly its size (any other length but the full crypto_info of
+# the cipher in use is EINVAL), and EBUSY while no TX keys are installed.
+_TLS_CRYPTO_INFO = struct.Struct("=HH")
+
+
 def ktls_engaged(sock: socket.socket) -> bool:
     """Whether the kernel encrypts this socket's writes (OpenSSL installed TX keys after the handshake)."""
     try:
-        sock.getsockopt(SOL_TLS, TLS_TX, 64)
-        return True
-    except OSError:
+        _version, cipher_type = _TLS_CRYPTO_INFO.unpack(sock.getsockopt(SOL_TLS, TLS_TX, _TLS_CRYPTO_INFO.size))
+    except (OSError, struct.error):
         return False
+    return cipher_type != 0
 
 
 def iana_to_openssl(name: str) -> str:
