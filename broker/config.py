@@ -1,8 +1,10 @@
 """Broker configuration: the one registry of settings (``CONFIGS``) and the frozen ``BrokerConfig`` it resolves to.
 
 ``CONFIGS`` is the only table of settings: each entry's names (Kafka's, with their synonyms), type, default,
-validator, documentation, scope (broker, topic, or a topic config with a broker default) and whether it
-changes at run time. Everything else is derived from it: ``load_toml`` (``copyless serve --config``), the
+validator, documentation, scope (broker, topic, or a topic config with a broker default), whether it
+changes at run time and whether it is sensitive. The security settings are defined with the code that reads
+them (``broker.security.settings.SECURITY_CONFIGS``) and added to it, as Kafka's ConfigDef takes SslConfigs'
+keys. Everything else is derived from it: ``load_toml`` (``copyless serve --config``), the
 topic overrides CreateTopics and the AlterConfigs APIs check (``broker.topics``), DescribeConfigs
 (``broker.config_sources``), ``copyless serve --help`` and ``copyless configs``. Adding a setting is one
 ``define`` call below (and a field of ``BrokerConfig`` when the broker reads it); the machinery is
@@ -43,6 +45,7 @@ from copyless.broker.config_def import (
     Synonym,
 )
 from copyless.broker.config_def import ConfigType as T
+from copyless.broker.security.settings import SECURITY_CONFIGS, SecuritySettings, SettingsError, is_security_key
 
 __all__ = ["BrokerConfig", "CONFIGS", "ConfigError", "parse_host_port", "parse_listener", "parse_listener_list",
            "load_toml", "NOT_SETTINGS"]
@@ -134,6 +137,8 @@ class BrokerConfig:
     # None: the mode's default (1 single node, 50 in a cluster; see ``offsets_partitions``).
     offsets_topic_num_partitions: int | None = None
     offsets_topic_replication_factor: int = 3
+    # TLS, SASL and ACL settings by Kafka's names, as given, resolved per listener (broker.security.settings).
+    security: SecuritySettings = SecuritySettings()
 
     @property
     def advertised_host(self) -> str:
@@ -220,12 +225,16 @@ class BrokerConfig:
                 raise ConfigError(f"advertised listener {name} has no listener of that name (listeners: {names})")
         if self.inter_broker_listener is not None and self.inter_broker_listener not in names:
             raise ConfigError(f"inter.broker.listener.name {self.inter_broker_listener} is not a listener ({names})")
+        try:
+            self.security.validate(names)
+        except SettingsError as exc:
+            raise ConfigError(str(exc)) from None
 
 
-# BrokerConfig fields that are not settings of their own: set through ``listen`` / ``advertise``, by a flag
-# only (--check-loop-blocking), or fixed.
-NOT_SETTINGS = frozenset({"listen_host", "listen_port", "advertise_host", "advertise_port", "check_loop_blocking",
-                          "producer_id_block_size"})
+# BrokerConfig fields that are not settings of their own: set through ``listen`` / ``advertise``, by the
+# security settings (``security``), by a flag only (--check-loop-blocking), or fixed.
+NOT_SETTINGS = frozenset({"listen_host", "listen_port", "advertise_host", "advertise_port", "security",
+                          "check_loop_blocking", "producer_id_block_size"})
 
 
 def parse_host_port(text: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -488,6 +497,11 @@ _define("offsets.topic.replication.factor", T.SHORT, "Replicas of __consumer_off
         "brokers there are).", field="offsets_topic_replication_factor", validator=AtLeast(1))
 
 
+# Security: TLS, SASL and ACLs (their entries live with the code that reads them, broker/security/settings.py).
+for _key in SECURITY_CONFIGS:
+    CONFIGS.add(_key)
+
+
 # --- the TOML file --------------------------------------------------------------------------------------------------
 
 
@@ -534,9 +548,13 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
     chosen: dict = {}
+    security: dict = {}
     for name, raw in table.items():
         if isinstance(raw, dict):
             raise _unquoted_hint(name, raw, path)
+        if is_security_key(name):  # a security setting, or one's listener.name.<listener>. override
+            security[name] = raw
+            continue
         key = CONFIGS.broker_key(name)
         if key is None:
             raise CONFIGS.unknown(name, str(path))
@@ -549,6 +567,10 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
             changes.update(key.fields(key.value_of(raw, name)))
         except ConfigError as exc:
             raise ConfigError(f"{exc} (in {path})") from None
+    if security:
+        # Kept as given: broker.security.settings resolves them per listener, and validate() checks them.
+        changes["security"] = SecuritySettings.from_mapping({**dict(base.security.values), **security},
+                                                            base.security.add_scram)
     config = dataclasses.replace(base, **changes).with_first_advertised()
     config.validate()
     return config

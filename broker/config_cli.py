@@ -5,7 +5,7 @@ reference lists them: names, type, default, valid values, whether it changes at 
 
 ``WORD`` keeps the settings whose names contain it. Offline: reads the registry, talks to no broker. With
 ``--json``, one array of objects ``{"name", "broker_name", "scope", "type", "default", "valid", "dynamic",
-"sensitive", "synonyms", "documentation"}``.
+"sensitive", "per_listener", "synonyms", "documentation"}`` (a sensitive setting's default is null).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def describe(key: ConfigKey) -> dict:
         "valid": key.describe_validator() or None,
         "dynamic": key.dynamic,
         "sensitive": key.is_sensitive,
+        "per_listener": key.per_listener,
         "synonyms": [synonym.name for synonym in key.synonyms],
         "documentation": key.doc,
     }
@@ -76,4 +77,6 @@ def run_configs(args) -> int:
         print(f"    {key.doc}")
         if key.synonyms:
             print("    also: " + ", ".join(s.name + (f" (x{s.scale:,})" if s.scale != 1 else "") for s in key.synonyms))
+        if key.per_listener:
+            print(f"    for one listener: listener.name.<listener>.{key.name}")
     return 0

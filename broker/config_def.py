@@ -235,7 +235,8 @@ class ConfigKey:
     TOML value or text -> field value, raising ValueError. ``apply``: the further BrokerConfig fields a value
     sets (``listen`` sets host and port). ``text``: field value -> Kafka text, for those. ``read``: the value
     to describe, from a BrokerConfig, where it is not simply the field's (a field left at None for the mode's
-    default, single node or cluster; a setting made of two fields).
+    default, single node or cluster; a setting made of two fields; the security settings). ``per_listener``:
+    Kafka's ``listener.name.<listener>.<name>`` may also set it for one listener.
     """
 
     name: str
@@ -255,6 +256,7 @@ class ConfigKey:
     apply: Callable[[Any], dict] | None = None
     text: Callable[[Any], str | None] | None = None
     read: Callable[[Any], Any] | None = None
+    per_listener: bool = False
 
     # --- names ---
 
@@ -369,7 +371,14 @@ class ConfigDef:
             if options.get("field") is None or self._defaults is None:
                 raise ValueError(f"{name}: a default, or a field of the defaults object, is required")
             options["default"] = getattr(self._defaults, options["field"])
-        key = ConfigKey(name, config_type, doc, **options)
+        return self.add(ConfigKey(name, config_type, doc, **options))
+
+    def add(self, key: ConfigKey) -> ConfigDef:
+        """Add a setting defined elsewhere (an area's own list of keys, as Kafka's SslConfigs). Raises
+        ValueError as ``define``."""
+        if key.default is NO_DEFAULT:
+            raise ValueError(f"{key.name}: a default is required")
+        name = key.name
         names = []
         if key.is_topic:
             names.append(("topic", name))

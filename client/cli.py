@@ -32,6 +32,7 @@ from copyless.client.cli_common import (
     EXIT_INTERRUPTED,
     Progress,
     add_common,
+    client_security,
     count_arg,
     parse_time_ms,
     print_summary,
@@ -96,9 +97,10 @@ def add_parsers(subparsers) -> None:
                               "%%s value, %%h headers, %%K key bytes, %%S value bytes, \\n, \\t")
     consume.set_defaults(func=run_consume, command_name="copyless consume")
 
-    from copyless.client import admin_cli
+    from copyless.client import admin_cli, security_cli
 
     admin_cli.add_parsers(subparsers)
+    security_cli.add_parsers(subparsers)
 
 
 # --- produce ------------------------------------------------------------------------------------------------
@@ -185,6 +187,7 @@ async def _produce(args) -> int:
         compression_type=args.compression,
         linger_ms=args.linger_ms,
         enable_idempotence=False if (args.no_idempotence or args.acks not in ("all", "-1")) else None,
+        security=client_security(args),
     )
     await producer.start()
     records = 0
@@ -407,6 +410,7 @@ async def _consume(args) -> int:
         group_id=args.group,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         client_id="copyless-cli",
+        security=client_security(args),
     )
     await consumer.start()
     out = sys.stdout.buffer

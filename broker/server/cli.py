@@ -7,6 +7,8 @@
     copyless serve --node-id N --metadata etcd://HOST:PORT[,HOST:PORT...][/ROOT]
                    [--listener NAME=HOST:PORT ...] [--advertise NAME=HOST:PORT ...]
                    [--inter-broker-listener NAME] [--cluster-id ID]
+    security (TLS, SASL, ACLs: Kafka's settings in the TOML file, see ``broker.security.settings``):
+                   [--add-scram 'SCRAM-SHA-512=[name=admin,password=...]']
 
 Flags override the TOML file, which overrides the defaults; every flag's help comes from the registry of
 settings (``broker.config.CONFIGS``), as does ``copyless configs``. The first line on
@@ -57,6 +59,10 @@ def add_parsers(subparsers) -> None:
     parser.add_argument("--inter-broker-listener", metavar="NAME", help=_help("inter.broker.listener.name"))
     parser.add_argument("--metadata", metavar="etcd://HOST:PORT[,...][/ROOT]", help=_help("metadata"))
     parser.add_argument("--cluster-id", metavar="ID", help=_help("cluster.id"))
+    parser.add_argument("--add-scram", metavar="MECHANISM=[name=USER,password=PASSWORD]", action="append",
+                        help=_help("add.scram", "Create this SCRAM credential at start-up unless the user has one for "
+                                   "the mechanism (kafka-storage format --add-scram syntax; repeatable): the first "
+                                   "admin"))
     parser.add_argument("--metrics-listen", metavar="HOST:PORT", help=_help("metrics.listen"))
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="A TOML file of settings with Kafka's names (`copyless configs` lists them)")
@@ -116,6 +122,9 @@ def config_from_args(args) -> BrokerConfig:
         changes["node_id"] = args.node_id
     if args.check_loop_blocking:
         changes["check_loop_blocking"] = True
+    if args.add_scram:
+        changes["security"] = dataclasses.replace(config.security,
+                                                  add_scram=config.security.add_scram + tuple(args.add_scram))
     config = dataclasses.replace(config, **changes).with_first_advertised()
     config.validate()
     return config

@@ -209,7 +209,8 @@ def test_copyless_configs_lists_every_setting():
     retention = next(item for item in listed if item["name"] == "retention.ms")
     assert retention == {"name": "retention.ms", "broker_name": "log.retention.ms", "scope": "topic, broker default",
                          "type": "LONG", "default": "604800000", "valid": "[-1,...]", "dynamic": True,
-                         "sensitive": False, "synonyms": ["log.retention.minutes", "log.retention.hours"],
+                         "sensitive": False, "per_listener": False,
+                         "synonyms": ["log.retention.minutes", "log.retention.hours"],
                          "documentation": CONFIGS["retention.ms"].doc}
     text = subprocess.run([COPYLESS, "configs", "segment"], capture_output=True, text=True, timeout=60).stdout
     assert "segment.bytes (broker: log.segment.bytes)" in text and "valid [14,...]" in text
