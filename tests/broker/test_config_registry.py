@@ -228,3 +228,20 @@ def test_serve_help_comes_from_the_registry():
                        ("--data-dir", "log.dirs"), ("--node-id", "node.id"), ("--metadata", "metadata")):
         key = CONFIGS[name]
         assert key.doc.rstrip(".") in helps[flag] and f"({key.broker_config_name}" in helps[flag], flag
+
+
+def test_the_security_settings_are_entries_of_the_registry():
+    from copyless.broker.security.settings import SECURITY_CONFIGS, SecuritySettings
+
+    assert all(CONFIGS.broker_key(key.name) is key for key in SECURITY_CONFIGS)
+    static = BrokerConfig(security=SecuritySettings.from_mapping({"ssl.key.password": "k3y", "super.users": "User:a"}))
+    entries = {e.name: e for e in config_sources.describe_broker(static, 0, {})}
+    secret = entries["ssl.key.password"]
+    assert secret.sensitive and secret.value is None and all(value is None for _n, value, _s in secret.synonyms)
+    assert (entries["super.users"].value, entries["super.users"].source) == ("User:a",
+                                                                            config_sources.STATIC_BROKER_CONFIG)
+    assert entries["sasl.enabled.mechanisms"].value == "SCRAM-SHA-256,SCRAM-SHA-512"
+    with pytest.raises(config_sources.InvalidConfig, match="ssl.client.auth"):
+        config_sources.check_broker_configs({"ssl.client.auth": "required"})  # static: read at start-up
+    listed = subprocess.run([COPYLESS, "configs", "ssl.client"], capture_output=True, text=True, timeout=60).stdout
+    assert "for one listener: listener.name.<listener>.ssl.client.auth" in listed
