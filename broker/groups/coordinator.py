@@ -714,24 +714,26 @@ class GroupCoordinator:
             return LeaveResult(ErrorCode.none, tuple((m, i, ErrorCode.unknown_member_id) for m, i in members))
         results = []
         removed = False
-        for member_id, group_instance_id in members:
+        for requested_id, group_instance_id in members:
+            # Each answer echoes the member id as requested (Kafka ``memberLeaveError``).
+            member_id = requested_id
             if group_instance_id is not None and not member_id:
                 # Admin removal by instance id (KIP-345 ``removeMembersFromConsumerGroup``).
                 member_id = group.static_members.get(group_instance_id, "")
             if member_id in group.pending_members:
                 del group.pending_members[member_id]
-                results.append((member_id, group_instance_id, ErrorCode.none))
+                results.append((requested_id, group_instance_id, ErrorCode.none))
                 continue
             fenced = self._fencing_error(group, member_id, group_instance_id)
             member = group.members.get(member_id)
             if fenced is not None:
-                results.append((member_id, group_instance_id, fenced))
+                results.append((requested_id, group_instance_id, fenced))
             elif member is None:
-                results.append((member_id, group_instance_id, ErrorCode.unknown_member_id))
+                results.append((requested_id, group_instance_id, ErrorCode.unknown_member_id))
             else:
                 self._remove_member(group, member, now_ms)
                 removed = True
-                results.append((member_id, group_instance_id, ErrorCode.none))
+                results.append((requested_id, group_instance_id, ErrorCode.none))
         if removed:
             self._after_member_removed(group, now_ms)
         elif group.state is GroupState.PREPARING_REBALANCE:
