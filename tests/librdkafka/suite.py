@@ -177,6 +177,12 @@ def run_test(tests_dir: Path, number: str, *, brokers: str, workdir: Path, kafka
         seconds = time.monotonic() - started
         outcomes = [Outcome(f"{number}_(runner)", FAILED, seconds, f"timed out after {timeout_s:.0f} s", scenario)]
     elif not outcomes and process.returncode != 0:
-        outcomes = [Outcome(f"{number}_(runner)", FAILED, time.monotonic() - started,
-                            f"runner exited {process.returncode} without a summary", scenario)]
+        # The runner aborted (a failure in librdkafka's own threads, or client threads left behind after
+        # one) before its summary: the tests that reported a failure failed.
+        seconds = time.monotonic() - started
+        outcomes = [Outcome(name, FAILED, seconds, f"{message} (runner exited {process.returncode})", scenario)
+                    for name, message in failure_messages(output).items() if name.startswith(number + "_")]
+        if not outcomes:
+            outcomes = [Outcome(f"{number}_(runner)", FAILED, seconds,
+                                f"runner exited {process.returncode} without a summary", scenario)]
     return outcomes, output

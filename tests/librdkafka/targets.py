@@ -39,6 +39,10 @@ COPYLESS_KAFKA_PATH = HERE / "kafka_path"
 # librdkafka's scenarios: 4 partitions per auto-created topic, replication factor 3 where there are 3 nodes.
 NUM_PARTITIONS = 4
 CLUSTER_REPLICATION_FACTOR = 3
+# librdkafka's harness (trivup) leaves Kafka's default join window for new groups, 3 s, and its group tests
+# rely on it: 0102 starts two consumers and expects both in the first generation. copyless's single node
+# defaults to 0 (as Kafka's quickstart), so every target sets Kafka's default.
+INITIAL_REBALANCE_DELAY_MS = 3000
 TARGETS = ("single", "cluster", "kafka")
 ANCHOR_ENV = "COPYLESS_KAFKA_ANCHOR"
 DEFAULT_ANCHOR = Path("/work/shared/anchors/kafka")
@@ -71,7 +75,8 @@ def _copyless_args(auto_create: bool) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def copyless_single(workdir: Path, scenario: str) -> Iterator[Target]:
-    broker = BrokerProcess(data_dir=workdir / "data", log_path=workdir / "broker.log", config=dict(TEST_BROKER_CONFIG),
+    config = {**TEST_BROKER_CONFIG, "group.initial.rebalance.delay.ms": INITIAL_REBALANCE_DELAY_MS}
+    broker = BrokerProcess(data_dir=workdir / "data", log_path=workdir / "broker.log", config=config,
                            extra_args=_copyless_args(scenario != "noautocreate"))
     broker.start()
     try:
@@ -88,7 +93,8 @@ def copyless_cluster(workdir: Path, scenario: str) -> Iterator[Target]:
     from tests.support.etcd import EtcdProcess
 
     etcd = EtcdProcess(workdir / "etcd").start()
-    cluster = Cluster(workdir, etcd, 3, config={"default.replication.factor": CLUSTER_REPLICATION_FACTOR},
+    cluster = Cluster(workdir, etcd, 3, config={"default.replication.factor": CLUSTER_REPLICATION_FACTOR,
+                                                "group.initial.rebalance.delay.ms": INITIAL_REBALANCE_DELAY_MS},
                       extra_args=_copyless_args(scenario != "noautocreate"))
     try:
         cluster.start()
@@ -140,7 +146,7 @@ def kafka_single(workdir: Path, scenario: str) -> Iterator[Target]:
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT", f"log.dirs={data / 'log'}",
         f"num.partitions={NUM_PARTITIONS}", f"auto.create.topics.enable={str(scenario != 'noautocreate').lower()}",
         "offsets.topic.replication.factor=1", "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0", ""]))
+        "transaction.state.log.min.isr=1", f"group.initial.rebalance.delay.ms={INITIAL_REBALANCE_DELAY_MS}", ""]))
     classpath = f"{anchor}/libs/*"
     subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", uuid.uuid4().hex[:22],
                     "-c", str(properties)], check=True, capture_output=True)
