@@ -1,0 +1,115 @@
+"""librdkafka's own integration tests against copyless: a fixed subset, each test number alone.
+
+The whole suite takes about 17 minutes against one node on this machine (``python -m tests.librdkafka.run
+--target single`` runs it and prints the table); the suite's CI budget for it is about 8, so this module runs
+``SINGLE_NODE`` against one ``copyless serve --num-partitions 4`` and ``CLUSTER`` against three nodes on etcd,
+chosen to cover what librdkafka exercises (produce in every codec and message format, consume, seek,
+offsets, groups with static members, admin, idempotence) and the gaps closed for it (0052, 0081, 0102,
+0118), and leaving out the long ones whose subject is covered elsewhere.
+
+A test expected to pass (not in ``expected.toml``) that fails fails here: a regression. A test listed there as
+failing that passes is reported as a warning (the list is stale: remove its entry). A listed test that fails
+as expected is an xfail with the listed reason. The runner's output for a failed test is in the test's
+failure message (its failure lines) and in the pytest tmp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import pytest
+
+from tests.librdkafka import build, expectations
+from tests.librdkafka.suite import DEFAULT_SCENARIO, FAILED, PASSED, Outcome, run_test, scenarios
+from tests.librdkafka.targets import STARTERS
+
+pytestmark = pytest.mark.timeout(900)
+
+# Test numbers run against one node (about 5 minutes here): every test of the suite that takes under 20 s on
+# a single node, 0052 (old message formats, 21 s) and 0081 (admin, 34 s), less those that only fail for a
+# missing feature (transactions, ACLs, compaction: their entries in expected.toml say which) or need three
+# brokers.
+SINGLE_NODE = (
+    "0001", "0002", "0003", "0005", "0007", "0008", "0011", "0012", "0013", "0014", "0015", "0016", "0017",
+    "0019", "0020", "0021", "0022", "0029", "0030", "0031", "0034", "0035", "0036", "0038", "0039", "0040",
+    "0041", "0042", "0044", "0048", "0050", "0051", "0052", "0053", "0054", "0056", "0057", "0059", "0060",
+    "0063", "0064", "0065", "0067", "0069", "0070", "0073", "0081", "0082", "0083", "0084", "0085", "0086",
+    "0089", "0090", "0092", "0099", "0102", "0110", "0112", "0114", "0118", "0125", "0130", "0132", "0137",
+)
+# Against the 3-node cluster (about 2 minutes): groups (static members, commits during a rebalance),
+# replication factor 3 (the single node cannot run these), idempotence, admin.
+CLUSTER = ("0001", "0030", "0090", "0101", "0102", "0107", "0111", "0118")
+
+
+def _params(target: str, numbers: tuple[str, ...]):
+    return [pytest.param(target, number, id=f"{target}-{number}") for number in numbers]
+
+
+@pytest.fixture(scope="module")
+def tests_dir():
+    try:
+        return build.ensure_built()
+    except build.BuildUnavailable as exc:
+        pytest.skip(f"librdkafka's test runner cannot be built here: {exc}")
+
+
+class Targets:
+    """One running target per (target, scenario), started on first use and kept for the module."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.stack = contextlib.ExitStack()
+        self.running = {}
+
+    def get(self, name: str, scenario: str):
+        key = (name, scenario)
+        target = self.running.get(key)
+        if target is not None and not target.alive():
+            self.running.pop(key)
+            target = None
+        if target is None:
+            if name == "cluster":
+                from tests.support.etcd import require_etcd
+
+                require_etcd()
+            target = self.stack.enter_context(STARTERS[name](self.workdir / f"{name}-{scenario}", scenario))
+            self.running[key] = target
+        return target
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    running = Targets(tmp_path_factory.mktemp("rdkafka"))
+    yield running
+    running.stack.close()
+
+
+def _scenarios_of(tests_dir, number: str) -> list[str]:
+    named = {s for name, names in scenarios(tests_dir).items() if name.startswith(number + "_") for s in names}
+    return [DEFAULT_SCENARIO] + sorted(named - {DEFAULT_SCENARIO, "ak23"})
+
+
+@pytest.mark.parametrize("target_name,number", _params("single", SINGLE_NODE) + _params("cluster", CLUSTER))
+def test_librdkafka(tests_dir, targets, target_name, number):
+    expected = expectations.load()
+    outcomes: list[Outcome] = []
+    for scenario in _scenarios_of(tests_dir, number):
+        target = targets.get(target_name, scenario)
+        results, output = run_test(tests_dir, number, brokers=target.bootstrap,
+                                   workdir=targets.workdir / f"{target_name}-{scenario}-runs",
+                                   kafka_path=target.kafka_path, scenario=scenario, extra_env=target.extra_env)
+        if not target.alive():
+            pytest.fail(f"the broker died during librdkafka test {number}:\n{target.log_tail()}", pytrace=False)
+        outcomes += results
+    assert outcomes, f"librdkafka test {number} ran nothing against a broker"
+    comparison = expectations.compare(outcomes, target_name, expected)
+    if comparison.regressions or comparison.mismatches:
+        pytest.fail(comparison.describe(expected), pytrace=False)
+    for outcome in comparison.unexpected_passes:
+        warnings.warn(f"librdkafka {outcome.name} passed against {target_name} but expected.toml lists it as "
+                      f"failing ({expected[outcome.name].reason}): remove its entry")
+    failed = [o for o in comparison.as_expected if o.state == FAILED]
+    if failed:
+        pytest.xfail("; ".join(f"{o.name}: {expected[o.name].reason}" for o in failed))
+    assert all(o.state in (PASSED, "SKIPPED") for o in comparison.as_expected)
