@@ -11,7 +11,12 @@ Owns the ``Partition`` objects (one per hosted (topic, partition)), and applying
    fetcher manager is told), or none.
 
 Images are applied one at a time, in revision order, by one task; a newer image that arrives while one is
-being applied replaces any image still queued (applying the newest covers the older ones). Deleting a log
+being applied replaces any image still queued (applying the newest covers the older ones). An image whose
+application failed is not counted applied: it is tried again (unless a newer one replaced it), and
+``wait_applied`` keeps waiting. The disk work of steps 1 and 2 is waited for ``DISK_STEP_TIMEOUT_S`` at
+most: past that (a stalled disk) the states of step 3 are applied anyway, later images skip the disk work
+while it runs, and the latest image is applied again once it ends, so a stalled disk never stops a broker
+from learning that it no longer leads. Deleting a log
 happens only on the word of a complete image (a backend publishes no other kind), so a broker never deletes
 data because its own view is stale.
 
@@ -41,6 +46,11 @@ __all__ = ["ReplicaManager", "PARTITION_METADATA_FILE", "read_topic_id"]
 log = logging.getLogger("copyless.replicas")
 
 PARTITION_METADATA_FILE = "partition.metadata"
+# How long applying an image waits for its log deletions and creations (worker threads) before it applies
+# the partitions' states anyway: a stalled disk must not stop leadership and ISR changes from taking effect.
+DISK_STEP_TIMEOUT_S = 5.0
+# After an image failed to apply, the next attempt (the same image, unless a newer one came meanwhile).
+APPLY_RETRY_S = 0.5
 
 
 def read_topic_id(directory: Path) -> uuid.UUID | None:
@@ -80,6 +90,7 @@ class ReplicaManager:
         self._lease_valid = lease_valid
         self._pending: ClusterImage | None = None
         self._applying: asyncio.Task | None = None
+        self._disk_work: asyncio.Future | None = None  # apply()'s log deletions and creations
         self._revision_waiters: list[tuple[int, asyncio.Future]] = []
         self._topic_ids: dict[tuple[str, int], uuid.UUID | None] = {}
         # Called with (partition, changed) whenever a hosted partition becomes or stays a follower, and with
@@ -187,7 +198,14 @@ class ReplicaManager:
             try:
                 await self.apply(image)
             except Exception:
-                log.exception("applying metadata revision %d failed; the next image retries", image.revision)
+                # Not applied: waiters keep waiting, and the image is tried again unless a newer one (which
+                # covers it) arrived meanwhile.
+                log.exception("applying metadata revision %d failed; retrying in %.1f s", image.revision,
+                              APPLY_RETRY_S)
+                if self._pending is None:
+                    self._pending = image
+                await asyncio.sleep(APPLY_RETRY_S)
+                continue
             self.applied_revision = max(self.applied_revision, image.revision)
             waiters, self._revision_waiters = self._revision_waiters, []
             for revision, future in waiters:
@@ -216,7 +234,8 @@ class ReplicaManager:
             local_id = self._topic_ids.get(key)
             if info is None or (local_id is not None and local_id != info.topic_id):
                 doomed.append(key)
-        if doomed:
+        disk_free = self._disk_work is None or self._disk_work.done()
+        if doomed and disk_free:
             for key in doomed:
                 partition = self.partitions.pop(key, None)
                 if partition is not None:
@@ -230,18 +249,38 @@ class ReplicaManager:
                 log.info("deleting the local log of %s-%d (%s)", key[0], key[1],
                          "topic deleted" if key[0] not in image.topics else
                          "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
-            await asyncio.to_thread(self._delete_logs_blocking, doomed)
         # 2. Creations.
         missing: dict[str, list[int]] = {}
         for (topic, partition), info in wanted.items():
             if self.broker.log_manager.get_log(topic, partition) is None or self._topic_ids.get((topic, partition)) is None:
                 missing.setdefault(topic, []).append(partition)
-        for topic, partitions in missing.items():
+        if disk_free and (doomed or missing):
+            # Worker threads, waited for a bounded time (a stalled disk must not hold the states of step 3);
+            # when they finish late, the latest image is applied again for what they left to do.
+            self._disk_work = asyncio.ensure_future(self._disk_steps(image, doomed, missing))
             try:
-                await asyncio.to_thread(self.create_logs_blocking, image.topics[topic], partitions)
-            except Exception:
-                log.exception("cannot create the logs of %s %s; they are retried with the next image", topic, partitions)
-        # 3. States.
+                async with asyncio.timeout(DISK_STEP_TIMEOUT_S):
+                    await asyncio.shield(self._disk_work)
+            except TimeoutError:
+                log.error("metadata revision %d: log deletions or creations still running after %.0f s (a stalled "
+                          "disk?); applying the partitions' states without them", image.revision, DISK_STEP_TIMEOUT_S)
+                self._disk_work.add_done_callback(lambda _task: self.closing or self.publish(self.image))
+        elif doomed or missing:
+            log.warning("metadata revision %d: the storage is still busy with earlier log deletions or creations; "
+                        "applying the partitions' states now, the logs once it is done", image.revision)
+            # Their deletion waits for the storage: until then they serve nothing, and step 3 leaves them
+            # alone (a topic created again under the same name must not take the old log).
+            for key in doomed:
+                partition = self.partitions.get(key)
+                wanted.pop(key, None)
+                if partition is not None and partition.role is not Role.NONE:
+                    was_leader = partition.role is Role.LEADER
+                    partition.make_offline()
+                    if was_leader:
+                        self._notify_leadership(partition, False)
+                    self.on_follower(partition, None)
+        # 3. States. One partition that cannot take its settings (a topic config etcd holds but this broker
+        # refuses) must not keep the others from theirs: it is logged and skipped.
         for key, info in wanted.items():
             partition_log = self.broker.log_manager.get_log(*key)
             if partition_log is None:
@@ -252,11 +291,24 @@ class ReplicaManager:
                                       producers=self.broker.producers, notifier=self.broker.appends,
                                       lease_valid=self._lease_valid)
                 self.partitions[key] = partition
-            self._configure(partition, info)
+            try:
+                self._configure(partition, info)
+            except Exception:
+                log.exception("%s-%d: its topic's settings do not apply; it keeps the previous ones", *key)
             state = image.partition_state(*key)
             if state is None:
                 continue
             self._apply_state(partition, state)
+
+    async def _disk_steps(self, image: ClusterImage, doomed: list, missing: dict[str, list[int]]) -> None:
+        """Steps 1 and 2's work on disk (worker threads)."""
+        if doomed:
+            await asyncio.to_thread(self._delete_logs_blocking, doomed)
+        for topic, partitions in missing.items():
+            try:
+                await asyncio.to_thread(self.create_logs_blocking, image.topics[topic], partitions)
+            except Exception:
+                log.exception("cannot create the logs of %s %s; they are retried with the next image", topic, partitions)
 
     def _configure(self, partition: Partition, info: TopicInfo) -> None:
         config = self.broker.config
@@ -315,19 +367,24 @@ class ReplicaManager:
 
     # --- the ISR (leader side) ------------------------------------------------------------------------------------
 
-    def after_follower_fetch(self, partition: Partition, replica_id: int) -> None:
-        """Follower ``replica_id`` fetched: if it caught up, propose adding it to the ISR.
+    def after_follower_fetch(self, partition: Partition, replica_id: int, replica_epoch: int = -1) -> None:
+        """Follower ``replica_id`` fetched, naming its broker epoch ``replica_epoch``: if it caught up,
+        propose adding it to the ISR, admitted under that epoch (KIP-903: the entry names the process that
+        has the records, ``broker.cluster.incarnation``). A fetch whose epoch is not the follower's
+        registration in this broker's image (a process gone since, or an image not caught up yet) is no
+        ground for admission.
 
         Only a registered broker is eligible (Kafka's KIP-903 check): the controller removes unregistered
         brokers from every ISR, so a follower cut off etcd alone, whose lease ran out while it still fetched,
         was added back by its leaders on each fetch and removed again by the controller, about 220 etcd
         writes a second over five partitions in the Jepsen test. It rejoins on its first fetch once it has
         registered again."""
-        if replica_id not in self.image.brokers:
+        registered = self.image.brokers.get(replica_id)
+        if registered is None or (self.broker.config.clustered and registered.epoch != replica_epoch):
             return
         proposed = partition.isr_expansion(replica_id)
         if proposed is not None:
-            self._change_isr(partition, proposed, "caught up")
+            self._change_isr(partition, proposed, "caught up", {replica_id: replica_epoch})
 
     def check_isr(self) -> None:
         """Shrink the ISR of every partition led here by the followers that fell behind (periodic)."""
@@ -336,7 +393,8 @@ class ReplicaManager:
             if proposed is not None:
                 self._change_isr(partition, proposed, "fell behind")
 
-    def _change_isr(self, partition: Partition, proposed: tuple[int, ...], reason: str) -> None:
+    def _change_isr(self, partition: Partition, proposed: tuple[int, ...], reason: str,
+                    joining_epochs: dict[int, int] | None = None) -> None:
         if not self._lease_valid():
             return
         state = PartitionState(partition.leader_id, partition.leader_epoch, partition.isr, partition.replicas,
@@ -344,12 +402,14 @@ class ReplicaManager:
         partition.begin_isr_change(proposed)
         log.info("%s-%d: proposing ISR %s -> %s (%s)", partition.topic, partition.partition, list(partition.isr),
                  list(proposed), reason)
-        asyncio.get_running_loop().create_task(self._write_isr(partition, state, proposed))
+        asyncio.get_running_loop().create_task(self._write_isr(partition, state, proposed, joining_epochs))
 
-    async def _write_isr(self, partition: Partition, state: PartitionState, proposed: tuple[int, ...]) -> None:
+    async def _write_isr(self, partition: Partition, state: PartitionState, proposed: tuple[int, ...],
+                         joining_epochs: dict[int, int] | None = None) -> None:
         new_state = None
         try:
-            new_state = await self.broker.metadata.alter_isr(partition.topic, partition.partition, state, proposed)
+            new_state = await self.broker.metadata.alter_isr(partition.topic, partition.partition, state, proposed,
+                                                             joining_epochs)
         except Exception as exc:
             log.warning("%s-%d: ISR change not written: %s", partition.topic, partition.partition, exc)
         if new_state is None:

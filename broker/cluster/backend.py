@@ -36,7 +36,7 @@ from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError, check_new_topic_name, parse_topic_configs
 
 __all__ = ["MetadataBackend", "NewTopic", "plan_topic", "plan_partitions", "MAX_PARTITIONS",
-           "inter_broker_client_id", "is_inter_broker"]
+           "inter_broker_client_id", "is_inter_broker", "replica_client_id", "replica_epoch_of"]
 
 MAX_PARTITIONS = 100_000
 # Brokers name their connections to each other so; the controller accepts an internal topic's creation
@@ -50,6 +50,23 @@ def inter_broker_client_id(node_id: int) -> str:
 
 def is_inter_broker(client_id: str | None) -> bool:
     return bool(client_id) and client_id.startswith(_INTER_BROKER_PREFIX)
+
+
+# A follower's fetches name its broker epoch in the client id (Fetch v11 has no field for it; KIP-903's
+# ReplicaState.ReplicaEpoch came with v15): the leader admits it to an ISR under that epoch only.
+_REPLICA_PREFIX = "copyless-replica-"
+
+
+def replica_client_id(node_id: int, broker_epoch: int) -> str:
+    return f"{_REPLICA_PREFIX}{node_id}@{broker_epoch}"
+
+
+def replica_epoch_of(client_id: str | None) -> int:
+    """The broker epoch a follower's fetch names (``replica_client_id``), or -1."""
+    if not client_id or not client_id.startswith(_REPLICA_PREFIX):
+        return -1
+    _node, _, epoch = client_id[len(_REPLICA_PREFIX):].partition("@")
+    return int(epoch) if epoch.isdigit() else -1
 
 
 @dataclass(frozen=True)
@@ -215,10 +232,11 @@ class MetadataBackend(abc.ABC):
         """Delete a topic. Raises TopicError (UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION...)."""
 
     @abc.abstractmethod
-    async def alter_isr(self, topic: str, partition: int, state: PartitionState,
-                        isr: tuple[int, ...]) -> PartitionState | None:
-        """Record ``isr`` if the stored state is still ``state`` (same version). Returns the new state, or
-        None when refused (the state moved on: the next image carries it)."""
+    async def alter_isr(self, topic: str, partition: int, state: PartitionState, isr: tuple[int, ...],
+                        joining_epochs: Mapping[int, int] | None = None) -> PartitionState | None:
+        """Record ``isr`` if the stored state is still ``state`` (same version); a member joining it is
+        admitted under its broker epoch in ``joining_epochs``. Returns the new state, or None when refused
+        (the state moved on: the next image carries it)."""
 
     @abc.abstractmethod
     async def allocate_producer_id(self) -> int:

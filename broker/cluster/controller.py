@@ -10,6 +10,15 @@ a broker that sees no controller key runs
 Exactly one candidate's transaction succeeds (etcd serialises them; the loser's comparisons fail). The
 winner's fencing token is the revision of that transaction, the controller-epoch key's mod_revision.
 
+An election whose answer was lost. The transaction may commit while its answer never arrives (the call's
+deadline passed: etcd was slow, the connection dropped). The candidate then does not know it won, yet the
+key names it, on its live lease, and no other broker stands while the key is there: nothing would act as
+controller until that lease ended. So the backend takes office from its image instead: when the watched
+controller key names this broker on its current lease and the controller-epoch key was written by the same
+transaction (equal mod_revisions), the election was this broker's, and that revision is its token
+(``take_office``). A candidate that is no longer sure of its lease does not take office; its key goes with
+the lease, and the brokers stand again.
+
 Safety: every write a controller makes carries ``mod_revision(controller_epoch) == token`` among its
 comparisons. A controller whose lease expired lost its controller key with it; the next controller bumped
 the controller epoch in its election, so the old controller's token no longer matches and etcd refuses its
@@ -22,9 +31,19 @@ Duties (each a pure computation over the latest image, then conditional writes):
 
 - failover: a partition whose leader is not a live broker, or is a broker registered after the state was
   written (a restarted process: the state names its predecessor), gets a new leader by Kafka's clean rule
-  (``placement.elect_leader``) and a new leader epoch; with no live ISR member it gets no leader (-1) and
-  keeps its ISR, so the first of its members to come back leads and nothing acknowledged is lost (unless
+  (``placement.elect_leader``) among the ISR members whose entries hold (below) and a new leader epoch;
+  with none it gets no leader (-1) and keeps its ISR as recorded, epochs and all, so the first of its
+  members to come back with its data leads and nothing acknowledged is lost (unless
   ``unclean.leader.election.enable``);
+- ISR entries are tied to broker incarnations (KIP-903/966, ``broker.cluster.incarnation``): each names the
+  broker epoch its member was admitted under. An entry holds while the member's live registration has that
+  epoch, or vouches for it (``previous_epoch``: a clean restart, or one in the same boot); then the
+  controller carries it to the new epoch. A member whose entry does not hold (dead, or restarted without
+  its data: a power loss, a wiped disk; also one that re-registered within one watch batch, which the
+  epoch shows although the watch never saw it gone) leaves the ISR of every partition with a leader, and
+  is never elected on it: it rejoins by catching up from the leader, whose ISR expansion names the epoch
+  the follower fetched with. So an elected leader is always a process that holds every record its entry
+  promised;
 - a dead broker leaves the ISR of every partition it follows (same leader epoch), so acks=all writes stop
   waiting for it at once instead of after ``replica.lag.time.max.ms``;
 - a partition without a state key (a topic whose creation was split over several transactions and
@@ -42,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from kio.schema.errors import ErrorCode
 
@@ -50,6 +69,7 @@ from copyless.broker.cluster import etcd_client as etcd
 from copyless.broker.cluster.backend import NewTopic, plan_partitions, plan_topic
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
 from copyless.broker.cluster.keys import encode_state, encode_topic
+from copyless.broker.cluster.incarnation import holding_members
 from copyless.broker.cluster.placement import elect_leader, preferred_leader
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError
@@ -64,22 +84,41 @@ MAX_TXN_OPS = 100
 
 
 def next_state(state: PartitionState | None, replicas: tuple[int, ...], live: dict, *,
-               unclean: bool = False) -> PartitionState | None:
-    """The state a partition should move to given the ``live`` brokers (id -> BrokerInfo), or None when it
-    is fine as it is. Pure (the module docstring's failover and ISR rules)."""
+               unclean: bool = False, isr_epochs: Mapping[int, int] | None = None
+               ) -> tuple[PartitionState, dict[int, int]] | None:
+    """The state a partition should move to given the ``live`` brokers (id -> BrokerInfo), with the broker
+    epoch of each ISR member, or None when it is fine as it is. ``isr_epochs``: the epochs its current ISR
+    entries were admitted under. Pure (the module docstring's failover and ISR rules)."""
+    epochs = dict(isr_epochs or {})
     if state is None:
         leader, isr = elect_leader(replicas, replicas, live, unclean=unclean)
-        return PartitionState(leader, 0, isr if leader >= 0 else tuple(replicas), replicas)
+        if leader < 0:
+            return PartitionState(leader, 0, tuple(replicas), replicas), {}
+        return PartitionState(leader, 0, isr, replicas), {member: live[member].epoch for member in isr}
+    # The members whose entries hold for their live registration (``broker.cluster.incarnation``): a member
+    # that restarted without vouching for its data is out, even if it re-registered before anyone saw it go.
+    holding = holding_members(state.isr, epochs, live)
     leader_broker = live.get(state.leader)
-    if leader_broker is None or state.version < leader_broker.epoch:
-        leader, isr = elect_leader(replicas, state.isr, live, unclean=unclean)
-        if leader < 0 and state.leader < 0:
-            return None
-        return PartitionState(leader, state.leader_epoch + 1, isr, replicas)
-    live_isr = tuple(replica for replica in state.isr if replica in live)
-    if live_isr != state.isr:
-        return PartitionState(state.leader, state.leader_epoch, live_isr, replicas)
+    if leader_broker is None or state.version < leader_broker.epoch or state.leader not in holding:
+        leader, isr = elect_leader(replicas, holding, live, unclean=unclean)
+        if leader < 0:
+            if state.leader < 0:
+                return None
+            # No member can lead: the ISR stays as recorded, epochs and all, for one of them to come back
+            # with its data.
+            return PartitionState(leader, state.leader_epoch + 1, state.isr, replicas), epochs
+        return (PartitionState(leader, state.leader_epoch + 1, isr, replicas),
+                {member: live[member].epoch for member in isr})
+    current = {member: live[member].epoch for member in holding}
+    if holding != state.isr or any(epochs.get(member) != epoch for member, epoch in current.items()):
+        # Dead members leave; restarted ones that vouched for their data are carried to their new epoch.
+        return PartitionState(state.leader, state.leader_epoch, holding, replicas), current
     return None
+
+
+def _live_epochs(replicas, brokers: Mapping) -> dict[int, int]:
+    """A new partition's ISR entries: each replica at its current registration (all are live when planned)."""
+    return {replica: brokers[replica].epoch for replica in replicas if replica in brokers}
 
 
 class Controller:
@@ -126,16 +165,27 @@ class Controller:
         )
         if not result.succeeded:
             return False
-        self.active, self.epoch, self.token = True, seen_value + 1, result.revision
+        self.take_office(seen_value + 1, result.revision, "won the election")
+        return True
+
+    def take_office(self, epoch: int, token: int, how: str) -> None:
+        """Act as the controller of ``epoch``, fenced by ``token`` (the controller-epoch key's mod_revision
+        written by this broker's election). Called by ``campaign`` on its answer, and by the backend when its
+        image shows the key naming this broker on its lease although no answer came (module docstring,
+        "An election whose answer was lost"). Idempotent: both may happen for one election."""
+        if self.active and self.token == token:
+            return
+        if self.active:
+            self.resign(f"a newer election (token {token}) names this broker")
+        self.active, self.epoch, self.token = True, epoch, token
         self.stats["elections_won"] += 1
-        log.info("node %d is the controller (controller epoch %d, token revision %d)", self.node_id, self.epoch,
-                 self.token)
+        log.info("node %d is the controller (controller epoch %d, token revision %d): %s", self.node_id,
+                 self.epoch, self.token, how)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="copyless-controller")
         if self.metadata.broker.config.auto_leader_rebalance:
             self._rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(),
                                                                           name="copyless-leader-rebalance")
         self._wake.set()
-        return True
 
     def resign(self, reason: str) -> None:
         if not self.active:
@@ -193,17 +243,17 @@ class Controller:
                 self.resign("the controller epoch moved on (another broker was elected)")
         return result
 
-    async def _write_states(self, changes: list[tuple[str, int, PartitionState | None, PartitionState]]) -> int:
-        """Write (topic, partition, old state or None, new state) in chunks, each conditional on the old
-        versions. Returns the revision of the last successful chunk (0 if none)."""
+    async def _write_states(self, changes: list[tuple[str, int, PartitionState | None, PartitionState, Mapping]]) -> int:
+        """Write (topic, partition, old state or None, new state, its ISR members' broker epochs) in chunks,
+        each conditional on the old versions. Returns the revision of the last successful chunk (0 if none)."""
         layout = self.layout
         revision = 0
         for start in range(0, len(changes), MAX_TXN_OPS):
             chunk = changes[start:start + MAX_TXN_OPS]
             compares = [etcd.modified(layout.partition(topic, index), old.version if old is not None else 0)
-                        for topic, index, old, _new in chunk]
-            operations = [etcd.put(layout.partition(topic, index), encode_state(new, self.epoch))
-                          for topic, index, _old, new in chunk]
+                        for topic, index, old, _new, _epochs in chunk]
+            operations = [etcd.put(layout.partition(topic, index), encode_state(new, self.epoch, epochs))
+                          for topic, index, _old, new, epochs in chunk]
             result = await self._write(compares, operations)
             if not self.active:
                 break
@@ -222,10 +272,12 @@ class Controller:
                 "unclean.leader.election.enable" not in topic.configs and self.metadata.broker.config.unclean_leader_election)
             for index, replicas in enumerate(topic.assignment):
                 state = image.partition_state(topic.name, index)
-                new = next_state(state, replicas, live, unclean=unclean)
-                if new is None:
+                decided = next_state(state, replicas, live, unclean=unclean,
+                                     isr_epochs=image.isr_epochs.get((topic.name, index)))
+                if decided is None:
                     continue
-                changes.append((topic.name, index, state, new))
+                new, epochs = decided
+                changes.append((topic.name, index, state, new, epochs))
                 if state is None or new.leader != state.leader or new.leader_epoch != state.leader_epoch:
                     self.stats["leader_elections"] += 1
                     log.info("%s-%d: leader %s -> %d at epoch %d, ISR %s (live brokers %s)", topic.name, index,
@@ -233,8 +285,8 @@ class Controller:
                              list(new.isr), sorted(live))
                 else:
                     self.stats["isr_removals"] += 1
-                    log.info("%s-%d: ISR %s -> %s (brokers gone)", topic.name, index, list(state.isr),
-                             list(new.isr))
+                    log.info("%s-%d: ISR %s -> %s at broker epochs %s (brokers gone or restarted)", topic.name,
+                             index, list(state.isr), list(new.isr), [epochs.get(b, 0) for b in new.isr])
         if changes:
             await self._write_states(changes)
 
@@ -255,7 +307,8 @@ class Controller:
             for index, replicas in enumerate(info.assignment):
                 leader = replicas[0]  # every replica is a live broker: the first leads
                 states.append(etcd.put(layout.partition(info.name, index),
-                                       encode_state(PartitionState(leader, 0, replicas, replicas), self.epoch)))
+                                       encode_state(PartitionState(leader, 0, replicas, replicas), self.epoch,
+                                                    _live_epochs(replicas, image.brokers))))
             first = states[:MAX_TXN_OPS - 1]
             result = await self._write([etcd.created(layout.topic(info.name), 0)],
                                        [etcd.put(layout.topic(info.name), encode_topic(info)), *first])
@@ -295,7 +348,8 @@ class Controller:
             added = range(current.partitions, count)
             states = [etcd.put(layout.partition(name, index),
                                encode_state(PartitionState(info.assignment[index][0], 0, info.assignment[index],
-                                                           info.assignment[index]), self.epoch))
+                                                           info.assignment[index]), self.epoch,
+                                            _live_epochs(info.assignment[index], image.brokers)))
                       for index in added]
             first = states[:MAX_TXN_OPS - 1]
             compares = [etcd.value_is(layout.topic(name), encode_topic(current)),
@@ -353,22 +407,24 @@ class Controller:
                 if state is None:
                     outcome[(topic, index)] = ErrorCode.unknown_topic_or_partition
                     continue
-                preferred = preferred_leader(state.replicas, state.isr, live)
+                epochs = image.isr_epochs.get((topic, index), {})
+                preferred = preferred_leader(state.replicas, holding_members(state.isr, epochs, live), live)
                 if preferred is None:
                     outcome[(topic, index)] = ErrorCode.preferred_leader_not_available
                 elif preferred == state.leader:
                     outcome[(topic, index)] = ErrorCode.election_not_needed
                 else:
                     changes.append((topic, index, state,
-                                    PartitionState(preferred, state.leader_epoch + 1, state.isr, state.replicas)))
+                                    PartitionState(preferred, state.leader_epoch + 1, state.isr, state.replicas),
+                                    epochs))
                     outcome[(topic, index)] = ErrorCode.none
             if changes:
-                for topic, index, state, new in changes:
+                for topic, index, state, new, _epochs in changes:
                     log.info("%s-%d: preferred leader %d takes over from %d at epoch %d", topic, index, new.leader,
                              state.leader, new.leader_epoch)
                 revision = await self._write_states(changes)
                 if revision == 0:
-                    for topic, index, _state, _new in changes:
+                    for topic, index, _state, _new, _epochs in changes:
                         outcome[(topic, index)] = ErrorCode.not_controller if not self.active else ErrorCode.unknown_server_error
             return outcome
 

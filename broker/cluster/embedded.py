@@ -246,8 +246,8 @@ class EmbeddedMetadata(MetadataBackend):
             done.set_result(None)
         log.info("deleted topic %s (%d partition(s))", name, topic.partitions)
 
-    async def alter_isr(self, topic: str, partition: int, state: PartitionState,
-                        isr: tuple[int, ...]) -> PartitionState | None:
+    async def alter_isr(self, topic: str, partition: int, state: PartitionState, isr: tuple[int, ...],
+                        joining_epochs=None) -> PartitionState | None:
         return None  # one replica: the ISR never changes
 
     async def create_partitions(self, name: str, count: int, assignments: Sequence[Sequence[int]] | None = None,

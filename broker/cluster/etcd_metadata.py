@@ -11,10 +11,14 @@ already there means another process holds this node id: if it carries this data 
 is this broker's own previous process (the data dir's lock proves that process is gone), and its lease is
 revoked so its partitions move at once; otherwise the key is waited for for one lease time (a crashed
 process's lease expires), and if it is still there the broker refuses to start: two live brokers with one
-id would be two leaders for the same partitions.
+id would be two leaders for the same partitions. The registration names ``previous_epoch``, the epoch whose
+data this process holds in full (a clean shutdown, a restart in the same boot, or this process's own
+earlier registration; else -1), and each registration is recorded in the data dir: ISR entries of an
+earlier epoch hold only for a broker that vouches for it (``broker.cluster.incarnation``).
 
 The lease. ``lease_valid()`` is true only until ``granted TTL`` after the last keepalive that etcd
-answered, counted from when that keepalive was sent: etcd cannot expire the lease earlier than that, so a
+answered, counted from when that keepalive was sent, on CLOCK_BOOTTIME (``lease_clock``: a suspended
+machine's monotonic clock stops, etcd's does not): etcd cannot expire the lease earlier than that, so a
 broker that stops acting as leader at that instant never overlaps with a successor the controller elects
 after the expiry. Cut off from etcd, a broker thus keeps serving what it leads until its lease would have
 expired, then refuses (NOT_LEADER_OR_FOLLOWER, and Metadata no longer names it leader). If the lease turns
@@ -26,6 +30,11 @@ manager; its revision only grows, so this broker never reports an older leader e
 restarts the watch resumes from the last revision seen + 1; if etcd compacted that revision away, the
 broker reloads everything at a new revision. Neither ever deletes data: only an image that lacks a topic
 (or has it under another topic id) makes the replica manager delete its logs.
+
+Standing for controller: whenever the image shows no controller and the lease is valid. An election's
+transaction can commit while its answer is lost; the image then names this broker on its own lease, and it
+takes office from there (``broker.cluster.controller``, "An election whose answer was lost"), so a lost
+answer never leaves the cluster without a controller.
 
 Requests that change the cluster (create / delete topics, add partitions, preferred elections) are carried
 out by the controller; on another broker they are forwarded to it over its inter-broker listener (Kafka's
@@ -60,6 +69,7 @@ from copyless.broker.cluster.keys import (
     Layout,
     decode_broker,
     decode_image,
+    decode_isr_epochs,
     encode_broker,
     encode_state,
     encode_topic,
@@ -77,6 +87,13 @@ PRODUCER_ID_BLOCK = 1000
 # How long a CreateTopics / DeleteTopics answer waits for this broker's image to show the change.
 PROPAGATION_TIMEOUT_S = 10.0
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+
+def lease_clock() -> float:
+    """Seconds on CLOCK_BOOTTIME, the clock lease deadlines run on: unlike CLOCK_MONOTONIC it keeps counting
+    while the machine is suspended, as etcd's clock does, so a broker that wakes from a suspend longer than
+    its lease knows the lease may be gone instead of acting on it for the rest of its TTL."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 
@@ -124,9 +141,13 @@ class EtcdMetadata(MetadataBackend):
         self.lease_id = 0
         self.broker_epoch = 0
         self.directory_id = ""
+        # The epoch whose data this process holds in full, named in its next registration (incarnation.py).
+        self._previous_epoch = -1
+        self._boot_id = ""
         self._lease_deadline = 0.0
         self._registered = False
         self._kvs: dict[bytes, etcd.KeyValue] = {}
+        self._isr_written: dict[bytes, etcd.KeyValue] = {}  # this broker's last ISR write per partition key
         self._revision = 0
         self._tasks: list[asyncio.Task] = []
         self._waiters: list[tuple[Callable[[ClusterImage], bool], asyncio.Future]] = []
@@ -147,7 +168,7 @@ class EtcdMetadata(MetadataBackend):
         return self.controller.active
 
     def lease_valid(self) -> bool:
-        return self._registered and time.monotonic() < self._lease_deadline
+        return self._registered and lease_clock() < self._lease_deadline
 
     # --- start-up ----------------------------------------------------------------------------------------------
 
@@ -221,11 +242,25 @@ class EtcdMetadata(MetadataBackend):
             properties["directory.id"] = directory_id
             write_atomically(path, "".join(f"{k}={v}\n" for k, v in properties.items()).encode())
         self.directory_id = directory_id
+        from copyless.broker.cluster import incarnation
+
+        self._boot_id = incarnation.boot_id()
+        record = incarnation.read_record(self.broker.data_dir)
+        storage = getattr(self.broker.log_manager, "startup_stats", {}) or {}
+        self._previous_epoch = incarnation.previous_epoch(record, clean_shutdown=bool(storage.get("clean")),
+                                                          current_boot_id=self._boot_id)
+        if record is not None:
+            log.info("previous incarnation: broker epoch %d; %s", record.broker_epoch,
+                     "its data is all here (a clean shutdown or the same boot): its ISR entries carry over"
+                     if self._previous_epoch > 0 else
+                     "its data may be incomplete (no clean shutdown, another boot): it rejoins ISRs by "
+                     "catching up")
 
     async def _register(self) -> None:
         """Register this broker under a new lease (module docstring, "Registration")."""
         key = self.layout.broker(self.node_id)
-        value = encode_broker(self.broker.advertised_listeners(), self.directory_id)
+        value = encode_broker(self.broker.advertised_listeners(), self.directory_id,
+                              previous_epoch=self._previous_epoch)
         waited_from = None
         while True:
             existing, _ = await self.client.get(key)
@@ -244,7 +279,7 @@ class EtcdMetadata(MetadataBackend):
                         f"id would both act for the same partitions")
                 await asyncio.sleep(0.25)
                 continue
-            sent = time.monotonic()
+            sent = lease_clock()
             lease_id, ttl = await self.client.grant(self.ttl_s)
             result = await self.client.txn([etcd.created(key, 0)], [etcd.put(key, value, lease_id)])
             self.stats["etcd_writes"] += 2
@@ -258,23 +293,37 @@ class EtcdMetadata(MetadataBackend):
             self._lease_deadline = sent + ttl
             self._registered = True
             self.stats["registrations"] += 1
-            log.info("node %d registered: broker epoch %d, lease %x (%d s)", self.node_id, self.broker_epoch,
-                     lease_id, ttl)
+            log.info("node %d registered: broker epoch %d (continuing %d), lease %x (%d s)", self.node_id,
+                     self.broker_epoch, self._previous_epoch, lease_id, ttl)
+            # This process holds its own data in full: a later re-registration (a lost lease) continues it.
+            self._previous_epoch = self.broker_epoch
+            await self._record_incarnation()
             # The watch may have shown the controller gone while this broker had no valid lease to stand with.
             self._maybe_campaign()
             return
+
+    async def _record_incarnation(self) -> None:
+        from copyless.broker.cluster import incarnation
+
+        try:
+            await asyncio.to_thread(incarnation.write_record, self.broker.data_dir,
+                                    incarnation.Incarnation(self.broker_epoch, self._boot_id))
+        except OSError as exc:
+            # The older record stays: it names an epoch the ISRs stop using, which costs availability after
+            # a restart, never safety (incarnation.py).
+            log.warning("could not record broker epoch %d in the data dir: %s", self.broker_epoch, exc)
 
     async def _keepalive(self) -> None:
         interval_s = self.ttl_s / 3
         while not self._stopping:
             await asyncio.sleep(interval_s if self.lease_valid() else 0.1)
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 ttl = await self.client.keepalive(self.lease_id, timeout_s=interval_s)
             except etcd.EtcdUnavailable as exc:
                 if self.lease_valid():
                     log.warning("lease keepalive failed (%s); the lease holds for %.1f s more", exc,
-                                self._lease_deadline - time.monotonic())
+                                self._lease_deadline - lease_clock())
                 continue
             except Exception:
                 log.exception("lease keepalive failed")
@@ -311,6 +360,7 @@ class EtcdMetadata(MetadataBackend):
         self.image = image
         self.broker.replicas.publish(image)
         self.controller.on_image(image)
+        self._maybe_take_office()
         still = []
         for predicate, future in self._waiters:
             if future.done():
@@ -372,6 +422,23 @@ class EtcdMetadata(MetadataBackend):
             return await future
 
     # --- the controller ---------------------------------------------------------------------------------------
+
+    def _maybe_take_office(self) -> None:
+        """The image names this broker controller, but it is not acting: its election committed and the
+        answer was lost (controller module docstring). Take office when the key is on this broker's lease
+        and the controller-epoch key was written by the same transaction (its mod_revision is the token)."""
+        if self.controller.active or self.image.controller_id != self.node_id or not self.lease_valid():
+            return
+        key = self._kvs.get(self.layout.controller)
+        epoch = self._kvs.get(self.layout.controller_epoch)
+        if key is None or epoch is None or key.lease != self.lease_id or epoch.mod_revision != key.mod_revision:
+            return
+        try:
+            value = int(epoch.value)
+        except ValueError:
+            return
+        self.controller.take_office(value, epoch.mod_revision, "took office from the watched election key (the "
+                                                               "election's answer was lost)")
 
     def _maybe_campaign(self) -> None:
         if self.image.controller_id >= 0 or self._campaigning or self._stopping or not self.lease_valid():
@@ -491,27 +558,46 @@ class EtcdMetadata(MetadataBackend):
 
     # --- partitions -----------------------------------------------------------------------------------------------
 
-    async def alter_isr(self, topic: str, partition: int, state: PartitionState,
-                        isr: tuple[int, ...]) -> PartitionState | None:
+    async def alter_isr(self, topic: str, partition: int, state: PartitionState, isr: tuple[int, ...],
+                        joining_epochs: Mapping[int, int] | None = None) -> PartitionState | None:
         """A leader's ISR change (Kafka before KIP-497's AlterPartition: the leader writes the state itself),
-        conditional on the state's version and on this broker's registration being the one it had."""
+        conditional on the state's version and on this broker's registration being the one it had.
+
+        Members that stay keep the broker epoch they were admitted under; a joining member is admitted under
+        the epoch in ``joining_epochs`` (the one its fetch named, KIP-903), and without one it is refused."""
         layout = self.layout
         new = PartitionState(state.leader, state.leader_epoch, tuple(isr), state.replicas)
-        current = self._kvs.get(layout.partition(topic, partition))
-        controller_epoch = -1
-        if current is not None:
-            import json
-
-            controller_epoch = int(json.loads(current.value).get("controller_epoch", -1))
+        key = layout.partition(topic, partition)
+        # The state the change was made from: as watched, or as this broker last wrote it (its own write's
+        # event may still be on its way).
+        current = next((kv for kv in (self._kvs.get(key), self._isr_written.get(key))
+                        if kv is not None and kv.mod_revision == state.version), None)
+        if current is None:
+            # The compare below would refuse it: the image is ahead of (or behind) the state it was made from.
+            self.stats["isr_writes_refused"] += 1
+            return None
+        data = json.loads(current.value)
+        controller_epoch = int(data.get("controller_epoch", -1))
+        kept = decode_isr_epochs(current.value)
+        epochs = {}
+        for member in new.isr:
+            if member in state.isr:
+                epochs[member] = kept.get(member, 0)
+            elif joining_epochs and member in joining_epochs:
+                epochs[member] = joining_epochs[member]
+            else:
+                self.stats["isr_writes_refused"] += 1
+                return None
+        value = encode_state(new, controller_epoch, epochs)
         result = await self.client.txn(
-            [etcd.modified(layout.partition(topic, partition), state.version),
-             etcd.created(layout.broker(self.node_id), self.broker_epoch)],
-            [etcd.put(layout.partition(topic, partition), encode_state(new, controller_epoch))])
+            [etcd.modified(key, state.version), etcd.created(layout.broker(self.node_id), self.broker_epoch)],
+            [etcd.put(key, value)])
         self.stats["etcd_writes"] += 1
         self.stats["isr_writes"] += 1
         if not result.succeeded:
             self.stats["isr_writes_refused"] += 1
             return None
+        self._isr_written[key] = etcd.KeyValue(key, value, current.create_revision, result.revision)
         return PartitionState(new.leader, new.leader_epoch, new.isr, new.replicas, result.revision)
 
     async def elect_preferred_leaders(self, partitions=None) -> dict:

@@ -23,12 +23,15 @@ __all__ = ["BrokerInfo", "TopicInfo", "ClusterImage", "PartitionState"]
 @dataclass(frozen=True)
 class BrokerInfo:
     """A registered broker. ``epoch`` is its registration's version (etcd: the key's create revision), new
-    at every start, so a restarted broker is told apart from the process it replaced."""
+    at every start, so a restarted broker is told apart from the process it replaced. ``previous_epoch`` is
+    the earlier epoch whose data this broker says it still holds in full (a clean restart, or one that kept
+    the page cache), or -1: ISR entries recorded under that epoch still count (``broker.cluster.incarnation``)."""
 
     node_id: int
     endpoints: Mapping[str, tuple[str, int]]
     epoch: int = 0
     rack: str | None = None
+    previous_epoch: int = -1
 
     def endpoint(self, listener: str | None) -> tuple[str, int] | None:
         """The advertised address on ``listener`` (None: the first one)."""
@@ -63,6 +66,8 @@ class ClusterImage:
     topics: Mapping[str, TopicInfo] = field(default_factory=dict)
     partitions: Mapping[tuple[str, int], PartitionState] = field(default_factory=dict)
     broker_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # (topic, partition) -> {ISR member: the broker epoch it was admitted under (0: not known)}.
+    isr_epochs: Mapping[tuple[str, int], Mapping[int, int]] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicInfo | None:
         return self.topics.get(name)

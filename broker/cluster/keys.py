@@ -5,14 +5,19 @@ prefix per cluster::
 
     /<root>/cluster_id                          the cluster id (created once, by the first broker)
     /<root>/<cluster_id>/brokers/<id>           on the broker's lease:
-                                                {"endpoints": {"NAME": "host:port"}, "directory_id": ...}
-                                                its create_revision is the broker epoch
+                                                {"endpoints": {"NAME": "host:port"}, "directory_id": ...,
+                                                 "previous_epoch": E}
+                                                its create_revision is the broker epoch; previous_epoch the
+                                                epoch whose data this process still holds in full, or -1
+                                                (``broker.cluster.incarnation``)
     /<root>/<cluster_id>/controller             on the controller's lease: {"broker_id": N}
     /<root>/<cluster_id>/controller_epoch       the election count; its mod_revision fences every
                                                 controller write
     /<root>/<cluster_id>/topics/<name>          {"topic_id": ..., "assignment": [[1,2,3], ...], "configs": {..}}
     /<root>/<cluster_id>/partitions/<name>/<p>  {"leader": 1, "leader_epoch": 4, "isr": [1,2],
-                                                 "controller_epoch": 7}; mod_revision = partition version
+                                                 "isr_epochs": [31, 57], "controller_epoch": 7};
+                                                mod_revision = partition version; isr_epochs[i] is the
+                                                broker epoch isr[i] was admitted under (0: not known)
     /<root>/<cluster_id>/producer_id_block      the first producer id not yet reserved by any broker
     /<root>/<cluster_id>/configs/brokers/<key>  dynamic broker configs, {"name": "value"}; key "default"
                                                 for every broker, else a node id
@@ -31,7 +36,8 @@ from copyless.broker.cluster.etcd_client import KeyValue
 from copyless.broker.cluster.image import BrokerInfo, ClusterImage, TopicInfo
 from copyless.broker.partition import PartitionState
 
-__all__ = ["Layout", "decode_image", "encode_broker", "encode_topic", "encode_state", "decode_state"]
+__all__ = ["Layout", "decode_image", "encode_broker", "encode_topic", "encode_state", "decode_state",
+           "decode_isr_epochs"]
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,10 @@ def _json(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode_broker(endpoints: dict[str, tuple[str, int]], directory_id: str, rack: str | None = None) -> bytes:
+def encode_broker(endpoints: dict[str, tuple[str, int]], directory_id: str, rack: str | None = None,
+                  previous_epoch: int = -1) -> bytes:
     return _json({"endpoints": {name: f"{host}:{port}" for name, (host, port) in endpoints.items()},
-                  "directory_id": directory_id, "rack": rack})
+                  "directory_id": directory_id, "rack": rack, "previous_epoch": previous_epoch})
 
 
 def decode_broker(node_id: int, kv: KeyValue) -> tuple[BrokerInfo, str]:
@@ -94,7 +101,9 @@ def decode_broker(node_id: int, kv: KeyValue) -> tuple[BrokerInfo, str]:
     for name, address in data.get("endpoints", {}).items():
         host, _, port = str(address).rpartition(":")
         endpoints[name] = (host, int(port))
-    return BrokerInfo(node_id, endpoints, epoch=kv.create_revision, rack=data.get("rack")), str(data.get("directory_id", ""))
+    info = BrokerInfo(node_id, endpoints, epoch=kv.create_revision, rack=data.get("rack"),
+                      previous_epoch=int(data.get("previous_epoch", -1)))
+    return info, str(data.get("directory_id", ""))
 
 
 def encode_topic(topic: TopicInfo) -> bytes:
@@ -110,10 +119,24 @@ def decode_topic(name: str, value: bytes) -> TopicInfo:
                      internal=bool(data.get("internal", False)))
 
 
-def encode_state(state: PartitionState, controller_epoch: int) -> bytes:
-    """The partition's state key. The replicas live in the topic's assignment, not here."""
+def encode_state(state: PartitionState, controller_epoch: int, isr_epochs=None) -> bytes:
+    """The partition's state key. The replicas live in the topic's assignment, not here. ``isr_epochs``
+    maps ISR members to the broker epoch each was admitted under (a member left out: 0, not known)."""
+    epochs = dict(isr_epochs or {})
     return _json({"leader": state.leader, "leader_epoch": state.leader_epoch, "isr": list(state.isr),
+                  "isr_epochs": [int(epochs.get(member, 0)) for member in state.isr],
                   "controller_epoch": controller_epoch})
+
+
+def decode_isr_epochs(value: bytes) -> dict[int, int]:
+    """ISR member -> the broker epoch it was admitted under, from a state key (0 where not recorded: a state
+    written before the epochs were). Raises ValueError, KeyError, TypeError on a key that does not parse."""
+    data = json.loads(value)
+    isr = [int(b) for b in data["isr"]]
+    epochs = [int(e) for e in data.get("isr_epochs", ())]
+    if len(epochs) != len(isr):
+        epochs = [0] * len(isr)
+    return dict(zip(isr, epochs))
 
 
 def decode_state(value: bytes, replicas: tuple[int, ...], version: int) -> tuple[PartitionState, int]:
@@ -157,13 +180,16 @@ def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
         except (ValueError, KeyError, TypeError):
             continue
     partitions: dict[tuple[str, int], PartitionState] = {}
+    isr_epochs: dict[tuple[str, int], dict[int, int]] = {}
     for name, index, kv in states:
         topic = topics.get(name)
         if topic is None or not 0 <= index < topic.partitions:
             continue
         try:
             partitions[(name, index)] = decode_state(kv.value, topic.assignment[index], kv.mod_revision)[0]
+            isr_epochs[(name, index)] = decode_isr_epochs(kv.value)
         except (ValueError, KeyError, TypeError):
             continue
     return ClusterImage(revision=revision, cluster_id=layout.cluster_id, controller_id=controller_id,
-                        brokers=brokers, topics=topics, partitions=partitions, broker_configs=broker_configs)
+                        brokers=brokers, topics=topics, partitions=partitions, broker_configs=broker_configs,
+                        isr_epochs=isr_epochs)

@@ -45,6 +45,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.cluster.backend import replica_client_id
 from copyless.broker.partition import Partition, Role
 from copyless.broker.storage.errors import UnexpectedAppendOffsetError
 
@@ -273,6 +274,8 @@ class ReplicaFetcher:
             view = frame.view if hasattr(frame, "view") else memoryview(frame)
             return frame, view, decode_fetch_response(view, offset)
 
+        # The fetch names this broker's current epoch: the leader admits it to an ISR under that one only.
+        connection.client_id = replica_client_id(self.broker.node_id, self.broker.metadata.broker_epoch)
         future = connection.send(FETCH_API_KEY, [encode_kio(request)], decode, wants_lease=True, version=11)
         frame, view, (error_code, partitions) = await future
         retriable = False

@@ -199,6 +199,7 @@ class _Group:
         "new_member_added",
         "sync_deadline_ms",
         "scheduled_ms",
+        "storing_generation",
     )
 
     def __init__(self, group_id: str, now_ms: int):
@@ -220,6 +221,8 @@ class _Group:
         self.new_member_added = False
         self.sync_deadline_ms: int | None = None
         self.scheduled_ms: int | None = None  # the deadline this group has in the coordinator's heap
+        # The generation whose assignment the shell is storing (the leader synced; the members wait).
+        self.storing_generation: int | None = None
 
     def next_deadline_ms(self) -> int | None:
         """The earliest deadline of this group. O(members)."""
@@ -314,8 +317,15 @@ class GroupCoordinator:
     """
 
     def __init__(self, config: GroupConfig = GroupConfig(),
-                 member_id_factory: Callable[[str], str] = _default_member_id) -> None:
+                 member_id_factory: Callable[[str], str] = _default_member_id, *,
+                 store_assignments: bool = False, wall_clock_ms: Callable[[], int] | None = None) -> None:
         self.config = config
+        # With ``store_assignments``, a leader's SyncGroup completes the rebalance only once the shell has
+        # stored the group's assignment (``assignment_stored``); without it, at once (the pure tests' model).
+        self.store_assignments = store_assignments
+        # ``now_ms`` arguments run on a monotonic clock (deadlines); the timestamps a group keeps (persisted,
+        # compared across restarts) come from this wall clock when given, else from ``now_ms``.
+        self._wall_clock_ms = wall_clock_ms
         self._groups: dict[str, _Group] = {}
         self._completions: list[tuple[Hashable, JoinResult | SyncResult]] = []
         self._changed: dict[str, None] = {}  # groups to persist (ordered set)
@@ -427,7 +437,7 @@ class GroupCoordinator:
             if member_id:
                 # Kafka: a member id can only come from this coordinator; the group is gone.
                 return JoinResult(ErrorCode.unknown_member_id, member_id)
-            group = self._groups[group_id] = _Group(group_id, now_ms)
+            group = self._groups[group_id] = _Group(group_id, self._stamp(now_ms))
         if not group.supports(protocol_type, protocols):
             return JoinResult(ErrorCode.inconsistent_group_protocol, member_id)
 
@@ -582,7 +592,7 @@ class GroupCoordinator:
             delay_ms = group.rebalance_timeout_ms()
             group.initial_join = False
         group.join_deadline_ms = now_ms + delay_ms
-        group.transition(GroupState.PREPARING_REBALANCE, now_ms)
+        group.transition(GroupState.PREPARING_REBALANCE, self._stamp(now_ms))
         if not group.initial_join:
             self._maybe_complete_join(group, now_ms)
 
@@ -611,13 +621,14 @@ class GroupCoordinator:
             # The protocol type stays: it tells offset expiry this group used group management.
             group.protocol_name = None
             group.leader_id = None
-            group.transition(GroupState.EMPTY, now_ms)
+            group.transition(GroupState.EMPTY, self._stamp(now_ms))
             self._changed[group.group_id] = None
             return
         group.protocol_name = group.select_protocol()
         if group.leader_id not in group.members:
             group.leader_id = next(iter(group.members))
-        group.transition(GroupState.COMPLETING_REBALANCE, now_ms)
+        group.storing_generation = None
+        group.transition(GroupState.COMPLETING_REBALANCE, self._stamp(now_ms))
         for member in group.members.values():
             waiter, member.join_waiter = member.join_waiter, None
             member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
@@ -658,20 +669,57 @@ class GroupCoordinator:
         if member.sync_waiter is not None and member.sync_waiter != waiter:
             self._completions.append((member.sync_waiter, SyncResult(ErrorCode.rebalance_in_progress)))
         member.sync_waiter = waiter
-        if member_id == group.leader_id:
+        if member_id == group.leader_id and group.storing_generation != group.generation_id:
             given = {}
             for target, assignment in assignments:
                 given[str(target)] = bytes(assignment)
             for m in group.members.values():
                 # Members the leader left out get an empty assignment (Kafka does the same).
                 m.assignment = given.get(m.member_id, b"")
-            group.transition(GroupState.STABLE, now_ms)
             self._changed[group.group_id] = None
-            for m in group.members.values():
-                if m.sync_waiter is not None:
-                    self._completions.append((m.sync_waiter, self._sync_result(group, m)))
-                    m.sync_waiter = None
+            if self.store_assignments:
+                # Kafka's ``doSyncGroup``: the group stays CompletingRebalance, and every member's SyncGroup
+                # waits, until the assignment is stored; a coordinator that cannot store it (cut off, deposed)
+                # never hands it out, so a successor that loads the group never lacks an assignment members
+                # act on.
+                group.storing_generation = group.generation_id
+                return None
+            self._complete_sync(group, now_ms)
         return None
+
+    def _complete_sync(self, group: _Group, now_ms: int) -> None:
+        group.transition(GroupState.STABLE, self._stamp(now_ms))
+        for m in group.members.values():
+            if m.sync_waiter is not None:
+                self._completions.append((m.sync_waiter, self._sync_result(group, m)))
+                m.sync_waiter = None
+
+    @_reschedules
+    def assignment_stored(self, now_ms: int, *, group_id: str, generation_id: int,
+                          error: ErrorCode = ErrorCode.none) -> None:
+        """The shell's answer for the assignment of ``generation_id`` (``store_assignments``): stored (the
+        group becomes Stable and every parked SyncGroup gets its assignment), or not (``error``: every
+        parked SyncGroup gets it, and the group rebalances, as Kafka's ``resetAndPropagateAssignmentError``).
+        An answer for a generation the group has left behind is ignored."""
+        group = self._groups.get(group_id)
+        if group is None or group.storing_generation != generation_id or group.generation_id != generation_id \
+                or group.state is not GroupState.COMPLETING_REBALANCE:
+            return
+        group.storing_generation = None
+        if error == ErrorCode.none:
+            self._complete_sync(group, now_ms)
+            return
+        for m in group.members.values():
+            m.assignment = b""
+            if m.sync_waiter is not None:
+                self._completions.append((m.sync_waiter, SyncResult(error)))
+                m.sync_waiter = None
+        self._prepare_rebalance(group, now_ms)
+
+    def storing(self, group_id: str) -> int | None:
+        """The generation whose assignment awaits ``assignment_stored``, if any."""
+        group = self._groups.get(group_id)
+        return group.storing_generation if group is not None else None
 
     def _sync_result(self, group: _Group, member: _Member) -> SyncResult:
         return SyncResult(ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name)
@@ -755,7 +803,7 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         if group is None:
             if generation_id < 0:
-                self._groups[group_id] = _Group(group_id, now_ms)
+                self._groups[group_id] = _Group(group_id, self._stamp(now_ms))
                 return ErrorCode.none
             return ErrorCode.illegal_generation
         if generation_id < 0 and not member_id and group.state is GroupState.EMPTY:
@@ -827,7 +875,7 @@ class GroupCoordinator:
         group.protocol_name = snapshot.protocol_name
         if snapshot.members and snapshot.protocol_name:
             group.leader_id = snapshot.leader_id
-            group.transition(GroupState.STABLE, now_ms)
+            group.transition(GroupState.STABLE, self._stamp(now_ms))
             for s in snapshot.members:
                 protocols = s.protocols or ((snapshot.protocol_name, s.metadata),)
                 member = _Member(s.member_id, s.group_instance_id, s.client_id, s.client_host,
@@ -844,6 +892,9 @@ class GroupCoordinator:
         self._schedule(group)
 
     # --- internals -----------------------------------------------------------------------------------------
+
+    def _stamp(self, now_ms: int) -> int:
+        return self._wall_clock_ms() if self._wall_clock_ms is not None else now_ms
 
     def _status_error(self) -> ErrorCode | None:
         if self.status == "active":

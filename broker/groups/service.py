@@ -25,8 +25,25 @@ On a single node the topic has one partition by default and is created at start;
 created on the first FindCoordinator (Kafka's lazy creation), with ``offsets.topic.num.partitions``
 partitions and ``offsets.topic.replication.factor`` replicas, refused until that many brokers are live.
 
-Clock: wall-clock milliseconds, as Kafka's coordinator (commit timestamps and the Empty-since time are
-persisted and compared across restarts).
+Acting only while entitled to (the safety argument). Two coordinators must never both run one group: the
+old one would keep members it no longer owns heartbeating and synced while the new one hands their
+partitions to others. A coordinator is the leader of its group's offsets partition, so it acts only while
+a leader may: ``shard_for`` answers NOT_COORDINATOR (16) once this broker's metadata lease may have expired
+(``lease_valid``, counted from the last keepalive etcd answered, so it ends before etcd can expire the lease
+and let the controller elect a successor) or once the partition is no longer led here at the shard's epoch.
+A cut-off coordinator therefore stops answering JoinGroup, SyncGroup, Heartbeat and OffsetCommit before
+its successor can load the group, and its members look the coordinator up again.
+
+SyncGroup completes only once stored: the leader's assignment is appended to the group's partition and
+replicated to the ISR (acks=all, ``COMMIT_TIMEOUT_S`` at most) before any member gets it (Kafka's
+``doSyncGroup``). A new coordinator loads what the ISR holds, so no member ever acts on an assignment its
+successor does not know; an assignment that could not be stored is answered with the error (the members
+rejoin).
+
+Clocks: deadlines (join windows, rebalance and session timeouts) run on the monotonic clock, so a step of
+the wall clock neither expires every member at once nor keeps a dead one for an hour; the timestamps that
+are persisted and compared across restarts (commit times, the Empty-since time) are wall-clock
+milliseconds, as Kafka's.
 """
 
 from __future__ import annotations
@@ -65,7 +82,26 @@ OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(OFFSETS_SEGM
 
 
 def now_ms() -> int:
+    """Wall-clock milliseconds: for timestamps that are persisted (commit times, group state times)."""
     return int(time.time() * 1000)
+
+
+def monotonic_ms() -> int:
+    """Monotonic milliseconds: for the coordinators' deadlines (module docstring, "Clocks")."""
+    return int(time.monotonic() * 1000)
+
+
+# Kafka's ``GroupMetadataManager.storeGroup``: what a member's SyncGroup answers when its assignment could
+# not be stored (the client rejoins or looks the coordinator up again).
+_STORE_ERRORS = {
+    ErrorCode.unknown_topic_or_partition: ErrorCode.coordinator_not_available,
+    ErrorCode.not_enough_replicas: ErrorCode.coordinator_not_available,
+    ErrorCode.not_enough_replicas_after_append: ErrorCode.coordinator_not_available,
+    ErrorCode.request_timed_out: ErrorCode.coordinator_not_available,
+    ErrorCode.not_leader_or_follower: ErrorCode.not_coordinator,
+    ErrorCode.kafka_storage_error: ErrorCode.not_coordinator,
+    ErrorCode.fenced_leader_epoch: ErrorCode.not_coordinator,
+}
 
 
 def group_config_from(config: Any) -> GroupConfig:
@@ -173,7 +209,7 @@ class GroupService:
                 return
             if shard is not None:
                 self._unload(shard, "a new leader epoch")
-            coordinator = GroupCoordinator(self.group_config)
+            coordinator = GroupCoordinator(self.group_config, store_assignments=True, wall_clock_ms=now_ms)
             coordinator.status = "loading"
             shard = self.shards[index] = _Shard(index, partition.leader_epoch, coordinator)
             shard.load_task = asyncio.get_running_loop().create_task(self._load(shard, partition),
@@ -199,7 +235,7 @@ class GroupService:
         if not self._started or self.broker.closing:
             return None, ErrorCode.coordinator_not_available
         shard = self.shards.get(self.partition_of(group_id))
-        if shard is None:
+        if shard is None or not self._entitled(shard):
             return None, ErrorCode.not_coordinator
         status = shard.coordinator.status
         if status == "loading":
@@ -207,6 +243,14 @@ class GroupService:
         if status != "active":
             return None, ErrorCode.coordinator_not_available
         return shard, ErrorCode.none
+
+    def _entitled(self, shard: _Shard) -> bool:
+        """This broker may act for the shard's groups: it leads their partition at the shard's epoch and its
+        metadata lease is valid (module docstring, "Acting only while entitled to")."""
+        if not self.broker.metadata.lease_valid():
+            return False
+        partition = self.broker.replicas.get(OFFSETS_TOPIC, shard.partition)
+        return partition is not None and partition.is_leader and partition.leader_epoch == shard.leader_epoch
 
     def find_coordinator(self, group_id: str, listener: str) -> tuple[ErrorCode, str | None, int, str, int]:
         """FindCoordinator: (error, message, node id, host, port) of the leader of the group's partition."""
@@ -255,10 +299,10 @@ class GroupService:
         if self.shards.get(shard.partition) is not shard:
             return  # unloaded while loading
         shard.store = store
-        now = now_ms()
+        now = monotonic_ms()
         for group_id in sorted(store.group_ids()):
             snapshot = store.groups.get(group_id) or GroupSnapshot(group_id, GroupState.EMPTY, 0, None, None,
-                                                                    None, now)
+                                                                    None, now_ms())
             shard.coordinator.load_group(snapshot, now)
         shard.coordinator.status = "active"
         elapsed_ms = (time.monotonic() - started) * 1000
@@ -280,13 +324,13 @@ class GroupService:
             self._wakeup.clear()
             alarm = None
             if deadlines:
-                alarm = loop.call_later(max(min(deadlines) - now_ms(), 0) / 1000, self._wakeup.set)
+                alarm = loop.call_later(max(min(deadlines) - monotonic_ms(), 0) / 1000, self._wakeup.set)
             try:
                 await self._wakeup.wait()
             finally:
                 if alarm is not None:
                     alarm.cancel()
-            now = now_ms()
+            now = monotonic_ms()
             for shard in list(self.shards.values()):
                 try:
                     shard.coordinator.tick(now)
@@ -305,20 +349,55 @@ class GroupService:
             self._resolve(current)
             changed = current.coordinator.take_changed_groups()
             if changed and self.shards.get(current.partition) is current:
-                # A task, in order: the append may have to await its log (a roll); group metadata is
-                # advisory (offsets are what must survive), so a failed write is only logged.
-                task = asyncio.get_running_loop().create_task(
-                    self._persist_groups(current, [current.store.group_record(s) for s in changed],
-                                         [s.group_id for s in changed]))
+                # A task, in order: the append may have to await its log (a roll). An assignment is handed
+                # out once stored (module docstring); other group metadata is advisory (offsets are what
+                # must survive), so a failed write of it is only logged.
+                task = asyncio.get_running_loop().create_task(self._persist_groups(current, changed))
                 self._writes.add(task)
                 task.add_done_callback(self._writes.discard)
         self._wakeup.set()
 
-    async def _persist_groups(self, shard: _Shard, records: list, group_ids: list[str]) -> None:
+    async def _persist_groups(self, shard: _Shard, snapshots: list[GroupSnapshot]) -> None:
+        coordinator = shard.coordinator
+        storing = [(s.group_id, s.generation_id) for s in snapshots if coordinator.storing(s.group_id) == s.generation_id]
+        error = ErrorCode.none
         try:
-            await self._append(shard, records)
+            info, partition = await self._append(shard, [shard.store.group_record(s) for s in snapshots])
+            if storing:
+                await self._wait_stored(partition, info)
         except Exception as exc:
-            log.warning("could not persist group metadata of %s: %s", group_ids, exc)
+            from copyless.broker.errors import error_for
+
+            code = error_for(exc)[0]
+            error = _STORE_ERRORS.get(code, ErrorCode.unknown_server_error)
+            log.warning("could not store group metadata of %s (%s): %s", [s.group_id for s in snapshots],
+                        code.name, getattr(exc, "message", exc))
+        if storing and self.shards.get(shard.partition) is shard:
+            for group_id, generation in storing:
+                coordinator.assignment_stored(monotonic_ms(), group_id=group_id, generation_id=generation,
+                                              error=error)
+            self._after(shard)
+
+    async def _wait_stored(self, partition, info) -> None:
+        """Until the ISR has the records (acks=all) and, under the sync flush mode, an fdatasync covers them;
+        ``COMMIT_TIMEOUT_S`` at most in all. Raises BrokerError (RequestTimedOut, NotLeaderOrFollower, ...)."""
+        started = time.monotonic()
+        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S, info.leader_epoch)
+        if partition.config.flush_mode == "sync":
+            await self._wait_flushed(partition, info.last_offset + 1, COMMIT_TIMEOUT_S - (time.monotonic() - started))
+
+    @staticmethod
+    async def _wait_flushed(partition, offset: int, timeout_s: float) -> None:
+        """The sync flush mode's wait for the fdatasync covering ``offset``, bounded: a stalled disk answers
+        REQUEST_TIMED_OUT (the client retries) instead of holding the request forever."""
+        from copyless.broker.errors import RequestTimedOut
+
+        try:
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                await asyncio.wrap_future(partition.log.wait_flushed(offset))
+        except TimeoutError:
+            raise RequestTimedOut(f"{partition.topic}-{partition.partition}: offset {offset - 1} not flushed "
+                                  f"within {COMMIT_TIMEOUT_S:.0f} s") from None
 
     # --- group membership -------------------------------------------------------------------------------------
 
@@ -327,7 +406,7 @@ class GroupService:
         if shard is None:
             return JoinResult(error, kwargs.get("member_id", ""))
         waiter = asyncio.get_running_loop().create_future()
-        result = shard.coordinator.join_group(now_ms(), waiter=waiter, **kwargs)
+        result = shard.coordinator.join_group(monotonic_ms(), waiter=waiter, **kwargs)
         self._after(shard)
         if result is not None:
             return result
@@ -338,7 +417,7 @@ class GroupService:
         if shard is None:
             return SyncResult(error)
         waiter = asyncio.get_running_loop().create_future()
-        result = shard.coordinator.sync_group(now_ms(), waiter=waiter, **kwargs)
+        result = shard.coordinator.sync_group(monotonic_ms(), waiter=waiter, **kwargs)
         self._after(shard)
         if result is not None:
             return result
@@ -348,7 +427,7 @@ class GroupService:
         shard, error = self.shard_for(kwargs["group_id"])
         if shard is None:
             return error
-        error = shard.coordinator.heartbeat(now_ms(), **kwargs)
+        error = shard.coordinator.heartbeat(monotonic_ms(), **kwargs)
         self._after(shard)
         return error
 
@@ -358,7 +437,7 @@ class GroupService:
         shard, error = self.shard_for(kwargs["group_id"])
         if shard is None:
             return LeaveResult(error, tuple((m, i, error) for m, i in kwargs.get("members", ())))
-        result = shard.coordinator.leave_group(now_ms(), **kwargs)
+        result = shard.coordinator.leave_group(monotonic_ms(), **kwargs)
         self._after(shard)
         return result
 
@@ -374,6 +453,8 @@ class GroupService:
         groups = []
         error = ErrorCode.none
         for shard in self.shards.values():
+            if not self._entitled(shard):
+                continue
             if shard.coordinator.status == "loading":
                 error = ErrorCode.coordinator_load_in_progress
                 continue
@@ -391,7 +472,7 @@ class GroupService:
         shard, error = self.shard_for(kwargs["group_id"])
         if shard is None:
             return error
-        error = shard.coordinator.validate_offset_commit(now_ms(), **kwargs)
+        error = shard.coordinator.validate_offset_commit(monotonic_ms(), **kwargs)
         self._after(shard)
         return error
 
@@ -418,9 +499,7 @@ class GroupService:
         info, partition = await self._append(shard, records, fold=False)
         # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition), and
         # only then shown to OffsetFetch: the view never holds an offset a failover could take back.
-        await partition.wait_replicated(info.last_offset + 1, COMMIT_TIMEOUT_S, info.leader_epoch)
-        if partition.config.flush_mode == "sync":
-            await asyncio.wrap_future(partition.log.wait_flushed(info.last_offset + 1))
+        await self._wait_stored(partition, info)
         if self.shards.get(shard.partition) is shard:
             shard.store.apply(records)
 

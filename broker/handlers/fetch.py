@@ -33,6 +33,7 @@ import time
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.cluster.backend import replica_epoch_of
 from copyless.broker.errors import error_for
 from copyless.broker.handlers.context import EncodedResponse, RequestContext
 from copyless.broker.storage.errors import OffsetOutOfRangeError
@@ -41,11 +42,12 @@ from copyless.broker.wire.fetch_response import MAX_VERSION, MIN_VERSION, FetchP
 API_KEY = 1
 
 
-def read_partitions(broker, request, response_max_bytes: int):
+def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int = -1):
     """One pass over the requested partitions. Loop thread.
 
     A follower's fetch (``replica_id`` >= 0) reads up to the log end and first records the fetch offset as
-    that follower's log end offset; a consumer's reads below the high watermark.
+    that follower's log end offset; a consumer's reads below the high watermark. ``replica_epoch`` is the
+    broker epoch a follower's fetch names (its client id), under which it may join an ISR.
 
     Returns:
         (topics, total_record_bytes, has_error) where topics is [(name, [FetchPartitionResult])].
@@ -72,7 +74,7 @@ def read_partitions(broker, request, response_max_bytes: int):
                 limit = max(0, min(fetch_partition.partition_max_bytes, remaining))
                 if replica_id >= 0:
                     read = partition.read_for_follower(replica_id, offset, limit, min_one_message=min_one_message)
-                    replicas.after_follower_fetch(partition, replica_id)
+                    replicas.after_follower_fetch(partition, replica_id, replica_epoch)
                 elif limit == 0 and not min_one_message:
                     # Budget spent: report positions only, but still check the offset as Kafka does.
                     start, end = partition.log_start_offset, partition.log_end_offset
@@ -121,10 +123,11 @@ async def handle(ctx: RequestContext, request):
         keys = [(t.topic, p.partition, "log_end") for t in request.topics for p in t.partitions]
     else:
         keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    replica_epoch = replica_epoch_of(ctx.client_id)
     deadline = loop.time() + max_wait_s
     while True:
         started = time.perf_counter()
-        topics, total, has_error = read_partitions(broker, request, response_max_bytes)
+        topics, total, has_error = read_partitions(broker, request, response_max_bytes, replica_epoch)
         remaining_s = deadline - loop.time()
         if total >= min_bytes or has_error or remaining_s <= 0 or broker.closing or not keys:
             break

@@ -132,3 +132,40 @@ def test_an_image_from_before_the_election_does_not_depose_the_controller(etcd_s
     outcome = asyncio.run(_image_from_before_the_election(etcd_server.endpoint))
     assert outcome == {"active after a stale image": True, "active after its own": True,
                        "active after a newer one naming another": False}
+
+
+def test_an_election_whose_answer_was_lost_still_leaves_a_controller(etcd_server, tmp_path):
+    """The election transaction commits but its answer never arrives (the call times out): the controller key
+    names the candidate, on its live lease, so no other broker stands. The candidate must see the key in its
+    image and take office; otherwise the cluster has no controller, and neither failover nor CreateTopics
+    happen until that broker restarts."""
+    from tests.support.cluster import Cluster
+    from tests.support.etcd_proxy import TXN, EtcdFaultProxy
+
+    proxy = EtcdFaultProxy(etcd_server.endpoint).start()
+    cluster = Cluster(tmp_path / "cluster", proxy, 2, config={"offsets.topic.replication.factor": 2})
+    try:
+        cluster.start()
+        old = cluster.metadata().controller_id
+        candidate = next(n for n in cluster.brokers if n != old)
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        topic = NewTopic("led-by-the-controller", 1, replica_assignment=[[old, candidate]])
+        admin.create_topics([topic], operation_timeout=20)[topic.topic].result(30)
+        cluster.wait_for_isr(topic.topic, 1, 2)
+        lost = proxy.lose_answer(TXN, json.dumps({"broker_id": candidate}).encode())
+        cluster.brokers[old].kill()
+        wait_until(lambda: lost.lost, what=f"node {candidate}'s election transaction sent (its answer dropped)",
+                   timeout_s=20)
+        # The election did commit: the key names the candidate.
+        wait_until(lambda: cluster.metadata(via=candidate).controller_id == candidate,
+                   what="the image naming the candidate controller", timeout_s=10)
+        # And it acts on it: the dead broker's partition fails over, and a topic can be created.
+        wait_until(lambda: cluster.metadata([topic.topic], via=candidate).topics[topic.topic][0].leader == candidate,
+                   what=f"{topic.topic}-0 failed over to node {candidate}", timeout_s=15)
+        survivor = AdminClient({"bootstrap.servers": cluster.brokers[candidate].bootstrap})
+        survivor.create_topics([NewTopic("after-the-lost-answer", 1, 1)],
+                               operation_timeout=20)["after-the-lost-answer"].result(30)
+        assert "took office from the watched election key" in cluster.brokers[candidate].log_text()
+    finally:
+        cluster.stop()
+        proxy.close()

@@ -367,3 +367,58 @@ def test_empty_group_id_is_invalid_for_membership_but_not_for_commits(coordinato
     assert coordinator.leave_group(0, group_id="", members=[("m", None)]).error == ErrorCode.invalid_group_id
     # Kafka keeps accepting commits for the empty group id (old clients without a group use it).
     assert coordinator.validate_offset_commit(0, group_id="", generation_id=-1, member_id="") == ErrorCode.none
+
+
+# --- SyncGroup completes once the assignment is stored (store_assignments) ------------------------------------
+
+def storing_coordinator():
+    counter = itertools.count()
+    return GroupCoordinator(GroupConfig(initial_rebalance_delay_ms=DELAY_MS),
+                            member_id_factory=lambda prefix: f"{prefix}-{next(counter)}", store_assignments=True,
+                            wall_clock_ms=lambda: 1_700_000_000_000)
+
+
+def two_members_joined(c):
+    a = join_new(c, 0, "wa", client="a")
+    b = join_new(c, 0, "wb", client="b")
+    c.tick(2 * DELAY_MS)  # the second arrival extended the join window once
+    done = completions(c)
+    leader = next(r.member_id for r in done.values() if r.members)
+    return leader, (b if leader == a else a)
+
+
+def test_members_get_their_assignment_only_once_it_is_stored():
+    c = storing_coordinator()
+    leader, other = two_members_joined(c)
+    assert sync(c, 10, other, 1, waiter="s-other") is None
+    assert sync(c, 20, leader, 1, [(leader, b"L"), (other, b"O")], waiter="s-leader") is None
+    assert completions(c) == {}
+    assert c.storing("g") == 1
+    # The snapshot to store carries the assignment (the group is still CompletingRebalance).
+    [snapshot] = c.take_changed_groups()
+    assert {m.member_id: m.assignment for m in snapshot.members} == {leader: b"L", other: b"O"}
+    assert c.heartbeat(30, group_id="g", generation_id=1, member_id=other) == ErrorCode.none
+    c.assignment_stored(40, group_id="g", generation_id=1)
+    done = completions(c)
+    assert (done["s-leader"].error, done["s-leader"].assignment) == (ErrorCode.none, b"L")
+    assert (done["s-other"].error, done["s-other"].assignment) == (ErrorCode.none, b"O")
+    assert c.describe("g").state is GroupState.STABLE
+    # Its timestamps come from the wall clock, its deadlines from the monotonic one.
+    assert c.describe("g").state_timestamp_ms == 1_700_000_000_000
+
+
+def test_an_assignment_that_could_not_be_stored_is_never_handed_out():
+    c = storing_coordinator()
+    leader, other = two_members_joined(c)
+    assert sync(c, 10, other, 1, waiter="s-other") is None
+    assert sync(c, 20, leader, 1, [(leader, b"L"), (other, b"O")], waiter="s-leader") is None
+    c.assignment_stored(40, group_id="g", generation_id=1, error=ErrorCode.not_coordinator)
+    done = completions(c)
+    assert {w: r.error for w, r in done.items()} == {"s-leader": ErrorCode.not_coordinator,
+                                                     "s-other": ErrorCode.not_coordinator}
+    assert all(r.assignment == b"" for r in done.values())
+    assert c.describe("g").state is GroupState.PREPARING_REBALANCE
+    assert all(m.assignment == b"" for m in c.describe("g").members)
+    # A late answer for that generation changes nothing.
+    c.assignment_stored(50, group_id="g", generation_id=1)
+    assert completions(c) == {} and c.describe("g").state is GroupState.PREPARING_REBALANCE

@@ -154,15 +154,22 @@ class Cluster:
         raise OSError(f"no broker answered Metadata: {last}")
 
     def create_topic(self, name: str, partitions: int, replication_factor: int, *, via: list[int] | None = None,
-                     configs: dict[str, str] | None = None) -> dict[int, PartitionView]:
+                     configs: dict[str, str] | None = None,
+                     replica_assignment: list[list[int]] | None = None) -> dict[int, PartitionView]:
         """CreateTopics through librdkafka's admin client (bootstrapping on brokers ``via``, else every live
-        one), then wait for every partition to have a live leader; returns the partitions."""
+        one), then wait for every partition to have a live leader; returns the partitions. With
+        ``replica_assignment`` (one replica list per partition, preferred leader first) the counts are
+        taken from it."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
         bootstrap = ",".join(self.brokers[n].bootstrap for n in via) if via else self.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=dict(configs or {}))],
-                                      operation_timeout=20)
+        if replica_assignment is not None:
+            assert len(replica_assignment) == partitions and all(len(r) == replication_factor for r in replica_assignment)
+            new_topic = NewTopic(name, partitions, replica_assignment=replica_assignment, config=dict(configs or {}))
+        else:
+            new_topic = NewTopic(name, partitions, replication_factor, config=dict(configs or {}))
+        futures = admin.create_topics([new_topic], operation_timeout=20)
         futures[name].result(30)
         return self.wait_for_leaders(name, partitions)
 

@@ -1,0 +1,59 @@
+"""etcd compacted under a running cluster (issue: replication that survives overlapping faults, window 8):
+a broker whose watch must resume from a revision etcd no longer has reloads the whole state, and ends with
+the same view as everyone else (``broker.cluster.etcd_metadata``, "Watching").
+
+Broker 3 is cut off from etcd (a network cut in a ``NetLab``: it still reaches its peers and clients reach
+it); meanwhile a topic is created and another deleted, and etcd is compacted to its latest revision. When the
+cut heals, broker 3's watch asks for a compacted revision, etcd refuses, and the broker must reload: it
+knows the new topic, no longer has the deleted one (its log is removed), and leads and follows as the
+controller says.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support.polling import wait_until
+from tests.support.topics import unique_topic
+
+
+def etcd_revision(etcd) -> int:
+    return int(json.loads(etcd.etcdctl("get", "/", "-w", "json"))["header"]["revision"])
+
+
+def test_a_broker_whose_watch_was_compacted_away_reloads_everything(net_cluster_factory):
+    cluster, lab, etcd_host = net_cluster_factory(3)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    doomed, born = unique_topic("doomed"), unique_topic("born")
+    admin.create_topics([NewTopic(doomed, 3, 3)], operation_timeout=20)[doomed].result(30)
+    cluster.wait_for_isr(doomed, 3, 3)
+    three = cluster.brokers[3]
+    assert (three.data_dir / f"{doomed}-0").is_dir()
+    reloads_before = three.stats_json()["cluster"]["metadata"]["reloads"]
+
+    lab.cut(cluster.hosts[3], etcd_host)
+    try:
+        others = AdminClient({"bootstrap.servers": ",".join(cluster.brokers[n].bootstrap for n in (1, 2))})
+        others.delete_topics([doomed], operation_timeout=20)[doomed].result(30)
+        others.create_topics([NewTopic(born, 2, 3)], operation_timeout=20)[born].result(30)
+        wait_until(lambda: born in cluster.metadata([born], via=1).topics and
+                   doomed not in cluster.metadata(via=1).topics, what="the changes seen by broker 1", timeout_s=20)
+        revision = etcd_revision(cluster.etcd)
+        cluster.etcd.etcdctl("compact", str(revision))
+        time.sleep(0.5)
+        # Broker 3 has seen none of it.
+        assert born not in cluster.metadata(via=3).topics
+    finally:
+        lab.heal()
+
+    wait_until(lambda: three.stats_json()["cluster"]["metadata"]["reloads"] > reloads_before,
+               what="broker 3 reloading the cluster state after its watch was compacted away", timeout_s=30)
+    wait_until(lambda: (lambda view: born in view.topics and doomed not in view.topics)(cluster.metadata(via=3)),
+               what="broker 3 knowing the new topic and not the deleted one", timeout_s=30)
+    cluster.wait_for_isr(born, 2, 3)
+    wait_until(lambda: not (three.data_dir / f"{doomed}-0").exists(), what="the deleted topic's log gone from broker 3",
+               timeout_s=30)
+    assert "compacted revision" in three.log_text()
