@@ -144,3 +144,26 @@ def test_every_advertised_version_answers(broker):
         assert sent >= 40, f"only {sent} (API, version) pairs walked"
     finally:
         wire.close()
+
+
+def test_init_producer_id_epoch_bump_without_a_transactional_id_gets_a_new_producer(broker):
+    """KIP-360 (InitProducerId v3+) from an idempotent producer: Kafka 3.9 answers a request naming its current
+    producer id and epoch with a new producer id at epoch 0, as for a first request."""
+    from kio.schema.init_producer_id.v0 import request as v0
+    from kio.schema.init_producer_id.v4 import request as v4
+
+    wire = KafkaWire(broker.port)
+    try:
+        first = wire.request(v0.InitProducerIdRequest(transactional_id=None, transaction_timeout=datetime.timedelta(0)))
+        assert first.error_code == 0 and first.producer_id >= 0 and first.producer_epoch == 0
+        bumped = wire.request(v4.InitProducerIdRequest(
+            transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60),
+            producer_id=first.producer_id, producer_epoch=first.producer_epoch))
+        assert bumped.error_code == 0 and bumped.producer_epoch == 0
+        assert bumped.producer_id > first.producer_id
+        refused = wire.request(v4.InitProducerIdRequest(
+            transactional_id="tx", transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
+            producer_epoch=-1))
+        assert refused.error_code == ErrorCode.transactional_id_authorization_failed
+    finally:
+        wire.close()
