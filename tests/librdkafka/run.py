@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -76,12 +77,20 @@ def counts(outcomes: list[Outcome]) -> dict[str, int]:
     return {state.lower(): sum(o.state == state for o in outcomes) for state in (PASSED, FAILED, SKIPPED)}
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the brokers and Kafka this run started are stopped on the way out."""
+    def handler(_signum, _frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.librdkafka.run", description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=TARGETS, required=True)
     parser.add_argument("--tests", help="comma-separated test numbers (default: all)")
     parser.add_argument("--out", type=Path, help="directory for results and the runners' output (default: a temp dir)")
     args = parser.parse_args(argv)
+    _stop_on_sigterm()
     workdir = args.out or Path(tempfile.mkdtemp(prefix="rdkafka-suite-"))
     workdir.mkdir(parents=True, exist_ok=True)
     numbers = [n.strip() for n in args.tests.split(",")] if args.tests else None

@@ -43,6 +43,15 @@ CLUSTER_REPLICATION_FACTOR = 3
 # rely on it: 0102 starts two consumers and expects both in the first generation. copyless's single node
 # defaults to 0 (as Kafka's quickstart), so every target sets Kafka's default.
 INITIAL_REBALANCE_DELAY_MS = 3000
+# The cluster tests' fast failure detection (tests.support.cluster: 2 s broker leases, a 4 s replica lag) is
+# for failover tests; librdkafka's suite gets Kafka's defaults, as its harness does. With 2 s leases, a
+# broker starved for CPU by the machine's other work lost its lease mid-test (seen at load average 10), and
+# topics with replication factor 3 could not be created while it registered again.
+KAFKA_CLUSTER_DEFAULTS = {
+    "broker.session.timeout.ms": 9000,
+    "replica.lag.time.max.ms": 30000,
+    "leader.imbalance.check.interval.ms": 300000,
+}
 TARGETS = ("single", "cluster", "kafka")
 ANCHOR_ENV = "COPYLESS_KAFKA_ANCHOR"
 DEFAULT_ANCHOR = Path("/work/shared/anchors/kafka")
@@ -94,7 +103,8 @@ def copyless_cluster(workdir: Path, scenario: str) -> Iterator[Target]:
 
     etcd = EtcdProcess(workdir / "etcd").start()
     cluster = Cluster(workdir, etcd, 3, config={"default.replication.factor": CLUSTER_REPLICATION_FACTOR,
-                                                "group.initial.rebalance.delay.ms": INITIAL_REBALANCE_DELAY_MS},
+                                                "group.initial.rebalance.delay.ms": INITIAL_REBALANCE_DELAY_MS,
+                                                **KAFKA_CLUSTER_DEFAULTS},
                       extra_args=_copyless_args(scenario != "noautocreate"))
     try:
         cluster.start()
