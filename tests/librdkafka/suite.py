@@ -67,6 +67,26 @@ def test_numbers(tests_dir: Path) -> list[str]:
     return sorted(numbers)
 
 
+def test_names(tests_dir: Path) -> list[str]:
+    """Every test name in the runner's table (test.c), in its order."""
+    source = (tests_dir / "test.c").read_text(errors="replace")
+    table = source[source.index("struct test tests[]"):]
+    return re.findall(r"_TEST\((\d{4}_\w+)", table[:table.index("\n};")])
+
+
+def scenarios_of(tests_dir: Path, number: str) -> list[str]:
+    """The scenarios test ``number`` has tests in, the default first when it has any there ("ak23" is a
+    Kafka 2.3 scenario, never run)."""
+    named = scenarios(tests_dir)
+    found: list[str] = []
+    for name in test_names(tests_dir):
+        if name.startswith(number + "_"):
+            for scenario in named.get(name, (DEFAULT_SCENARIO,)):
+                if scenario != "ak23" and scenario not in found:
+                    found.append(scenario)
+    return sorted(found, key=lambda s: (s != DEFAULT_SCENARIO, s))
+
+
 def scenarios(tests_dir: Path) -> dict[str, tuple[str, ...]]:
     """test name -> the scenarios it runs in, for the tests that name theirs in test.c (others: default)."""
     source = (tests_dir / "test.c").read_text(errors="replace")
