@@ -208,6 +208,17 @@ def _headline_cluster_metadata(d: dict) -> str:
             f"(acks=1), {_fmt(ratios.get('etcd_calls_per_produce_request_acks_all'))} (acks=all)")
 
 
+def _headline_security(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    parts = []
+    for size in (100, 1000, 10000):
+        parts.append(f"{size} B: SASL_SSL/PLAINTEXT produce {_fmt(ratios.get(f'copyless SASL_SSL/PLAINTEXT produce_mb_per_s {size}B'))}, "
+                     f"consume {_fmt(ratios.get(f'copyless SASL_SSL/PLAINTEXT consume_mb_per_s {size}B'))}; "
+                     f"copyless/Kafka under SASL_SSL produce {_fmt(ratios.get(f'copyless/kafka SASL_SSL produce_mb_per_s {size}B'))}, "
+                     f"consume {_fmt(ratios.get(f'copyless/kafka SASL_SSL consume_mb_per_s {size}B'))}")
+    return "; ".join(parts) + f" (TLS path: {d.get('tls_path', '?')}; Kafka: {d.get('kafka', '?')})"
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
@@ -218,6 +229,7 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "throughput": _headline_throughput,
     "replication": _headline_replication,
     "cluster_metadata": _headline_cluster_metadata,
+    "security": _headline_security,
 }
 
 

@@ -30,6 +30,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from copyless.broker.security.settings import SecuritySettings, SettingsError, is_security_key
+
 __all__ = ["BrokerConfig", "ConfigError", "parse_host_port", "parse_listener", "parse_listener_list", "load_toml"]
 
 _HOUR_MS = 3600_000
@@ -127,6 +129,8 @@ class BrokerConfig:
     # leaders, and the default is Kafka's (None: the mode's default, see ``offsets_partitions``).
     offsets_topic_num_partitions: int | None = None
     offsets_topic_replication_factor: int = 3             # offsets.topic.replication.factor
+    # TLS, SASL and ACL settings by Kafka's names, per listener (broker.security.settings).
+    security: SecuritySettings = SecuritySettings()
 
     @property
     def advertised_host(self) -> str:
@@ -241,6 +245,10 @@ class BrokerConfig:
             raise ConfigError("broker.session.timeout.ms must be >= 1000")
         if self.offsets_partitions < 1 or self.offsets_topic_replication_factor < 1:
             raise ConfigError("offsets.topic.num.partitions and offsets.topic.replication.factor must be >= 1")
+        try:
+            self.security.validate(names)
+        except SettingsError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def parse_host_port(text: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -375,7 +383,11 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
     changes: dict = {}
+    security: dict = {}
     for key, value in table.items():
+        if is_security_key(key):
+            security[key] = value
+            continue
         if key == "listen":
             changes["listen_host"], changes["listen_port"] = parse_host_port(str(value).split("://")[-1])
             continue
@@ -399,6 +411,9 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
             changes[name] = convert(value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"bad value for {key!r} in {path}: {value!r}") from exc
+    if security:
+        changes["security"] = SecuritySettings.from_mapping({**dict(base.security.values), **security},
+                                                            base.security.add_scram)
     config = dataclasses.replace(base, **changes)
     first = config.listener_specs()[0][0]
     for name, host, port in config.advertised_listeners:

@@ -185,6 +185,9 @@ def collect(broker: Any) -> list[Family]:
         calls = family("etcd_calls_total", "counter", "etcd RPCs, by method.")
         for method, count in sorted(dict(client.calls).items()):
             calls.add(count, method=method)
+    security = getattr(broker, "security", None)
+    if security is not None:
+        security.metric_families(family)
     return families
 
 

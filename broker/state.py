@@ -90,6 +90,7 @@ class Broker:
         appends: AppendNotifier (long-poll wake-ups: a partition's high watermark moved, or its log end for
             followers).
         stats: BrokerStats.
+        security: SecurityManager (TLS, SASL, ACLs: ``broker.security.manager``).
         handlers: HandlerTable (drives dispatch and ApiVersions).
         groups: set by the groups part's startup hook (None until then).
         closing: True once shutdown began.
@@ -113,6 +114,9 @@ class Broker:
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}
         self.metadata: Any = self._make_backend()
+        from copyless.broker.security.manager import SecurityManager
+
+        self.security = SecurityManager(self)
         self.replicas = ReplicaManager(self, lease_valid=self.metadata.lease_valid)
         from copyless.broker.cluster.replica_fetcher import FetcherManager
 
@@ -181,6 +185,7 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.config.metadata is None:
             self.cluster_id = self._load_or_create_meta()
+        self.security.prepare()
         from copyless.broker import storage
 
         # Logs found at start-up load with their topic's settings where the backend knows them before
@@ -253,6 +258,7 @@ class Broker:
         if refresh is not None:
             refresh()
         await self.metadata.start()
+        await self.security.start()
         if self.config.clustered:
             self._cluster_tasks.append(asyncio.get_running_loop().create_task(self.replicas.maintain_isr(),
                                                                               name="copyless-isr"))
@@ -292,6 +298,7 @@ class Broker:
         """The counters of ``stats-json``: the broker's, plus the cluster's (etcd calls by kind, the
         controller's and the replica fetchers' counters) when it runs in one."""
         snapshot = self.stats.snapshot()
+        snapshot["security"] = self.security.snapshot()
         if self.config.clustered:
             metadata = self.metadata
             snapshot["cluster"] = {

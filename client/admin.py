@@ -5,7 +5,8 @@ CreatePartitions and IncrementalAlterConfigs to the controller named in Metadata
 DescribeConfigs and DescribeCluster to any broker; ListOffsets (-2 earliest, -1 latest, or a timestamp:
 the first offset whose record timestamp is >= it) and DeleteRecords to each partition's leader;
 DescribeGroups, OffsetFetch, OffsetCommit, DeleteGroups and OffsetDelete to the group's coordinator
-(``group.GroupCoordinator``, which finds it again when it moves); ListGroups to every broker.
+(``group.GroupCoordinator``, which finds it again when it moves); ListGroups to every broker; ACLs and SCRAM
+credentials (``admin_security``) to any broker.
 Versions are the non-flexible ones (DescribeCluster has none: v0, with the flexible headers).
 """
 
@@ -31,13 +32,15 @@ from kio.schema.offset_commit.v3 import request as oc_rq, response as oc_rs
 from kio.schema.offset_delete.v0 import request as od_rq, response as od_rs
 from kio.schema.offset_fetch.v5 import request as of5_rq, response as of5_rs
 
+from copyless.client.admin_security import Acl, SecurityAdmin
 from copyless.client.assignors import TopicPartition, decode_assignment
 from copyless.client.cluster import COORDINATOR_ERRORS, Cluster
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
 from copyless.client.errors import KafkaError
 from copyless.client.group import GroupCoordinator
+from copyless.client.security import resolve as resolve_security
 
-__all__ = ["Admin", "TopicDescription", "PartitionDescription", "ConfigEntry", "ClusterDescription",
+__all__ = ["Admin", "Acl", "TopicDescription", "PartitionDescription", "ConfigEntry", "ClusterDescription",
            "GroupDescription", "GroupMember", "GroupOffset", "EARLIEST", "LATEST"]
 
 EARLIEST = -2
@@ -116,8 +119,9 @@ class GroupDescription:
     offsets: tuple  # (GroupOffset, ...): every partition with a committed offset or an owner
 
 
-class Admin:
-    """Args: bootstrap_servers, client_id, request_timeout_ms. Use as ``async with Admin(...) as admin``."""
+class Admin(SecurityAdmin):
+    """Args: bootstrap_servers, client_id, request_timeout_ms, and security (or the Producer's security
+    options). Use as ``async with Admin(...) as admin``. ACL and SCRAM calls: ``client.admin_security``."""
 
     def __init__(
         self,
@@ -125,8 +129,11 @@ class Admin:
         *,
         client_id: str = "copyless-admin",
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        security=None,
+        **security_options,
     ) -> None:
-        self._cluster = Cluster(bootstrap_servers, client_id=client_id, request_timeout_ms=request_timeout_ms)
+        self._cluster = Cluster(bootstrap_servers, client_id=client_id, request_timeout_ms=request_timeout_ms,
+                                security=resolve_security(security, security_options))
         self.request_timeout_ms = request_timeout_ms
 
     async def start(self) -> None:

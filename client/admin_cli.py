@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from copyless.client.cli_common import add_common, run
+from copyless.client.cli_common import add_common, client_security, run
 
 __all__ = ["add_parsers"]
 
@@ -127,7 +127,7 @@ def _run_topics(args) -> int:
 async def _topics(args) -> int:
     from copyless.client.admin import EARLIEST, LATEST, Admin
 
-    async with Admin(args.bootstrap, client_id="copyless-cli") as admin:
+    async with Admin(args.bootstrap, client_id="copyless-cli", security=client_security(args)) as admin:
         if args.action == "list":
             names = await admin.list_topics(internal=args.internal)
             print(json.dumps(names) if args.json else "\n".join(names))
@@ -216,7 +216,7 @@ def _run_groups(args) -> int:
 async def _groups(args) -> int:
     from copyless.client.admin import Admin
 
-    async with Admin(args.bootstrap, client_id="copyless-cli") as admin:
+    async with Admin(args.bootstrap, client_id="copyless-cli", security=client_security(args)) as admin:
         command = args.groups_command
         if command == "list":
             groups = await admin.list_groups()
@@ -331,7 +331,7 @@ def _run_cluster(args) -> int:
 async def _cluster(args) -> int:
     from copyless.client.admin import Admin
 
-    async with Admin(args.bootstrap, client_id="copyless-cli") as admin:
+    async with Admin(args.bootstrap, client_id="copyless-cli", security=client_security(args)) as admin:
         info = await admin.describe_cluster()
     brokers = [{"node_id": node, "host": host, "port": port, "rack": rack} for node, host, port, rack in info.brokers]
     if args.json:

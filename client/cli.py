@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from copyless.client.cli_common import Progress, add_common, print_summary, run, summary
+from copyless.client.cli_common import Progress, add_common, client_security, print_summary, run, summary
 
 __all__ = ["add_parsers", "main", "format_record"]
 
@@ -84,9 +84,10 @@ def add_parsers(subparsers) -> None:
                               "%%s value, %%h headers, %%K key bytes, %%S value bytes, \\n, \\t")
     consume.set_defaults(func=run_consume, command_name="copyless consume")
 
-    from copyless.client import admin_cli
+    from copyless.client import admin_cli, security_cli
 
     admin_cli.add_parsers(subparsers)
+    security_cli.add_parsers(subparsers)
 
 
 # --- produce ------------------------------------------------------------------------------------------------
@@ -173,6 +174,7 @@ async def _produce(args) -> int:
         compression_type=args.compression,
         linger_ms=args.linger_ms,
         enable_idempotence=False if (args.no_idempotence or args.acks not in ("all", "-1")) else None,
+        security=client_security(args),
     )
     await producer.start()
     records = 0
@@ -390,6 +392,7 @@ async def _consume(args) -> int:
         group_id=args.group,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         client_id="copyless-cli",
+        security=client_security(args),
     )
     await consumer.start()
     out = sys.stdout.buffer

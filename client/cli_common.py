@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-__all__ = ["DEFAULT_BOOTSTRAP", "add_common", "run", "Progress", "summary"]
+__all__ = ["DEFAULT_BOOTSTRAP", "add_common", "run", "Progress", "summary", "client_security"]
 
 DEFAULT_BOOTSTRAP = os.environ.get("COPYLESS_BOOTSTRAP", "127.0.0.1:9092")
 
@@ -30,6 +30,26 @@ def add_common(parser: argparse.ArgumentParser, *, json_help: str = "machine-rea
         help=f"brokers to start from, tried in turn (default {DEFAULT_BOOTSTRAP}, or $COPYLESS_BOOTSTRAP)",
     )
     parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("-F", "--properties", metavar="FILE",
+                        help="client properties, as kcat -F reads them (security.protocol, sasl.mechanisms, "
+                             "sasl.username, sasl.password, ssl.ca.location, ssl.certificate.location, ...)")
+    parser.add_argument("-X", dest="properties_set", action="append", default=[], metavar="KEY=VALUE",
+                        help="one client property over the -F file (repeatable), e.g. -X security.protocol=SSL")
+
+
+def client_security(args):
+    """The ``ClientSecurity`` of ``-F`` and ``-X``. Raises ValueError (a malformed -X), OSError (a file)."""
+    from copyless.client.security import PLAINTEXT, ClientSecurity, read_properties
+
+    properties = read_properties(args.properties) if getattr(args, "properties", None) else {}
+    for item in getattr(args, "properties_set", None) or ():
+        key, separator, value = item.partition("=")
+        if not separator or not key.strip():
+            raise ValueError(f"-X expects KEY=VALUE, got {item.split('=')[0]!r}")
+        properties[key.strip()] = value
+    if not properties:
+        return PLAINTEXT
+    return ClientSecurity.from_properties(properties)
 
 
 def run(args, coroutine) -> int:

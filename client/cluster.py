@@ -184,8 +184,10 @@ class Cluster:
         metadata_max_age_ms: int = 300_000,
         gather_min_bytes: int = GATHER_MIN_VALUE_BYTES,
         retry_backoff_ms: int = 100,
+        security=None,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.metadata_max_age_ms = metadata_max_age_ms
@@ -226,6 +228,7 @@ class Cluster:
                 connect_timeout_ms=min(self.request_timeout_ms, CONNECT_TIMEOUT_MS),
                 gather_min_bytes=self.gather_min_bytes,
                 node_id=node_id,
+                security=self.security,
             )
         except BaseException as exc:
             future.set_exception(exc)

@@ -5,6 +5,15 @@ and EAGAIN resume from ``loop.add_writer``), reads straight into the ``ReceiveBu
 (``recv_into`` from a ``loop.add_reader`` callback: no per-read coroutine, no intermediate ``bytes``), the
 FIFO of in-flight requests matched by correlation id, request timeouts, and the ApiVersions handshake.
 
+Security (``client.security.ClientSecurity``): on SSL and SASL_SSL the TLS handshake runs on the socket
+itself after the TCP connect; writes then go through ``SSLSocket.send`` (which takes no iovec: each write
+joins up to ``TLS_WRITE_BYTES`` of the queue, a copy TLS makes anyway) and reads through ``recv_into`` on the
+SSLSocket, draining OpenSSL's buffer (``pending()``) before waiting on the fd again. On SASL_PLAINTEXT and
+SASL_SSL, after ApiVersions: SaslHandshake v1 and SaslAuthenticate v1 with PLAIN or SCRAM-SHA-256/512
+(``client.protocol.scram``); a refusal raises ``KafkaError(SASL_AUTHENTICATION_FAILED)`` and is not
+retried. When the broker bounds the session (KIP-368's ``session_lifetime_ms``) the connection
+re-authenticates by itself at 85% of the lifetime, between requests like any other request.
+
 A raw socket rather than an asyncio transport: transports do not expose partial-write control, and
 stdlib 3.11's ``writelines`` joins the buffers into one copy (reference §3.5), which is what gathering
 avoids. Works under the stdlib loop and uvloop (both implement ``add_reader``/``add_writer``).
@@ -19,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import secrets
 import socket
+import ssl
 import struct
 import time
 
@@ -29,6 +40,7 @@ from copyless.client.protocol.framing import FrameTooLargeError
 from copyless.client.protocol.gather import SendQueue
 from copyless.client.protocol.messages import API_VERSIONS, encode_request_header, kio_decoder
 from copyless.client.protocol.receive import LeasedFrame, ReceiveBuffer
+from copyless.client.security import PLAINTEXT, ClientSecurity
 
 __all__ = ["Connection", "DEFAULT_REQUEST_TIMEOUT_MS"]
 
@@ -39,6 +51,31 @@ _CORRELATION = struct.Struct(">i")
 _SIZE = struct.Struct(">i")
 # Queued-but-unsent bytes above which writers should await ``drain()`` (back-pressure to the producer).
 WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
+# One SSL_write offers at most this much of the queue (16 TLS records).
+TLS_WRITE_BYTES = 256 * 1024
+# Re-authenticate when this share of the broker's session lifetime has passed (Kafka's client picks a
+# random point in 85-95%).
+REAUTH_AT = 0.85
+SASL_HANDSHAKE_API_KEY, SASL_AUTHENTICATE_API_KEY = 17, 36
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _join(iov: list, limit: int):
+    """The first ``limit`` bytes of ``iov`` as one buffer (what one SSL_write offers)."""
+    if len(iov[0]) >= limit or len(iov) == 1:
+        return memoryview(iov[0])[:limit]
+    parts, total = [], 0
+    for buffer in iov:
+        if total + len(buffer) > limit:
+            parts.append(buffer[:limit - total])
+            break
+        parts.append(buffer)
+        total += len(buffer)
+    return b"".join(parts)
 
 
 class _InFlight:
@@ -94,8 +131,10 @@ class Connection:
         connect_timeout_ms: int | None = None,
         gather_min_bytes: int = GATHER_MIN_VALUE_BYTES,
         node_id: int | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.host = host
+        self.security = security or PLAINTEXT
         self.connect_timeout_ms = connect_timeout_ms if connect_timeout_ms is not None else request_timeout_ms
         self.port = port
         self.node_id = node_id
@@ -112,6 +151,9 @@ class Connection:
         self._timeout_handle: asyncio.TimerHandle | None = None
         self.closed_error: BaseException | None = None
         self.api_versions: dict[int, tuple[int, int]] = {}
+        self._tls = False
+        self._reauth_handle: asyncio.TimerHandle | None = None
+        self.reauthentications = 0
 
     @classmethod
     async def open(cls, host: str, port: int, **kwargs) -> "Connection":
@@ -154,6 +196,9 @@ class Connection:
                 sock.setsockopt(socket.SOL_SOCKET, option, 4 * 1024 * 1024)
             except OSError:
                 pass
+        if self.security.tls:
+            await self._tls_handshake()
+            sock = self._sock
         loop.add_reader(sock.fileno(), self._on_readable)
         from kio.schema.api_versions.v0.request import ApiVersionsRequest
         from kio.schema.api_versions.v0.response import ApiVersionsResponse
@@ -167,6 +212,110 @@ class Connection:
             self.close()
             raise KafkaError(int(response.error_code), "ApiVersions")
         self.api_versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys}
+        if self.security.sasl:
+            try:
+                await self.authenticate()
+            except BaseException as exc:
+                self.close(exc if isinstance(exc, KafkaError) else
+                           KafkaConnectionError(f"SASL authentication with {self.host}:{self.port} failed: {exc}"))
+                raise
+
+    async def _tls_handshake(self) -> None:
+        """TLS on the connected socket (module docstring). Raises KafkaConnectionError."""
+        loop = self._loop
+        try:
+            tls = self.security.ssl_context.wrap_socket(self._sock, server_side=False, do_handshake_on_connect=False,
+                                                        server_hostname=self.host)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            self._sock.close()
+            self._sock = None
+            raise KafkaConnectionError(f"TLS with {self.host}:{self.port} failed: {exc}") from exc
+        self._sock = tls
+        self._tls = True
+        fd = tls.fileno()
+        try:
+            async with asyncio.timeout(self.connect_timeout_ms / 1000):
+                while True:
+                    try:
+                        tls.do_handshake()
+                        return
+                    except ssl.SSLWantReadError:
+                        waiter = loop.create_future()
+                        loop.add_reader(fd, _resolve, waiter)
+                        try:
+                            await waiter
+                        finally:
+                            loop.remove_reader(fd)
+                    except ssl.SSLWantWriteError:
+                        waiter = loop.create_future()
+                        loop.add_writer(fd, _resolve, waiter)
+                        try:
+                            await waiter
+                        finally:
+                            loop.remove_writer(fd)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            error = KafkaConnectionError(f"TLS handshake with {self.host}:{self.port} failed: "
+                                         f"{getattr(exc, 'reason', None) or exc or 'timed out'}")
+            self.close(error)
+            raise error from exc
+
+    async def authenticate(self) -> None:
+        """SaslHandshake v1 then SaslAuthenticate v1 with the configured mechanism (also the
+        re-authentication). Raises KafkaError (UNSUPPORTED_SASL_MECHANISM, SASL_AUTHENTICATION_FAILED...)."""
+        from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+        from kio.schema.sasl_authenticate.v1.response import SaslAuthenticateResponse
+        from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+        from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
+
+        security = self.security
+        mechanism = security.mechanism
+        handshake = await self.request_kio(SaslHandshakeRequest(mechanism=mechanism), SaslHandshakeResponse,
+                                           check_version=False)
+        if handshake.error_code != 0:
+            raise KafkaError(int(handshake.error_code), f"{mechanism} (the broker offers "
+                                                        f"{', '.join(handshake.mechanisms) or 'none'})")
+
+        async def step(token: bytes) -> SaslAuthenticateResponse:
+            response = await self.request_kio(SaslAuthenticateRequest(auth_bytes=token), SaslAuthenticateResponse,
+                                              check_version=False)
+            if response.error_code != 0:
+                raise KafkaError(int(response.error_code), response.error_message or "")
+            return response
+
+        if mechanism == "PLAIN":
+            response = await step(f"\0{security.username}\0{security.password}".encode("utf-8"))
+        else:
+            from copyless.client.protocol.scram import ScramClient, ScramError
+
+            client = ScramClient(mechanism, security.username, security.password, secrets.token_urlsafe(24))
+            server_first = (await step(client.first())).auth_bytes
+            try:
+                # PBKDF2 (4096+ HMACs, a few ms): off the event loop.
+                final = await asyncio.to_thread(client.final, server_first)
+                response = await step(final)
+                client.verify(response.auth_bytes)
+            except ScramError as exc:
+                raise KafkaError(58, str(exc)) from None
+        lifetime_ms = int(response.session_lifetime.total_seconds() * 1000)
+        if self._reauth_handle is not None:
+            self._reauth_handle.cancel()
+            self._reauth_handle = None
+        if lifetime_ms > 0 and self.closed_error is None:
+            self._reauth_handle = self._loop.call_later(lifetime_ms / 1000 * REAUTH_AT, self._start_reauthentication)
+
+    def _start_reauthentication(self) -> None:
+        self._reauth_handle = None
+        if self.closed_error is not None:
+            return
+
+        async def reauthenticate() -> None:
+            try:
+                await self.authenticate()
+                self.reauthentications += 1
+            except Exception as exc:
+                self.close(exc if isinstance(exc, KafkaError) else KafkaConnectionError(f"re-authentication failed: {exc}"))
+
+        self._loop.create_task(reauthenticate(), name=f"copyless-reauth-{self.host}:{self.port}")
 
     # --- state ----------------------------------------------------------------------------------------
 
@@ -293,14 +442,23 @@ class Connection:
         while queue.queued_bytes:
             iov = queue.iov()
             try:
-                sent = sock.sendmsg(iov)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
+                if self._tls:
+                    offered = _join(iov, TLS_WRITE_BYTES)
+                    try:
+                        sent = sock.send(offered)
+                    except ssl.SSLWantReadError:
+                        sent = 0
+                    partial = sent < len(offered)
+                else:
+                    sent = sock.sendmsg(iov)
+                    partial = len(iov) < queue.iov_max
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                sent, partial = 0, True
             except OSError as exc:
                 self.close(KafkaConnectionError(f"write to {self.host}:{self.port} failed: {exc}"))
                 return
             queue.advance(sent)
-            if queue.queued_bytes and (sent == 0 or len(iov) < queue.iov_max):
+            if queue.queued_bytes and (sent == 0 or partial):
                 # Partial write or EAGAIN: the socket buffer is full; resume when it is writable.
                 if not self._writer_registered:
                     self._loop.add_writer(sock.fileno(), self._on_writable)
@@ -338,7 +496,7 @@ class Connection:
                 wanted = len(target)
                 try:
                     count = sock.recv_into(target)
-                except (BlockingIOError, InterruptedError):
+                except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     break
                 finally:
                     target.release()
@@ -350,7 +508,7 @@ class Connection:
                     self._dispatch(frame)
                     if self._sock is None:
                         return
-                if count < wanted:
+                if count < wanted and not (self._tls and sock.pending()):
                     break
         except FrameTooLargeError as exc:
             self.close(KafkaConnectionError(f"{self.host}:{self.port}: {exc}"))
@@ -421,6 +579,9 @@ class Connection:
         if self.closed_error is not None:
             return
         self.closed_error = error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed")
+        if self._reauth_handle is not None:
+            self._reauth_handle.cancel()
+            self._reauth_handle = None
         sock, self._sock = self._sock, None
         if sock is not None:
             try:

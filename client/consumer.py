@@ -23,6 +23,7 @@ from copyless.client.errors import ClientError
 from copyless.client.fetcher import Fetcher, OffsetOutOfRangeError, RecordTooLargeError
 from copyless.client.group import GroupCoordinator, GroupMembership
 from copyless.client.protocol.fetch_records import ConsumerRecord
+from copyless.client.security import resolve as resolve_security
 
 __all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "OffsetOutOfRangeError", "RecordTooLargeError"]
 
@@ -42,6 +43,9 @@ class Consumer:
         partition_assignment_strategy: names from ("range", "roundrobin"), preferred first.
         check_crcs: verify each batch's CRC-32C.
         isolation_level: "read_uncommitted" or "read_committed".
+        security, or security_protocol / sasl_mechanism / sasl_plain_username / sasl_plain_password /
+            ssl_cafile / ssl_certfile / ssl_keyfile / ssl_password / ssl_check_hostname / ssl_context: TLS and
+            SASL (``client.security``).
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class Consumer:
         isolation_level: str = "read_uncommitted",
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         retry_backoff_ms: int = 100,
+        security=None,
+        **security_options,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
@@ -88,6 +94,7 @@ class Consumer:
             client_id=client_id,
             request_timeout_ms=max(request_timeout_ms, fetch_max_wait_ms + 5000),
             retry_backoff_ms=retry_backoff_ms,
+            security=resolve_security(security, security_options),
         )
         self._fetcher = Fetcher(
             self._cluster,
@@ -195,9 +202,20 @@ class Consumer:
 
     async def wait_for_assignment(self, timeout_ms: int = 60_000) -> set[TopicPartition]:
         """Wait until the group has given this member an assignment (possibly empty)."""
-        ready = self._membership.assignment_ready if self._membership is not None else self._assignment_ready
+        membership = self._membership
+        ready = membership.assignment_ready if membership is not None else self._assignment_ready
         async with asyncio.timeout(timeout_ms / 1000):
-            await ready.wait()
+            if membership is None:
+                await ready.wait()
+            else:
+                waits = [asyncio.ensure_future(ready.wait()), asyncio.ensure_future(membership.failed.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for wait in waits:
+                        wait.cancel()
+                if membership.fatal_error is not None:
+                    raise membership.fatal_error
         return self.assignment()
 
     def seek(self, partition, offset: int) -> None:
@@ -243,6 +261,8 @@ class Consumer:
             if fetcher.errors:
                 raise fetcher.errors.popleft()
             if self._membership is not None:
+                if self._membership.fatal_error is not None:
+                    raise self._membership.fatal_error
                 self._membership.ensure_joining()
             records = fetcher.take_records(max_records)
             if records:
@@ -254,6 +274,9 @@ class Consumer:
             if remaining <= 0:
                 self._maybe_auto_commit()
                 return {}
+            if self._membership is not None and self._membership.generation < 0:
+                # Not in the group yet: wake up as well if joining fails for good.
+                remaining = min(remaining, 0.1)
             await fetcher.wait_for_data(remaining)
 
     async def getone(self) -> ConsumerRecord:

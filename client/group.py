@@ -104,6 +104,10 @@ class GroupCoordinator:
             backoff = min(backoff * 2, 1.0)
 
 
+# TOPIC_, GROUP_, CLUSTER_AUTHORIZATION_FAILED and SASL_AUTHENTICATION_FAILED: retrying cannot help.
+FATAL_ERRORS = frozenset({29, 30, 31, 58})
+
+
 class GroupMembership:
     """One member of a consumer group (see the module docstring).
 
@@ -147,6 +151,10 @@ class GroupMembership:
         self._heartbeat_task: asyncio.Task | None = None
         self._loop = asyncio.get_running_loop()
         self.closed = False
+        # An error no retry can cure (GROUP_/TOPIC_AUTHORIZATION_FAILED, SASL_AUTHENTICATION_FAILED): the join
+        # loop stops and the consumer raises it, as the Java consumer does.
+        self.fatal_error: KafkaError | None = None
+        self.failed = asyncio.Event()
 
     def subscribe(self, topics) -> None:
         self.subscription = set(topics)
@@ -155,7 +163,8 @@ class GroupMembership:
 
     def ensure_joining(self) -> None:
         """Start the join loop if a (re)join is due and none is running."""
-        if self.rejoin_needed and not self.closed and (self._joining is None or self._joining.done()):
+        if self.rejoin_needed and not self.closed and self.fatal_error is None and \
+                (self._joining is None or self._joining.done()):
             self._joining = self._loop.create_task(self._join_loop())
 
     def close(self) -> None:
@@ -174,6 +183,11 @@ class GroupMembership:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if isinstance(exc, KafkaError) and exc.code in FATAL_ERRORS:
+                    log.warning("joining group %s failed: %s", self.group_id, exc)
+                    self.fatal_error = exc
+                    self.failed.set()
+                    return
                 log.info("joining group %s failed: %s; retrying", self.group_id, exc)
                 if isinstance(exc, KafkaError) and exc.code in COORDINATOR_ERRORS | {UNKNOWN_MEMBER_ID}:
                     self.coordinator.forget()

@@ -34,6 +34,7 @@ from copyless.client.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTE
 from copyless.client.protocol.messages import ApiKey
 from copyless.client.protocol.records import CODEC_ZSTD
 from copyless.client.sender import Sender
+from copyless.client.security import resolve as resolve_security
 
 __all__ = ["Producer", "RecordMetadata", "DeliveryFuture", "NoMetadataError"]
 
@@ -59,6 +60,9 @@ class Producer:
         gather_min_bytes: values at or above this are sent as their own buffer (the writev crossover).
         partitioner: ``f(key, partition_count) -> partition``; default Kafka's murmur2 for keyed records
             and a sticky partition (KIP-480) for unkeyed ones.
+        security, or security_protocol / sasl_mechanism / sasl_plain_username / sasl_plain_password /
+            ssl_cafile / ssl_certfile / ssl_keyfile / ssl_password / ssl_check_hostname / ssl_context: TLS and
+            SASL (``client.security``).
     """
 
     def __init__(
@@ -80,6 +84,8 @@ class Producer:
         max_request_size: int = 1024 * 1024,
         gather_min_bytes: int = GATHER_MIN_VALUE_BYTES,
         partitioner=None,
+        security=None,
+        **security_options,
     ) -> None:
         self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
         if self.acks not in (-1, 0, 1):
@@ -111,6 +117,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms,
             gather_min_bytes=gather_min_bytes,
             retry_backoff_ms=retry_backoff_ms,
+            security=resolve_security(security, security_options),
         )
         self.stats = {"requests": 0, "batches": 0, "records": 0, "retries": 0, "connect_failures": 0}
         self._accumulator = RecordAccumulator(

@@ -25,6 +25,10 @@ polls metadata and restarts. Nothing outlives the demo but its topic (``demo-<ti
 each other's data) and its group's committed offsets.
 
 Usage: cluster/demo.sh [--project NAME] [--bootstrap HOST:PORT,...] [--interval-ms N] [--timeout S] [--json]
+                      [--secure | -F PROPERTIES]
+
+Against ``cluster/up.sh --secure``, ``--secure`` connects with the project's ``cluster/.secure/<project>/
+admin.properties`` (SASL_SSL, SCRAM-SHA-512, the cluster's CA); ``-F`` names another properties file.
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PARTITIONS = 3
 REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
 # The compose file's etcd layout root (no chroot in the --metadata URL) and its broker services.
 ETCD_ROOT = "copyless"
+# The clients' TLS and SASL settings (--secure / -F); None: PLAINTEXT.
+SECURITY = None
 ETCD_SERVICES = ("etcd1", "etcd2", "etcd3")
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -328,7 +335,7 @@ async def produce(run: Run) -> None:
     from copyless import Producer
 
     producer = Producer(run.bootstrap, linger_ms=2, enable_idempotence=True, acks="all",
-                        delivery_timeout_ms=int(DRAIN_TIMEOUT_S * 1000))
+                        delivery_timeout_ms=int(DRAIN_TIMEOUT_S * 1000), security=SECURITY)
     await producer.start()
     try:
         next_at = time.monotonic()
@@ -363,7 +370,8 @@ async def consume(run: Run, group: str) -> None:
     """Read the topic as a member of ``group`` until told to stop, recording every delivery in order."""
     from copyless import Consumer
 
-    consumer = Consumer(run.topic, bootstrap_servers=run.bootstrap, group_id=group, auto_offset_reset="earliest")
+    consumer = Consumer(run.topic, bootstrap_servers=run.bootstrap, group_id=group, auto_offset_reset="earliest",
+                        security=SECURITY)
     await consumer.start()
     try:
         while not run.stop_consuming.is_set():
@@ -379,7 +387,7 @@ async def describe(bootstrap: str, topic: str):
     from copyless import Admin
 
     async with asyncio.timeout(5):
-        async with Admin(bootstrap, request_timeout_ms=3000) as admin:
+        async with Admin(bootstrap, request_timeout_ms=3000, security=SECURITY) as admin:
             (description,) = await admin.describe_topics(topic)
     return {p.partition: p for p in description.partitions}
 
@@ -484,7 +492,8 @@ async def demo(args) -> int:
     await compose.container("broker1")  # a clear error when the project does not run
     await _run(sys.executable, "-m", "copyless", "topics", "create", topic, "--partitions", str(PARTITIONS),
                "--replication-factor", str(REPLICATION_FACTOR), "--config",
-               f"min.insync.replicas={MIN_INSYNC_REPLICAS}", "--bootstrap", args.bootstrap)
+               f"min.insync.replicas={MIN_INSYNC_REPLICAS}", "--bootstrap", args.bootstrap,
+               *(["-F", args.properties] if args.properties else []))
 
     async def all_in_sync():
         partitions = await describe(args.bootstrap, topic)
@@ -582,7 +591,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="give up (exit 1) after this many seconds whatever happens (default 600)")
     parser.add_argument("--json", action="store_true", help="also print the timeline and counts as one JSON line")
+    parser.add_argument("-F", "--properties", metavar="FILE",
+                        help="client properties (security.protocol, sasl.*, ssl.*), as kcat -F reads them")
+    parser.add_argument("--secure", action="store_true",
+                        help="against cluster/up.sh --secure: -F cluster/.secure/<project>/admin.properties")
     args = parser.parse_args(argv)
+    if args.secure and not args.properties:
+        args.properties = str(Path(__file__).resolve().parent / ".secure" / args.project / "admin.properties")
+    if args.properties:
+        from copyless.client.security import ClientSecurity, read_properties
+
+        global SECURITY
+        SECURITY = ClientSecurity.from_properties(read_properties(args.properties))
     # A last bound on the whole run: a client stuck past every phase's own timeout still ends the demo.
     watchdog = threading.Timer(args.timeout, _give_up, (args.timeout,))
     watchdog.daemon = True

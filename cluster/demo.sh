@@ -3,7 +3,9 @@
 # idempotent acks=all producer and a consumer group, the leader of partition 0 killed with `docker kill`, a
 # timeline of the failover, and a verdict on every acknowledged record. Exits 0 only on that verdict.
 #
-#   cluster/demo.sh [--project NAME] [--bootstrap HOST:PORT,...] [--interval-ms N] [--json]
+#   cluster/demo.sh [--project NAME] [--bootstrap HOST:PORT,...] [--interval-ms N] [--json] [--secure | -F FILE]
+#
+# --secure: against cluster/up.sh --secure, with its cluster/.secure/<project>/admin.properties.
 #
 # Runs on the host with the checkout's virtualenv (.venv, as the README makes it), or the Python in $PYTHON;
 # either must have copyless installed. Ports follow COPYLESS_BROKER{1,2,3}_PORT like cluster/up.sh.

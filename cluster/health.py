@@ -3,8 +3,11 @@
 
 The image's healthcheck, and usable from a host against a published port:
 
-    copyless-health [HOST:PORT]        (default 127.0.0.1:9092)
+    copyless-health [--cafile CA.pem] [HOST:PORT]        (default 127.0.0.1:9092)
     python3 cluster/health.py 127.0.0.1:19092
+
+With ``--cafile`` the probe speaks TLS first and trusts that CA (a SASL_SSL or SSL listener: ApiVersions
+is answered before any authentication).
 
 Standard library only, so it runs under any Python 3 (the image copies it to /usr/local/bin). The request is
 ApiVersions v0, the one every Kafka-protocol broker must answer before anything else is negotiated:
@@ -32,17 +35,17 @@ TIMEOUT_S = 3.0
 RESPONSE_BYTES_MAX = 64 * 1024
 
 
-def probe(host: str, port: int, timeout_s: float = TIMEOUT_S) -> str | None:
+def probe(host: str, port: int, timeout_s: float = TIMEOUT_S, cafile: str | None = None) -> str | None:
     """One ApiVersions v0 round trip. Returns None when healthy, else the reason. Blocking (up to ~2 x timeout)."""
     header = struct.pack(">hhih", API_VERSIONS_KEY, 0, CORRELATION_ID, len(CLIENT_ID)) + CLIENT_ID
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        with _connect(host, port, timeout_s, cafile) as sock:
             sock.sendall(struct.pack(">i", len(header)) + header)
             (size,) = struct.unpack(">i", _read_exactly(sock, 4))
             if not 10 <= size <= RESPONSE_BYTES_MAX:
                 return f"response size {size} is not an ApiVersions response"
             body = _read_exactly(sock, size)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError) as exc:  # ssl.SSLError is an OSError
         return f"{host}:{port}: {exc or type(exc).__name__}"
     correlation_id, error_code, api_count = struct.unpack_from(">ihi", body)
     if correlation_id != CORRELATION_ID:
@@ -52,6 +55,21 @@ def probe(host: str, port: int, timeout_s: float = TIMEOUT_S) -> str | None:
     if api_count <= 0:
         return "the broker lists no APIs"
     return None
+
+
+def _connect(host: str, port: int, timeout_s: float, cafile: str | None):
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    if cafile is None:
+        return sock
+    import ssl
+
+    context = ssl.create_default_context(cafile=cafile)
+    context.check_hostname = False  # the probe runs inside the container, against its own loopback
+    try:
+        return context.wrap_socket(sock)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:
@@ -66,9 +84,13 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    address = argv[1] if len(argv) > 1 else "127.0.0.1:9092"
+    args = list(argv[1:])
+    cafile = None
+    if args[:1] == ["--cafile"] and len(args) >= 2:
+        cafile, args = args[1], args[2:]
+    address = args[0] if args else "127.0.0.1:9092"
     host, _, port = address.rpartition(":")
-    reason = probe(host.strip("[]") or "127.0.0.1", int(port))
+    reason = probe(host.strip("[]") or "127.0.0.1", int(port), cafile=cafile)
     if reason is not None:
         print(f"unhealthy: {reason}", file=sys.stderr)
         return 1

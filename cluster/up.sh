@@ -2,8 +2,12 @@
 # Brings up the copyless cluster (three brokers, three etcd nodes) and waits until every container is healthy.
 # Builds the images first when they are missing or out of date (cluster/build-images.sh: no registry needed).
 #
-#   cluster/up.sh [--single] [--metrics] [--timeout SECONDS]
+#   cluster/up.sh [--single | --secure] [--metrics] [--timeout SECONDS]
 #
+# --secure runs every listener as SASL_SSL with SCRAM-SHA-512, brokers included, and the ACL authorizer:
+# cluster/make-secure.sh makes a CA, the brokers' certificate and the admin and broker credentials in
+# cluster/.secure/<project> (kept for the next up), and clients on the host use its admin.properties
+# (kcat -F, copyless -F, cluster/demo.sh --secure).
 # --single starts the one-broker docker-compose.single.yml instead. --metrics also builds the Prometheus image
 # and starts the compose file's "metrics" profile: Prometheus scraping every broker, on 127.0.0.1:19090
 # (COPYLESS_PROMETHEUS_PORT). Brokers answer on the host at 127.0.0.1:19092, 19093, 19094
@@ -20,15 +24,20 @@ OPTIONAL_SERVICES=(prometheus)
 while [ $# -gt 0 ]; do
     case "$1" in
         --single) SINGLE=(--single) ;;
+        --secure) SINGLE=(--secure) ;;
         --metrics) BUILD=(--prometheus); OPTIONAL_SERVICES=(); export COMPOSE_PROFILES=metrics ;;
         --timeout) TIMEOUT_S=$2; shift ;;
-        -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "up: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 compose() { "$HERE/compose.sh" "${SINGLE[@]}" "$@"; }
 
+if [ "${SINGLE[*]}" = "--secure" ]; then
+    SECURE_DIR=${COPYLESS_SECURE_DIR:-$HERE/.secure/${COMPOSE_PROJECT_NAME:-copyless}}
+    "$HERE/make-secure.sh" "$SECURE_DIR"
+fi
 "$HERE/build-images.sh" "${BUILD[@]}" >/dev/null
 # A failed `up` (an etcd node never healthy, say) is reported below with the containers' logs.
 compose up --detach --remove-orphans || echo "up: compose up failed; looking at the containers" >&2
@@ -63,10 +72,11 @@ while [ ${#pending[@]} -gt 0 ]; do
     [ ${#pending[@]} -eq 0 ] || sleep 1
 done
 
-if [ ${#SINGLE[@]} -gt 0 ]; then
+if [ "${SINGLE[*]}" = "--single" ]; then
     echo "copyless is up: bootstrap 127.0.0.1:${COPYLESS_PORT:-9092}"
 else
     printf 'copyless cluster is up: bootstrap 127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\n' \
         "${COPYLESS_BROKER1_PORT:-19092}" "${COPYLESS_BROKER2_PORT:-19093}" "${COPYLESS_BROKER3_PORT:-19094}"
     [ -z "${COMPOSE_PROFILES:-}" ] || echo "prometheus: http://127.0.0.1:${COPYLESS_PROMETHEUS_PORT:-19090}"
+    [ -z "${SECURE_DIR:-}" ] || echo "SASL_SSL with SCRAM-SHA-512 everywhere; client settings: $SECURE_DIR/admin.properties"
 fi

@@ -158,6 +158,9 @@ class EtcdMetadata(MetadataBackend):
         self._forward: Any = None  # a client connection to the controller, for forwarded requests
         self._forward_target: tuple[int, tuple[str, int]] | None = None
         self.controller = Controller(self)
+        # Called with (every key under the prefix, revision) after each new view: the security store reads
+        # its keys from the same watch (broker.security.store).
+        self.kv_listeners: list[Callable[[dict, int], None]] = []
         self.stats = {"etcd_reads": 0, "etcd_writes": 0, "watch_resumes": 0, "reloads": 0, "registrations": 0,
                       "isr_writes": 0, "isr_writes_refused": 0, "forwarded": 0}
 
@@ -356,6 +359,8 @@ class EtcdMetadata(MetadataBackend):
         self._publish()
 
     def _publish(self) -> None:
+        for listener in self.kv_listeners:
+            listener(self._kvs, self._revision)
         image = decode_image(self.layout, self._kvs.values(), self._revision)
         self.image = image
         self.broker.replicas.publish(image)
@@ -470,7 +475,8 @@ class EtcdMetadata(MetadataBackend):
                 self._forward.close()
             host, port = target[1]
             self._forward = await Connection.open(host, port, client_id=inter_broker_client_id(self.node_id),
-                                                  request_timeout_ms=30_000)
+                                                  request_timeout_ms=30_000,
+                                                  security=self.broker.security.inter_broker_client())
             self._forward_target = target
         self.stats["forwarded"] += 1
         return await self._forward.request_kio(request, response_cls)

@@ -187,7 +187,8 @@ class ReplicaFetcher:
         # The request timeout bounds a long poll: the wait plus a margin for the transfer.
         timeout_ms = self.broker.config.replica_fetch_wait_max_ms + 30_000
         self._connection = await Connection.open(host, port, client_id=f"copyless-replica-{self.broker.node_id}",
-                                                 request_timeout_ms=timeout_ms)
+                                                 request_timeout_ms=timeout_ms,
+                                                 security=self.broker.security.inter_broker_client())
         return self._connection
 
     # --- truncation ---------------------------------------------------------------------------------------------

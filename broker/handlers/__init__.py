@@ -37,6 +37,9 @@ _MODULES = (
     ("copyless.broker.handlers.configs", True),
     ("copyless.broker.handlers.cluster", True),
     ("copyless.broker.handlers.delete_records", True),
+    ("copyless.broker.handlers.sasl", True),
+    ("copyless.broker.handlers.acls", True),
+    ("copyless.broker.handlers.scram", True),
     ("copyless.broker.handlers.groups", False),
 )
 

@@ -23,6 +23,8 @@ import logging
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.topics import TopicError
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
@@ -40,7 +42,9 @@ async def describe_cluster(ctx: RequestContext, request):
     image = broker.metadata.image
     endpoint_type = getattr(request, "endpoint_type", BROKER_ENDPOINTS)
     code, message, brokers = ErrorCode.none, None, []
-    if endpoint_type != BROKER_ENDPOINTS:
+    if not checks.cluster(ctx, Operation.DESCRIBE):
+        code, message = ErrorCode.cluster_authorization_failed, "Describe on the cluster is needed"
+    elif endpoint_type != BROKER_ENDPOINTS:
         code, message = ErrorCode.unsupported_endpoint_type, "copyless has no separate controller endpoints"
     else:
         for node_id in sorted(image.brokers):
@@ -71,7 +75,9 @@ async def elect_leaders(ctx: RequestContext, request):
         keys = list(dict.fromkeys((item.topic, int(p)) for item in request.topic_partitions for p in item.partitions))
     top_code = ErrorCode.none
     outcome: dict = {}
-    if election_type == PREFERRED:
+    if not checks.cluster(ctx, Operation.ALTER):
+        top_code = ErrorCode.cluster_authorization_failed
+    elif election_type == PREFERRED:
         try:
             known = None if keys is None else [key for key in keys if image.partition_state(*key) is not None]
             if known is None or known:

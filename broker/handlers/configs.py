@@ -28,6 +28,8 @@ from kio.schema.errors import ErrorCode
 from copyless.broker import config_sources as sources
 from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.configs")
@@ -51,6 +53,15 @@ def _broker_key(broker, name: str) -> str:
     if node_id != broker.node_id and node_id not in broker.metadata.image.brokers:
         raise BrokerError(ErrorCode.invalid_request, f"Unexpected broker id {name!r}: not a registered broker")
     return str(node_id)
+
+
+def _check_authorized(ctx: RequestContext, resource, operation) -> None:
+    """DescribeConfigs / AlterConfigs on the topic, or on the cluster for a broker. Raises BrokerError
+    (TOPIC_ / CLUSTER_AUTHORIZATION_FAILED)."""
+    if resource.resource_type == TOPIC and not checks.topic(ctx, operation, resource.resource_name):
+        raise BrokerError(ErrorCode.topic_authorization_failed, f"Not authorized: {operation.name} on the topic")
+    if resource.resource_type == BROKER and not checks.cluster(ctx, operation):
+        raise BrokerError(ErrorCode.cluster_authorization_failed, f"Not authorized: {operation.name} on the cluster")
 
 
 # --- DescribeConfigs -------------------------------------------------------------------------------------------
@@ -84,6 +95,7 @@ async def describe_configs(ctx: RequestContext, request):
         wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
         code, message, entries = ErrorCode.none, None, []
         try:
+            _check_authorized(ctx, resource, Operation.DESCRIBE_CONFIGS)
             entries = _entries(broker, resource)
         except BrokerError as exc:
             code, message = exc.code, exc.message
@@ -146,6 +158,7 @@ async def _alter_all(ctx: RequestContext, request, change_for) -> list[tuple[obj
             if counts[(resource.resource_type, resource.resource_name)] > 1:
                 raise BrokerError(ErrorCode.invalid_request,
                                   f"Error due to duplicate resource {resource.resource_name!r} in one request")
+            _check_authorized(ctx, resource, Operation.ALTER_CONFIGS)
             await _alter(ctx.broker, resource, change_for(resource), request.validate_only)
         except Exception as exc:
             code, message = error_for(exc)

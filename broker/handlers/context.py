@@ -33,6 +33,9 @@ class RequestContext:
     connection_id: int
     client_host: str
     listener: str = "PLAINTEXT"  # the name of the listener the request arrived on (Metadata answers with its addresses)
+    principal: str = "User:ANONYMOUS"  # who the connection authenticated as (SASL, mTLS), for the ACL checks
+    session: Any = None  # the connection's SaslSession (SASL listeners), for SaslHandshake/SaslAuthenticate
+    close_reason: str | None = None  # set by a handler: close the connection after this response (logged)
 
 
 @dataclass(slots=True)

@@ -17,8 +17,10 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.errors import error_for
+from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.delete_records")
@@ -31,11 +33,14 @@ async def handle(ctx: RequestContext, request):
     broker = ctx.broker
     module = response_module(API_KEY, ctx.api_version)
     topics = []
+    denied = checks.denied_topics(ctx, Operation.DELETE, (t.name for t in request.topics))
     for topic in request.topics:
         partitions = []
         for item in topic.partitions:
             code, low_watermark = ErrorCode.none, NO_LOW_WATERMARK
             try:
+                if topic.name in denied:
+                    raise BrokerError(ErrorCode.topic_authorization_failed, "Not authorized to delete records")
                 partition = broker.replicas.leader(topic.name, item.partition_index)
                 low_watermark = await partition.delete_records_before(item.offset)
                 log.info("%s-%d: records before offset %d deleted for %s (log start offset %d)", topic.name,

@@ -18,6 +18,9 @@ Per request (``ReplicaManager.fetchMessages`` / ``readFromLog``, KIP-74):
 - a consumer reads below the high watermark; a follower (``replica_id`` >= 0) reads up to the log end, and
   its fetch offset tells the leader its log end offset (which moves the ISR and the high watermark). A
   consumer's long poll wakes when the high watermark moves, a follower's when the log end does;
+- authorization (``broker.security.checks``): a consumer needs Read on each topic, a follower ClusterAction
+  on the cluster (``replica_id`` is not taken on trust); a refused topic answers TOPIC_AUTHORIZATION_FAILED
+  (29) without being read or moving any follower state;
 - ``session_id`` is always 0 (no fetch sessions): kafka-python's "create session" request gets a full
   response and it stays on full fetches.
 
@@ -34,16 +37,20 @@ import time
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.cluster.backend import replica_epoch_of
-from copyless.broker.errors import error_for
+from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.handlers.context import EncodedResponse, RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.storage.errors import OffsetOutOfRangeError
 from copyless.broker.wire.fetch_response import MAX_VERSION, MIN_VERSION, FetchPartitionResult, encode_fetch_response
 
 API_KEY = 1
 
 
-def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int = -1):
-    """One pass over the requested partitions. Loop thread.
+def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int = -1,
+                    denied: frozenset = frozenset()):
+    """One pass over the requested partitions. Loop thread. ``denied``: topics answered
+    TOPIC_AUTHORIZATION_FAILED without being read.
 
     A follower's fetch (``replica_id`` >= 0) reads up to the log end and first records the fetch offset as
     that follower's log end offset; a consumer's reads below the high watermark. ``replica_epoch`` is the
@@ -69,6 +76,8 @@ def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int
             partition = None
             offset = fetch_partition.fetch_offset
             try:
+                if name in denied:
+                    raise BrokerError(ErrorCode.topic_authorization_failed, "Not authorized")
                 partition = replicas.leader(name, fetch_partition.partition,
                                             getattr(fetch_partition, "current_leader_epoch", -1))
                 limit = max(0, min(fetch_partition.partition_max_bytes, remaining))
@@ -118,6 +127,11 @@ async def handle(ctx: RequestContext, request):
     max_wait_s = max(request.max_wait.total_seconds(), 0.0)
     min_bytes = request.min_bytes
     response_max_bytes = max(0, min(request.max_bytes, broker.config.fetch_max_bytes))
+    # A follower must hold ClusterAction (replica_id is not taken on trust); a consumer, Read on each topic.
+    if getattr(request, "replica_id", -1) >= 0 and not checks.cluster(ctx, Operation.CLUSTER_ACTION):
+        denied = frozenset(t.topic for t in request.topics)
+    else:
+        denied = checks.denied_topics(ctx, Operation.READ, (t.topic for t in request.topics))
     # Consumers wait for a partition's high watermark to move; followers for its log end.
     if getattr(request, "replica_id", -1) >= 0:
         keys = [(t.topic, p.partition, "log_end") for t in request.topics for p in t.partitions]
@@ -127,7 +141,7 @@ async def handle(ctx: RequestContext, request):
     deadline = loop.time() + max_wait_s
     while True:
         started = time.perf_counter()
-        topics, total, has_error = read_partitions(broker, request, response_max_bytes, replica_epoch)
+        topics, total, has_error = read_partitions(broker, request, response_max_bytes, replica_epoch, denied)
         remaining_s = deadline - loop.time()
         if total >= min_bytes or has_error or remaining_s <= 0 or broker.closing or not keys:
             break

@@ -9,6 +9,12 @@ from ListOffsets v7 instead: 3.0, see ``handlers.producer_ids``).
 
 A JoinGroup or SyncGroup that the coordinator parks keeps its connection busy until it completes, as in
 Kafka (requests on one connection are answered in order; clients give the coordinator its own connection).
+
+Authorization (``broker.security.checks``, Kafka's rules): Read on the group to join, sync, heartbeat,
+leave and commit; Describe to find its coordinator, fetch its offsets and describe it; Delete to delete it or
+its offsets (GROUP_AUTHORIZATION_FAILED). Committing needs Read on each topic, fetching and describing
+offsets Describe (TOPIC_AUTHORIZATION_FAILED, or left out of an all-topics OffsetFetch); ListGroups lists
+every group with Describe on the cluster, else the groups the principal may Describe.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from copyless.broker.groups.coordinator import GroupSnapshot, GroupState
 from copyless.broker.groups.offsets import MAX_METADATA_BYTES, CommittedOffset
 from copyless.broker.groups.service import GroupService, now_ms
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 __all__ = ["HANDLERS", "startup", "shutdown"]
@@ -60,6 +68,10 @@ async def find_coordinator(ctx: RequestContext, request):
     module = response_module(FIND_COORDINATOR, ctx.api_version)
     broker = ctx.broker
     key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
+    if key_type == KEY_TYPE_GROUP and not checks.group(ctx, Operation.DESCRIBE, request.key):
+        return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.group_authorization_failed, error_message=None, node_id=-1, host="",
+                     port=-1)
     if key_type != KEY_TYPE_GROUP:
         # Transactions are not served: no transaction coordinator exists.
         return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
@@ -79,6 +91,9 @@ async def find_coordinator(ctx: RequestContext, request):
 
 async def join_group(ctx: RequestContext, request):
     module = response_module(JOIN_GROUP, ctx.api_version)
+    if not checks.group(ctx, Operation.READ, request.group_id):
+        return build(module.JoinGroupResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
+                     generation_id=-1, protocol_name="", leader="", member_id="", members=())
     session_timeout_ms = _ms(request.session_timeout)
     rebalance_timeout_ms = _ms(getattr(request, "rebalance_timeout", request.session_timeout))
     if ctx.api_version == 0 or rebalance_timeout_ms < 0:
@@ -106,6 +121,9 @@ async def join_group(ctx: RequestContext, request):
 
 async def sync_group(ctx: RequestContext, request):
     module = response_module(SYNC_GROUP, ctx.api_version)
+    if not checks.group(ctx, Operation.READ, request.group_id):
+        return build(module.SyncGroupResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
+                     assignment=b"")
     result = await ctx.broker.groups.sync_group(
         group_id=request.group_id,
         generation_id=request.generation_id,
@@ -119,6 +137,8 @@ async def sync_group(ctx: RequestContext, request):
 
 async def heartbeat(ctx: RequestContext, request):
     module = response_module(HEARTBEAT, ctx.api_version)
+    if not checks.group(ctx, Operation.READ, request.group_id):
+        return build(module.HeartbeatResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed)
     error = ctx.broker.groups.heartbeat(
         group_id=request.group_id,
         generation_id=request.generation_id,
@@ -130,6 +150,9 @@ async def heartbeat(ctx: RequestContext, request):
 
 async def leave_group(ctx: RequestContext, request):
     module = response_module(LEAVE_GROUP, ctx.api_version)
+    if not checks.group(ctx, Operation.READ, request.group_id):
+        return build(module.LeaveGroupResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
+                     members=())
     if ctx.api_version >= 3:
         leaving = [(m.member_id, m.group_instance_id) for m in request.members]
     else:
@@ -171,6 +194,9 @@ async def offset_commit(ctx: RequestContext, request):
         member_id=request.member_id,
         group_instance_id=getattr(request, "group_instance_id", None),
     )
+    if not checks.group(ctx, Operation.READ, request.group_id):
+        error = ErrorCode.group_authorization_failed
+    denied = checks.denied_topics(ctx, Operation.READ, (t.name for t in request.topics))
     errors: dict[tuple[str, int], ErrorCode] = {}
     commits: dict[tuple[str, int], CommittedOffset] = {}
     timestamp_ms = now_ms()
@@ -179,6 +205,8 @@ async def offset_commit(ctx: RequestContext, request):
             key = (topic.name, partition.partition_index)
             if error != ErrorCode.none:
                 errors[key] = error
+            elif topic.name in denied:
+                errors[key] = ErrorCode.topic_authorization_failed
             elif not _partition_exists(broker, topic.name, partition.partition_index):
                 errors[key] = ErrorCode.unknown_topic_or_partition
             elif partition.committed_metadata is not None and \
@@ -218,11 +246,17 @@ def _partition_exists(broker, topic: str, partition: int) -> bool:
 async def offset_fetch(ctx: RequestContext, request):
     module = response_module(OFFSET_FETCH, ctx.api_version)
     groups: GroupService = ctx.broker.groups
-    group_error, committed = groups.committed(request.group_id)
+    if not checks.group(ctx, Operation.DESCRIBE, request.group_id):
+        group_error, committed = ErrorCode.group_authorization_failed, {}
+    else:
+        group_error, committed = groups.committed(request.group_id)
+    denied = checks.denied_topics(ctx, Operation.DESCRIBE, (topic for topic, _p in committed) if request.topics is None
+                                  else (t.name for t in request.topics))
     if request.topics is None:
         wanted: dict[str, list[int]] = {}
         for topic, partition in sorted(committed):
-            wanted.setdefault(topic, []).append(partition)
+            if topic not in denied:  # an all-topics fetch leaves out what the principal may not describe
+                wanted.setdefault(topic, []).append(partition)
     else:
         wanted = {t.name: list(t.partition_indexes) for t in request.topics}
     # v1 has no top-level error: the group's error goes on every partition.
@@ -231,12 +265,13 @@ async def offset_fetch(ctx: RequestContext, request):
     for topic, partitions in wanted.items():
         items = []
         for partition in partitions:
-            found = committed.get((topic, partition))
+            found = None if topic in denied else committed.get((topic, partition))
             items.append(build(
                 module.OffsetFetchResponsePartition, partition_index=partition,
                 committed_offset=found.offset if found else -1,
                 committed_leader_epoch=found.leader_epoch if found else -1,
-                metadata=found.metadata if found else "", error_code=partition_error))
+                metadata=found.metadata if found else "",
+                error_code=ErrorCode.topic_authorization_failed if topic in denied else partition_error))
         topics.append(build(module.OffsetFetchResponseTopic, name=topic, partitions=tuple(items)))
     return build(module.OffsetFetchResponse, throttle_time=NO_THROTTLE, topics=tuple(topics),
                  error_code=group_error)
@@ -250,6 +285,11 @@ async def describe_groups(ctx: RequestContext, request):
     groups: GroupService = ctx.broker.groups
     described = []
     for group_id in request.groups:
+        if not checks.group(ctx, Operation.DESCRIBE, group_id):
+            described.append(build(module.DescribedGroup, error_code=ErrorCode.group_authorization_failed,
+                                   group_id=group_id, group_state="", protocol_type="", protocol_data="", members=(),
+                                   authorized_operations=AUTHORIZED_OPERATIONS_OMITTED))
+            continue
         status_error, snapshot = groups.describe(group_id)
         if snapshot is None:
             snapshot = GroupSnapshot(group_id, GroupState.DEAD, -1, None, None, None, 0)
@@ -275,6 +315,8 @@ async def describe_groups(ctx: RequestContext, request):
 async def list_groups(ctx: RequestContext, request):
     module = response_module(LIST_GROUPS, ctx.api_version)
     code, listed = ctx.broker.groups.list_groups()
+    if not checks.cluster(ctx, Operation.DESCRIBE):
+        listed = [(group_id, kind) for group_id, kind in listed if checks.group(ctx, Operation.DESCRIBE, group_id)]
     groups = tuple(build(module.ListedGroup, group_id=group_id, protocol_type=protocol_type)
                    for group_id, protocol_type in listed)
     return build(module.ListGroupsResponse, throttle_time=NO_THROTTLE, error_code=code, groups=groups)
@@ -287,10 +329,14 @@ async def delete_groups(ctx: RequestContext, request):
     module = response_module(DELETE_GROUPS, ctx.api_version)
     groups: GroupService | None = ctx.broker.groups
     names = list(dict.fromkeys(request.groups_names))
+    refused = {name: ErrorCode.group_authorization_failed for name in names
+               if not checks.group(ctx, Operation.DELETE, name)}
+    allowed = [name for name in names if name not in refused]
     if groups is None:
-        outcome = {name: ErrorCode.coordinator_not_available for name in names}
+        outcome = {name: ErrorCode.coordinator_not_available for name in allowed}
     else:
-        outcome = await groups.delete_groups(names)
+        outcome = await groups.delete_groups(allowed) if allowed else {}
+    outcome.update(refused)
     for name, code in outcome.items():
         if code != ErrorCode.none:
             log.info("delete group %r for %s refused: %s", name, ctx.client_id, code.name)
@@ -301,11 +347,18 @@ async def delete_groups(ctx: RequestContext, request):
 async def offset_delete(ctx: RequestContext, request):
     module = response_module(OFFSET_DELETE, ctx.api_version)
     groups: GroupService | None = ctx.broker.groups
-    wanted = [(topic.name, int(p.partition_index)) for topic in request.topics for p in topic.partitions]
-    if groups is None:
+    denied = checks.denied_topics(ctx, Operation.READ, (t.name for t in request.topics))
+    wanted = [(topic.name, int(p.partition_index)) for topic in request.topics for p in topic.partitions
+              if topic.name not in denied]
+    if not checks.group(ctx, Operation.DELETE, request.group_id):
+        code, outcome = ErrorCode.group_authorization_failed, {}
+    elif groups is None:
         code, outcome = ErrorCode.coordinator_not_available, {}
     else:
         code, outcome = await groups.delete_offsets(request.group_id, wanted)
+        outcome.update({(topic.name, int(p.partition_index)): ErrorCode.topic_authorization_failed
+                        for topic in request.topics if topic.name in denied for p in topic.partitions})
+        wanted += [key for key in outcome if key[0] in denied]
     topics = []
     if code == ErrorCode.none:
         by_topic: dict[str, list] = {}

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.errors import error_for
+from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 API_KEY = 23
@@ -26,11 +28,21 @@ async def handle(ctx: RequestContext, request):
     broker = ctx.broker
     module = response_module(API_KEY, ctx.api_version)
     topics = []
+    # A follower's request (replica_id >= 0) needs ClusterAction; a consumer's, Describe on each topic.
+    if getattr(request, "replica_id", -1) >= 0:
+        everything_denied = not checks.cluster(ctx, Operation.CLUSTER_ACTION)
+        denied = frozenset(t.topic for t in request.topics) if everything_denied else frozenset()
+        refusal = ErrorCode.cluster_authorization_failed
+    else:
+        denied = checks.denied_topics(ctx, Operation.DESCRIBE, (t.topic for t in request.topics))
+        refusal = ErrorCode.topic_authorization_failed
     for topic in request.topics:
         partitions = []
         for item in topic.partitions:
             code, epoch, end_offset = ErrorCode.none, -1, -1
             try:
+                if topic.topic in denied:
+                    raise BrokerError(refusal, "Not authorized")
                 partition = broker.replicas.leader(topic.topic, item.partition, item.current_leader_epoch)
                 epoch, end_offset = partition.end_offset_for_epoch(item.leader_epoch)
             except Exception as exc:

@@ -30,8 +30,10 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.errors import OffsetNotAvailable, error_for
+from copyless.broker.errors import BrokerError, OffsetNotAvailable, error_for
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.list_offsets")
@@ -46,11 +48,14 @@ async def handle(ctx: RequestContext, request):
     broker = ctx.broker
     module = response_module(API_KEY, ctx.api_version)
     topics = []
+    denied = checks.denied_topics(ctx, Operation.DESCRIBE, (t.name for t in request.topics))
     for list_topic in request.topics:
         partitions = []
         for item in list_topic.partitions:
             code, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
             try:
+                if list_topic.name in denied:
+                    raise BrokerError(ErrorCode.topic_authorization_failed, "Not authorized to describe the topic")
                 partition = broker.replicas.leader(list_topic.name, item.partition_index,
                                                    getattr(item, "current_leader_epoch", -1))
                 if item.timestamp == LATEST:

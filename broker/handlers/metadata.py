@@ -18,6 +18,10 @@ Rules (``KafkaApis.getTopicMetadata``, traps T7, T11, T12 in the protocol notes)
   expired, is reported as -1 with LEADER_NOT_AVAILABLE; clients retry with fresh metadata.
 - internal topics (``__consumer_offsets``) carry ``is_internal`` (v1+) and are left out of v0 all-topics
   answers, which cannot mark them.
+- authorization: an all-topics answer lists only the topics the principal may Describe; a named topic it
+  may not Describe answers TOPIC_AUTHORIZATION_FAILED (29), and so does a missing one it could have
+  auto-created without Create on the cluster or the topic. ``*_authorized_operations`` (v8) are filled in
+  when asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import logging
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.acl import CLUSTER_NAME, SUPPORTED_OPERATIONS, ResourceType
+from copyless.broker.security.checks import Operation
 from copyless.broker.topics import TopicError, validate_topic_name
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
@@ -49,15 +56,22 @@ async def handle(ctx: RequestContext, request):
     image = broker.metadata.image
     if all_topics:
         names = sorted(t.name for t in image.topics.values() if not (version == 0 and t.internal))
+        hidden = checks.denied_topics(ctx, Operation.DESCRIBE, names)
+        names = [name for name in names if name not in hidden]
     else:
         names = []
         for item in requested:
             name = item.name if hasattr(item, "name") else item
             if name not in names:
                 names.append(name)
+    denied = frozenset() if all_topics else checks.denied_topics(ctx, Operation.DESCRIBE, names)
+    topic_operations = getattr(request, "include_topic_authorized_operations", False)
 
     topics = []
     for name in names:
+        if name in denied:
+            topics.append(_topic_error(module, name, ErrorCode.topic_authorization_failed))
+            continue
         info = broker.metadata.image.topic(name)
         if info is None and broker.is_creating(name):
             await broker.wait_created(name)
@@ -73,7 +87,8 @@ async def handle(ctx: RequestContext, request):
                 name=name,
                 is_internal=info.internal,
                 partitions=_partitions(broker, module, broker.metadata.image, info),
-                topic_authorized_operations=_AUTHORIZED_OPERATIONS_OMITTED,
+                topic_authorized_operations=authorized_operations(ctx, ResourceType.TOPIC, name)
+                if topic_operations else _AUTHORIZED_OPERATIONS_OMITTED,
             )
         )
 
@@ -92,8 +107,19 @@ async def handle(ctx: RequestContext, request):
         cluster_id=image.cluster_id or broker.cluster_id,
         controller_id=image.controller_id,
         topics=tuple(topics),
-        cluster_authorized_operations=_AUTHORIZED_OPERATIONS_OMITTED,
+        cluster_authorized_operations=authorized_operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME)
+        if getattr(request, "include_cluster_authorized_operations", False) else _AUTHORIZED_OPERATIONS_OMITTED,
     )
+
+
+def authorized_operations(ctx: RequestContext, resource_type: ResourceType, name: str) -> int:
+    """Kafka's bit field of the operations the principal may do on the resource (bit = operation code)."""
+    security = ctx.broker.security
+    bits = 0
+    for operation in SUPPORTED_OPERATIONS[resource_type]:
+        if security.authorize(ctx.principal, ctx.client_host, operation, resource_type, name):
+            bits |= 1 << int(operation)
+    return bits
 
 
 def _partitions(broker, module, image, info) -> tuple:
@@ -146,6 +172,8 @@ async def _missing_topic(ctx: RequestContext, module, name: str, all_topics: boo
     broker = ctx.broker
     if all_topics or not allow_auto_create or not broker.config.auto_create_topics or broker.closing:
         return _topic_error(module, name, ErrorCode.unknown_topic_or_partition)
+    if not (checks.cluster(ctx, Operation.CREATE) or checks.topic(ctx, Operation.CREATE, name)):
+        return _topic_error(module, name, ErrorCode.topic_authorization_failed)
     try:
         await broker.create_topic(name)
         log.info("auto-created topic %s for client %s", name, ctx.client_id)

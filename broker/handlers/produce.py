@@ -44,6 +44,8 @@ from kio.schema.errors import ErrorCode
 from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 from copyless.broker.record_conversion import convert_message_set, is_message_set, recompress_batch, target_codec
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.produce_response import encode_produce_response
 from copyless.client.protocol.records import (
     CODEC_ZSTD,
@@ -125,6 +127,7 @@ async def handle(ctx: RequestContext, request):
     results: list[tuple[str, list]] = []  # topic -> [(partition, code, base_offset, log_append_ms, log_start, message)]
     waits: list = []  # (entry, partition, required offset): acks=all, and the sync flush mode
     first_error: str | None = None
+    denied = checks.denied_topics(ctx, Operation.WRITE, (t.name for t in request.topic_data))
 
     for topic_data in request.topic_data:
         name = topic_data.name
@@ -137,6 +140,8 @@ async def handle(ctx: RequestContext, request):
             try:
                 if acks not in (-1, 0, 1):
                     raise ProduceError(ErrorCode.invalid_required_acks, f"Invalid required acks {acks}")
+                if name in denied:
+                    raise ProduceError(ErrorCode.topic_authorization_failed, f"Not authorized to write to topic {name}")
                 if request.transactional_id is not None:
                     raise ProduceError(
                         ErrorCode.transactional_id_authorization_failed, "Transactions are not supported by this broker"

@@ -20,6 +20,8 @@ import logging
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.context import RequestContext
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 log = logging.getLogger("copyless.producer_ids")
@@ -38,6 +40,10 @@ async def handle(ctx: RequestContext, request):
             producer_id=-1,
             producer_epoch=-1,
         )
+    # An idempotent producer needs IdempotentWrite on the cluster, or Write on some topic (KIP-679).
+    if not (checks.cluster(ctx, Operation.IDEMPOTENT_WRITE) or checks.any_topic(ctx, Operation.WRITE)):
+        return build(module.InitProducerIdResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.cluster_authorization_failed, producer_id=-1, producer_epoch=-1)
     producer_id = await ctx.broker.allocate_producer_id()
     return build(
         module.InitProducerIdResponse,

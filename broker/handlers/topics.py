@@ -28,6 +28,8 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker.handlers.context import RequestContext
 from copyless.broker.cluster.backend import is_inter_broker
+from copyless.broker.security import checks
+from copyless.broker.security.checks import Operation
 from copyless.broker.topics import INTERNAL_TOPICS, TopicError
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
@@ -41,10 +43,15 @@ async def handle_create_topics(ctx: RequestContext, request):
     module = response_module(CREATE_TOPICS, ctx.api_version)
     counts = Counter(topic.name for topic in request.topics)
     results = []
+    # Create on the cluster covers every topic; otherwise Create on each topic.
+    denied = frozenset() if checks.cluster(ctx, Operation.CREATE) else \
+        checks.denied_topics(ctx, Operation.CREATE, (t.name for t in request.topics))
     for topic in request.topics:
         code, message = ErrorCode.none, None
         if counts[topic.name] > 1:
             code, message = ErrorCode.invalid_request, f"Create topics request from client contains a duplicate topic {topic.name}"
+        elif topic.name in denied:
+            code, message = ErrorCode.topic_authorization_failed, "Authorization failed."
         else:
             try:
                 if not topic.assignments and ctx.api_version < 4 and topic.num_partitions < 1:
@@ -57,7 +64,8 @@ async def handle_create_topics(ctx: RequestContext, request):
                     assignments={a.partition_index: list(a.broker_ids) for a in topic.assignments} or None,
                     # A broker forwarding its own internal topic's creation to the controller (the groups'
                     # __consumer_offsets); a client may not create internal topics.
-                    internal=topic.name in INTERNAL_TOPICS and is_inter_broker(ctx.client_id),
+                    internal=topic.name in INTERNAL_TOPICS and is_inter_broker(ctx.client_id)
+                    and checks.cluster(ctx, Operation.CLUSTER_ACTION),
                     validate_only=request.validate_only,
                 )
             except TopicError as exc:
@@ -72,9 +80,12 @@ async def handle_delete_topics(ctx: RequestContext, request):
     broker = ctx.broker
     module = response_module(DELETE_TOPICS, ctx.api_version)
     results = []
+    denied = checks.denied_topics(ctx, Operation.DELETE, request.topic_names)
     for name in dict.fromkeys(request.topic_names):
         code = ErrorCode.none
         try:
+            if name in denied:
+                raise TopicError(ErrorCode.topic_authorization_failed, "Authorization failed.")
             await broker.delete_topic(name)
         except TopicError as exc:
             code = exc.code
@@ -88,10 +99,13 @@ async def handle_create_partitions(ctx: RequestContext, request):
     module = response_module(CREATE_PARTITIONS, ctx.api_version)
     counts = Counter(topic.name for topic in request.topics)
     results = []
+    denied = checks.denied_topics(ctx, Operation.ALTER, (t.name for t in request.topics))
     for topic in request.topics:
         code, message = ErrorCode.none, None
         if counts[topic.name] > 1:
             code, message = ErrorCode.invalid_request, f"Duplicate topic in request: {topic.name}"
+        elif topic.name in denied:
+            code, message = ErrorCode.topic_authorization_failed, "Authorization failed."
         else:
             assignments = None if topic.assignments is None else [list(a.broker_ids) for a in topic.assignments]
             try:

@@ -7,6 +7,8 @@
     copyless serve --node-id N --metadata etcd://HOST:PORT[,HOST:PORT...][/ROOT]
                    [--listener NAME=HOST:PORT ...] [--advertise NAME=HOST:PORT ...]
                    [--inter-broker-listener NAME] [--cluster-id ID]
+    security (TLS, SASL, ACLs: Kafka's settings in the TOML file, see ``broker.security.settings``):
+                   [--add-scram 'SCRAM-SHA-512=[name=admin,password=...]']
 
 Flags override the TOML file, which overrides Kafka's defaults (see ``broker.config``). The first line on
 stdout is ``copyless listening on HOST:PORT ...`` once the listener is bound (``--listen 127.0.0.1:0``
@@ -45,6 +47,9 @@ def add_parsers(subparsers) -> None:
                         help="join the cluster kept in etcd (default: a single node with its metadata in the data dir)")
     parser.add_argument("--cluster-id", metavar="ID",
                         help="with --metadata: the cluster id to create, or to require of the existing cluster")
+    parser.add_argument("--add-scram", metavar="MECHANISM=[name=USER,password=PASSWORD]", action="append",
+                        help="create this SCRAM credential at start-up unless the user has one for the mechanism "
+                             "(kafka-storage format --add-scram syntax; repeatable): the first admin")
     parser.add_argument("--metrics-listen", metavar="HOST:PORT",
                         help="serve Prometheus metrics on http://HOST:PORT/metrics")
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with broker settings (Kafka names)")
@@ -105,6 +110,9 @@ def config_from_args(args) -> BrokerConfig:
         changes["node_id"] = args.node_id
     if args.check_loop_blocking:
         changes["check_loop_blocking"] = True
+    if args.add_scram:
+        changes["security"] = dataclasses.replace(config.security,
+                                                  add_scram=config.security.add_scram + tuple(args.add_scram))
     config = dataclasses.replace(config, **changes)
     first = config.listener_specs()[0][0]
     for name, host, port in config.advertised_listeners:

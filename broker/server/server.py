@@ -137,8 +137,10 @@ class Server:
             f"{name}={host}:{port}->{advertised[name][0]}:{advertised[name][1]}"
             for name, (host, port) in ((name, sock.getsockname()[:2]) for name, sock in self.listen_sockets.items()))
         mode = f"cluster {self.broker.cluster_id} via {config.metadata}" if config.clustered else "single node"
+        security = self.broker.security.summary()
+        security = f"; {security}" if security else ""
         print(f"copyless listening on {self.bound_host}:{self.bound_port} (node {self.broker.node_id}, {mode}, "
-              f"data in {config.data_dir}); Ctrl-C or SIGTERM stops it cleanly", flush=True)
+              f"data in {config.data_dir}{security}); Ctrl-C or SIGTERM stops it cleanly", flush=True)
         log.info(
             "serving: listeners=%s advertised=%s:%d data_dir=%s loop=%s sendfile=%s flush_mode=%s segment_bytes=%d "
             "socket_send_buffer_bytes=%d retention_ms=%s max_message_bytes=%d auto_create_topics=%s num_partitions=%d "
@@ -148,6 +150,10 @@ class Server:
             config.socket_send_buffer_bytes, config.retention_ms, config.message_max_bytes,
             config.auto_create_topics, config.num_partitions, self.broker.node_id, self.broker.cluster_id,
             config.metadata or "embedded")
+        if config.security.values or config.security.add_scram:
+            log.info("security: %s; kTLS %s (%s); settings %s", self.broker.security.summary() or "PLAINTEXT only",
+                     "available" if self.broker.security.ktls.available else "not available",
+                     self.broker.security.ktls.reason, config.security.describe())
 
     # --- accept --------------------------------------------------------------------------------------------------
 

@@ -251,6 +251,20 @@ def _check_cluster_metadata(document: dict) -> None:
     assert all(r["produce_requests"] > 0 and r["etcd_calls_per_produce_request"] is not None for r in etcd), etcd
 
 
+def _check_security(document: dict) -> None:
+    from benchmarks import security
+
+    assert document["tls_path"] in ("kTLS sendfile", "copying through OpenSSL")
+    for protocol in security.PROTOCOLS:
+        rows = _rows_with(document, broker="copyless", protocol=protocol)
+        assert rows, protocol
+        for row in rows:
+            for key in ("produce_mb_per_s", "consume_mb_per_s", "broker_produce_cpu_s_per_gb",
+                        "broker_consume_cpu_s_per_gb"):
+                assert isinstance(row[key], (int, float)) and row[key] >= 0, (key, row)
+    assert any(key.startswith("copyless SASL_SSL/PLAINTEXT consume_mb_per_s") for key in document["ratios"])
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -261,6 +275,7 @@ CHECKS = {
     "throughput": _check_throughput,
     "replication": _check_replication,
     "cluster_metadata": _check_cluster_metadata,
+    "security": _check_security,
 }
 
 

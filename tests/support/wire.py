@@ -4,7 +4,8 @@ Deliberately independent of the broker's and the client's own codecs (and of kio
 the Kafka protocol spec directly (big-endian, int16-length strings, int32-length arrays and bytes; request
 header v1 = api_key int16, api_version int16, correlation_id int32, client_id nullable string), so a bug
 shared by the broker's codec and ours cannot cancel out. Versions used: ApiVersions v0 (and v3 for its
-flexible header), Metadata v1, Produce v3, Fetch v4, ListOffsets v1, CreateTopics v0/v2, InitProducerId v0.
+flexible header), Metadata v1, Produce v3, Fetch v4, ListOffsets v1, CreateTopics v0/v2, InitProducerId v0,
+SaslHandshake v0/v1, SaslAuthenticate v0/v1.
 The record batches these requests carry come from ``tests.support.batches``.
 
 Besides the codec: ``RawConnection`` (one socket, requests answered in order), and the steps raw-protocol
@@ -25,6 +26,7 @@ from tests.support.polling import wait_until
 
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA = 0, 1, 2, 3
 API_VERSIONS, API_CREATE_TOPICS, API_DELETE_TOPICS, API_INIT_PRODUCER_ID = 18, 19, 20, 22
+API_SASL_HANDSHAKE, API_SASL_AUTHENTICATE = 17, 36
 MAX_REQUEST_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
 
 
@@ -118,6 +120,19 @@ def init_producer_id_v0(correlation_id: int) -> bytes:
     return request(API_INIT_PRODUCER_ID, 0, correlation_id, string(None) + struct.pack(">i", 60000))
 
 
+def sasl_handshake(correlation_id: int, mechanism: str, version: int = 1) -> bytes:
+    return request(API_SASL_HANDSHAKE, version, correlation_id, string(mechanism))
+
+
+def sasl_authenticate(correlation_id: int, token: bytes, version: int = 1) -> bytes:
+    return request(API_SASL_AUTHENTICATE, version, correlation_id, nbytes(token))
+
+
+def raw_token(token: bytes) -> bytes:
+    """A bare SASL token frame (after a v0 SaslHandshake): the size, then the token, no header."""
+    return struct.pack(">i", len(token)) + token
+
+
 # -- responses -----------------------------------------------------------------------------------------------
 class Reader:
     def __init__(self, data: bytes, cursor: int = 0):
@@ -149,6 +164,22 @@ class Reader:
         if count < 0:
             return None
         return [item(self) for _ in range(count)]
+
+
+def parse_sasl_handshake(body: bytes) -> tuple[int, list[str]]:
+    r = Reader(body)
+    error = r.take(">h")
+    return error, r.array(lambda r: r.string()) or []
+
+
+def parse_sasl_authenticate(body: bytes, version: int = 1) -> tuple[int, str | None, bytes, int]:
+    """(error, error message, auth bytes, session lifetime ms; 0 below v1)."""
+    r = Reader(body)
+    error = r.take(">h")
+    message = r.string()
+    token = r.nbytes() or b""
+    lifetime = r.take(">q") if version >= 1 else 0
+    return error, message, token, lifetime
 
 
 def parse_api_versions_v0(body: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
@@ -262,9 +293,13 @@ class ConnectionClosed(Exception):
 
 
 class RawConnection:
-    def __init__(self, host: str, port: int, timeout_s: float = 10.0):
+    """``ssl_context``: TLS first (server name 127.0.0.1's certificate must carry that IP)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = 10.0, ssl_context=None):
         self.sock = socket.create_connection((host, port), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
 
     def close(self) -> None:
         self.sock.close()
