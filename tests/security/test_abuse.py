@@ -28,6 +28,7 @@ from copyless.client.protocol.scram import ScramClient
 from tests.security.conftest import ALICE_PASSWORD, FAILED_AUTH_DELAY_MS, start_secure
 from tests.support import wire
 from tests.support.metrics import metrics_address
+from tests.support.polling import wait_until
 from tests.support.security import ADMIN_PASSWORD, produce, unique
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,6 +73,12 @@ class Background:
         self._stop.set()
         self._thread.join(60)
         assert self.rounds >= 1 and not self.failures, f"the other client failed: {self.failures}"
+
+
+def _wait_logged(abuse, before: int, text: str) -> None:
+    """The broker logs ``text`` after ``before`` (its log line may follow the close the client saw)."""
+    wait_until(lambda: text in abuse.broker.log_since(before), what=f"the broker to log {text!r}", timeout_s=10,
+               detail=lambda: abuse.broker.log_since(before)[-2000:])
 
 
 def _raw(abuse, listener: str = "SASL_PLAINTEXT", tls: bool = False) -> wire.RawConnection:
@@ -140,7 +147,7 @@ def test_oversized_and_malformed_sasl_frames(abuse):
         with _raw(abuse) as conn:
             conn.send(struct.pack(">i", 600 * 1024) + b"\0" * 1024)  # over sasl.server.max.receive.size
             assert conn.wait_closed(10)
-        assert "sasl.server.max.receive.size" in abuse.broker.log_since(before)
+        _wait_logged(abuse, before, "sasl.server.max.receive.size")
         for token in (b"\xff\xfe garbage", b"n,,n=,r=", b"p=tls-unique,,n=alice,r=abc", b"n,,n=alice"):
             with _raw(abuse) as conn:
                 assert wire.parse_sasl_handshake(conn.roundtrip(wire.sasl_handshake(1, "SCRAM-SHA-256")))[0] == 0
@@ -167,13 +174,13 @@ def test_tls_hello_on_plaintext_and_plaintext_on_tls(abuse):
         with socket.create_connection(("127.0.0.1", abuse.ports["PLAINTEXT"]), timeout=10) as raw:
             with pytest.raises((ssl.SSLError, OSError)):
                 context.wrap_socket(raw, server_hostname="127.0.0.1")
-        assert "a TLS handshake arrived on PLAINTEXT listener PLAINTEXT" in abuse.broker.log_since(before)
+        _wait_logged(abuse, before, "a TLS handshake arrived on PLAINTEXT listener PLAINTEXT")
         for listener in ("SSL", "SASL_SSL"):
             before = abuse.broker.log_size()
             with wire.RawConnection("127.0.0.1", abuse.ports[listener]) as conn:
                 conn.send(wire.api_versions_v0(1))
                 assert conn.wait_closed(10)
-            assert "(a plaintext client on a TLS listener?)" in abuse.broker.log_since(before)
+            _wait_logged(abuse, before, "(a plaintext client on a TLS listener?)")
         # mTLS: no client certificate is refused at the handshake.
         before = abuse.broker.log_size()
         with socket.create_connection(("127.0.0.1", abuse.ports["SSL"]), timeout=10) as raw:
@@ -183,7 +190,7 @@ def test_tls_hello_on_plaintext_and_plaintext_on_tls(abuse):
                     assert tls.recv(100) == b""
                 except (ssl.SSLError, OSError):
                     pass  # TLS 1.3 reports the refusal on the first read or write
-        assert "PEER_DID_NOT_RETURN_A_CERTIFICATE" in abuse.broker.log_since(before)
+        _wait_logged(abuse, before, "PEER_DID_NOT_RETURN_A_CERTIFICATE")
 
 
 def test_v0_handshake_bare_tokens(abuse):
@@ -223,7 +230,7 @@ def test_a_client_without_a_valid_certificate_of_this_ca(abuse, tmp_path):
                 assert tls.recv(100) == b""
         except (ssl.SSLError, OSError):
             pass
-    assert "CERTIFICATE_VERIFY_FAILED" in abuse.broker.log_since(before)
+    _wait_logged(abuse, before, "CERTIFICATE_VERIFY_FAILED")
 
 
 def test_no_secret_in_log_metrics_or_stats(abuse):
