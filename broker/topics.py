@@ -136,10 +136,21 @@ def _bool_config(name: str, text: str) -> bool:
 # true: blocks for each whole segment at its creation; false (Kafka's default): steps ahead of the data.
 _LOG_CONFIGS["preallocate"] = ("preallocate", _bool_config)
 
+
+def _compression_type(name: str, text: str) -> str:
+    # Kafka's BrokerCompressionType names; the produce path recompresses batches into anything but
+    # "producer" (broker.record_conversion).
+    if text.lower() not in ("uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"):
+        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}: must be one of "
+                         "uncompressed, zstd, lz4, snappy, gzip, producer")
+    return text.lower()
+
+
+_LOG_CONFIGS["compression.type"] = ("compression_type", _compression_type)
+
 # Accepted only with these values: the behaviour they name is the only one the broker has.
 _FIXED_CONFIGS = {
     "cleanup.policy": {"delete"},
-    "compression.type": {"producer"},
     "message.downconversion.enable": {"true", "false"},
     "remote.storage.enable": {"false"},
 }
