@@ -300,6 +300,16 @@ def _address_text(value) -> str | None:
     return None if value is None else f"{value[0]}:{value[1]}"
 
 
+# Kafka's BrokerCompressionType names, read case-insensitively.
+_COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+
+
+def _compression_type(raw) -> str:
+    if not isinstance(raw, str) or raw.strip().lower() not in _COMPRESSION_TYPES:
+        raise ConfigError(f"String must be one of: {', '.join(_COMPRESSION_TYPES)}")
+    return raw.strip().lower()
+
+
 def _etcd_endpoints(name: str, value: str) -> None:
     if not value.startswith("etcd://"):
         raise ConfigError(f"Invalid value {value} for configuration {name}: expected "
@@ -395,8 +405,9 @@ _define("num.partitions", T.INT, "Partitions of an auto-created topic.", field="
         validator=AtLeast(1))
 _define("cleanup.policy", T.LIST, "What happens to old segments: delete (compaction is not there yet).",
         scope=Scope.TOPIC, default=("delete",), validator=Supported(("delete",)))
-_define("compression.type", T.STRING, "Batches are stored as the producer compressed them.", scope=Scope.TOPIC,
-        default="producer", validator=Supported(("producer",)))
+_define("compression.type", T.STRING, "The codec batches are stored with: producer keeps the producer's, any "
+        "other recompresses them (broker/record_conversion.py).", scope=Scope.TOPIC, default="producer",
+        log_field="compression_type", parse=_compression_type)
 _define("retention.ms", T.LONG, "Delete a segment once its newest record is this old (-1: never).",
         scope=Scope.BOTH, broker_name="log.retention.ms", field="retention_ms", log_field="retention_ms",
         validator=AtLeast(-1), unlimited=True, dynamic=True,

@@ -426,6 +426,13 @@ class Partition:
             return None
         return found
 
+    def offset_for_max_timestamp(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record carrying the log's largest timestamp, below the high
+        watermark, or None (ListOffsets -3, KIP-734; Kafka ``UnifiedLog.fetchOffsetByTimestamp``: the first
+        segment with the largest max timestamp, its first batch reaching it, that batch's first record with
+        it). Raises StorageError, InvalidBatchError."""
+        return self.offset_for_timestamp(self.log.max_timestamp())
+
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch: (the largest epoch <= ``leader_epoch`` this log has, the offset where it
         ends: the next epoch's start, or the log end for the latest), or (-1, -1) when the log has no epoch

@@ -128,6 +128,9 @@ class BrokerStats:
     produce_bytes: int = 0
     produce_duplicates: int = 0
     produce_errors: int = 0
+    # Batches rebuilt before the append (message format v0/v1 converted, or recompressed for the topic's
+    # compression.type): what lost the append-as-is path.
+    produce_rewritten_batches: int = 0
     fetch_responses: int = 0
     fetch_sendfile_bytes: int = 0
     fetch_copied_bytes: int = 0
@@ -171,6 +174,7 @@ class BrokerStats:
             "produce_bytes": self.produce_bytes,
             "produce_duplicates": self.produce_duplicates,
             "produce_errors": self.produce_errors,
+            "produce_rewritten_batches": self.produce_rewritten_batches,
             "fetch_responses": self.fetch_responses,
             "fetch_sendfile_bytes": self.fetch_sendfile_bytes,
             "fetch_copied_bytes": self.fetch_copied_bytes,

@@ -29,8 +29,15 @@ Rules kept from Kafka (``GroupCoordinator.scala``, ``GroupMetadata.scala``, KIP-
   removed and the group rebalances again (Kafka 3.x ``pendingSyncMembers``).
 - A member that is neither joining nor syncing must heartbeat within its session timeout, or it is removed and
   the group rebalances: a member that stopped heartbeating never holds partitions past its session timeout.
-- Static members (``group.instance.id``) rejoining with a new member id take over the old member's place and
-  assignment without a rebalance when the group is Stable; the old member id is fenced (FENCED_INSTANCE_ID).
+- Static members (KIP-345, ``group.instance.id``): one rejoining with no member id takes over its old
+  member's place (a fresh member id) and, when the group is Stable and the protocol the group would select
+  stays the same, its assignment, without a rebalance, even when it led the group or its metadata changed
+  (Kafka ``updateStaticMemberAndRebalance``). The old member id is fenced: its parked requests and every
+  later one naming the instance id get FENCED_INSTANCE_ID. In CompletingRebalance the rejoin starts a new
+  rebalance (the leader may be assigning to the old id); in PreparingRebalance it is one more join. A static
+  member is not removed when its client closes (librdkafka and the Java client send no LeaveGroup for it),
+  only by its session timeout or a LeaveGroup naming it, as an admin's ``removeMembersFromConsumerGroup``
+  does by instance id alone.
 """
 
 from __future__ import annotations
@@ -528,14 +535,20 @@ class GroupCoordinator:
         if group.pending_sync and old_member_id in group.pending_sync:
             group.pending_sync.discard(old_member_id)
             group.pending_sync.add(new_member_id)
-        was_leader = group.leader_id == old_member_id
-        if was_leader:
+        current_leader = group.leader_id
+        if current_leader == old_member_id:
             group.leader_id = new_member_id
-        if group.state is GroupState.STABLE and old.protocols == protocols and not was_leader:
-            # KIP-345: a static member's quick restart keeps the generation and its assignment; it syncs
-            # and gets the assignment back without the group rebalancing.
-            self._changed[group.group_id] = None
-            return self._join_result(group, old)
+        if group.state is GroupState.STABLE:
+            old.protocols = protocols
+            if group.select_protocol() == group.protocol_name:
+                # KIP-345: a static member's restart keeps the generation and its assignment; it syncs and
+                # gets the assignment back without the group rebalancing, whatever its new metadata says (a
+                # restarted consumer no longer lists the partitions it owned). Kafka answers with the leader
+                # id from before the replacement, so a restarted leader does not see itself as leader and
+                # compute an assignment that a Stable group would never hand out (JoinGroup < v9).
+                self._changed[group.group_id] = None
+                return JoinResult(ErrorCode.none, new_member_id, group.generation_id, group.protocol_type,
+                                  group.protocol_name, current_leader or "", ())
         self._update_member(group, old, protocols, waiter)
         if group.state is GroupState.PREPARING_REBALANCE:
             self._maybe_complete_join(group, now_ms)
@@ -749,24 +762,26 @@ class GroupCoordinator:
             return LeaveResult(ErrorCode.none, tuple((m, i, ErrorCode.unknown_member_id) for m, i in members))
         results = []
         removed = False
-        for member_id, group_instance_id in members:
+        for requested_id, group_instance_id in members:
+            # Each answer echoes the member id as requested (Kafka ``memberLeaveError``).
+            member_id = requested_id
             if group_instance_id is not None and not member_id:
                 # Admin removal by instance id (KIP-345 ``removeMembersFromConsumerGroup``).
                 member_id = group.static_members.get(group_instance_id, "")
             if member_id in group.pending_members:
                 del group.pending_members[member_id]
-                results.append((member_id, group_instance_id, ErrorCode.none))
+                results.append((requested_id, group_instance_id, ErrorCode.none))
                 continue
             fenced = self._fencing_error(group, member_id, group_instance_id)
             member = group.members.get(member_id)
             if fenced is not None:
-                results.append((member_id, group_instance_id, fenced))
+                results.append((requested_id, group_instance_id, fenced))
             elif member is None:
-                results.append((member_id, group_instance_id, ErrorCode.unknown_member_id))
+                results.append((requested_id, group_instance_id, ErrorCode.unknown_member_id))
             else:
                 self._remove_member(group, member, now_ms)
                 removed = True
-                results.append((member_id, group_instance_id, ErrorCode.none))
+                results.append((requested_id, group_instance_id, ErrorCode.none))
         if removed:
             self._after_member_removed(group, now_ms)
         elif group.state is GroupState.PREPARING_REBALANCE:

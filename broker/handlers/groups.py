@@ -4,8 +4,8 @@ OffsetFetch, DescribeGroups, ListGroups, and the admin pair DeleteGroups (42) v0
 Each handler translates one kio request into a call on ``broker.groups`` (``broker.groups.service``), which
 owns the coordinator and the offsets store, and builds the response for the request's version. Versions
 (``kafka-protocol.md`` §1.2/1.4): JoinGroup 0-5 and SyncGroup 0-3 include aiokafka's {0,1,2,5} / {0,1,3};
-everything stays below the first flexible version, and below the versions that would make kafka-python
-infer a broker newer than 2.4 (trap T3).
+everything stays below the first flexible version (kafka-python's inference of the broker's version comes
+from ListOffsets v7 instead: 3.0, see ``handlers.producer_ids``).
 
 A JoinGroup or SyncGroup that the coordinator parks keeps its connection busy until it completes, as in
 Kafka (requests on one connection are answered in order; clients give the coordinator its own connection).

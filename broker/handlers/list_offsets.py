@@ -1,17 +1,23 @@
-"""ListOffsets (2) v1-5: earliest (-2), latest (-1) and first offset at or after a timestamp.
+"""ListOffsets (2) v1-7: earliest (-2), latest (-1), max timestamp (-3) and first offset at or after a timestamp.
 
 - -1 -> the high watermark (= log end offset on a single node; also the last stable offset, as there are
   no open transactions), timestamp -1; OFFSET_NOT_AVAILABLE (78) while a new leader's high watermark is
   below its epoch's start offset;
 - -2 -> the log start offset, timestamp -1;
+- -3 (v7+, KIP-734) -> the first record carrying the partition's largest timestamp, with that timestamp
+  (Kafka 3.9's answer: the first segment whose max timestamp is the largest, then the first record there
+  with it); an empty partition -> offset -1, timestamp -1. Below v7, -3 is INVALID_REQUEST (42);
 - t >= 0 -> the first record whose timestamp is >= t, resolved per record as Kafka's
   ``FileRecords.searchForTimestamp`` does (storage's ``offset_for_timestamp``), with that record's
   timestamp; none -> offset -1, timestamp -1;
 - leader epoch (v4+) is the partition's for a found offset; unknown partition -> UNKNOWN_TOPIC_OR_PARTITION
   (3); not the leader -> NOT_LEADER_OR_FOLLOWER (6); ``current_leader_epoch`` older / newer than the
-  leader's -> FENCED_LEADER_EPOCH (74) / UNKNOWN_LEADER_EPOCH (75); any other negative timestamp (-3, max
-  timestamp, is a v7+ query) -> INVALID_REQUEST (42); a lookup that lands on a batch whose records do not
-  decode (produce checks headers and CRCs only) -> CORRUPT_MESSAGE (2).
+  leader's -> FENCED_LEADER_EPOCH (74) / UNKNOWN_LEADER_EPOCH (75); any other negative timestamp ->
+  INVALID_REQUEST (42); a lookup that lands on a batch whose records do not decode (produce checks headers
+  and CRCs only) -> CORRUPT_MESSAGE (2).
+
+v6 is the first flexible version (tagged fields, compact strings); kio's codecs read and write it like the
+others. v8 (-4/-5, tiered storage, KIP-1005) is not served: there is no remote tier.
 
 Timestamp lookups read (and may decompress) one batch of at most max.message.bytes from disk; storage's
 contract puts them on the loop thread (they race appends to the time index otherwise), which costs at most
@@ -33,8 +39,9 @@ from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 log = logging.getLogger("copyless.list_offsets")
 
 API_KEY = 2
-MIN_VERSION, MAX_VERSION = 1, 5
-LATEST, EARLIEST = -1, -2
+MIN_VERSION, MAX_VERSION = 1, 7
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+MAX_TIMESTAMP_VERSION = 7
 
 
 async def handle(ctx: RequestContext, request):
@@ -60,8 +67,12 @@ async def handle(ctx: RequestContext, request):
                     offset, epoch = partition.high_watermark, partition.leader_epoch
                 elif item.timestamp == EARLIEST:
                     offset, epoch = partition.log_start_offset, partition.leader_epoch
-                elif item.timestamp >= 0:
-                    found = partition.offset_for_timestamp(item.timestamp)
+                elif item.timestamp >= 0 or (item.timestamp == MAX_TIMESTAMP
+                                             and ctx.api_version >= MAX_TIMESTAMP_VERSION):
+                    if item.timestamp == MAX_TIMESTAMP:
+                        found = partition.offset_for_max_timestamp()
+                    else:
+                        found = partition.offset_for_timestamp(item.timestamp)
                     if found is not None:
                         offset, timestamp = found
                         epoch = partition.leader_epoch

@@ -25,8 +25,12 @@ watermark passes the batch (every in-sync replica has it; on a single node at on
 NOT_ENOUGH_REPLICAS_AFTER_APPEND (20), REQUEST_TIMED_OUT (7) or NOT_LEADER_OR_FOLLOWER as Kafka answers, and
 under the ``sync`` flush mode also after the fdatasync that covers it (group commit).
 
-Produce v0-2 (message format v0/v1) are advertised only for librdkafka < 2.11.1 (KAFKA-18659, trap T1) and
-closed on arrival by the request decoder, as Kafka 4 does.
+Two kinds of batch are rewritten before the append instead (``broker.record_conversion``), as Kafka 3.9
+does: a v0/v1 MessageSet, which Produce v0-2 may carry, becomes one v2 batch; and a batch whose codec differs
+from the topic's ``compression.type`` (other than ``producer``) is recompressed. Both are counted in
+``produce_rewritten_batches``. Produce v0-2 are served, not only advertised: librdkafka < 2.11.1 needs
+Produce v0 in the advertised range to compress at all (KAFKA-18659), and it and kcat send v0-2 when told
+``broker.version.fallback`` < 0.10 (docs/record-conversion.md says why converting beats not advertising).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
+from copyless.broker.record_conversion import convert_message_set, is_message_set, recompress_batch, target_codec
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.wire.produce_response import encode_produce_response
@@ -47,6 +52,7 @@ from copyless.client.protocol.records import (
     NO_PRODUCER_ID,
     BatchHeader,
     InvalidBatchError,
+    read_header,
     validate_batch,
 )
 
@@ -142,9 +148,24 @@ async def handle(ctx: RequestContext, request):
                     )
                 partition = broker.replicas.leader(name, index)
                 config = partition.config
-                header = validate_produce_records(
-                    partition_data.records, api_version=version, max_message_bytes=config.max_message_bytes
-                )
+                records = partition_data.records
+                rewritten = False
+                if version < 3 and records is not None and is_message_set(records):
+                    # In the producer's codec: compression.type applies below, as to any v2 batch.
+                    records = convert_message_set(records, codec=None)
+                    rewritten = True
+                header = validate_produce_records(records, api_version=version,
+                                                  max_message_bytes=config.max_message_bytes)
+                codec = target_codec(config.compression_type, header.codec)
+                if codec is not None:
+                    records = recompress_batch(records, header, codec)
+                    header = read_header(records)
+                    rewritten = True
+                    if header.size > config.max_message_bytes:
+                        raise ProduceError(
+                            ErrorCode.message_too_large,
+                            f"The record batch size {header.size} after recompression exceeds the topic's "
+                            f"max.message.bytes {config.max_message_bytes}")
                 if header.size > config.segment_bytes:
                     # A batch never straddles segments (Kafka: RecordBatchTooLargeException).
                     raise ProduceError(
@@ -152,14 +173,14 @@ async def handle(ctx: RequestContext, request):
                         f"The record batch size {header.size} exceeds the topic's segment.bytes {config.segment_bytes}",
                     )
                 append_time = int(time.time() * 1000) if config.message_timestamp_type == "LogAppendTime" else None
-                info = await partition.append_as_leader(partition_data.records, header, acks=acks,
-                                                        log_append_time_ms=append_time)
+                info = await partition.append_as_leader(records, header, acks=acks, log_append_time_ms=append_time)
                 base_offset, log_start = info.base_offset, info.log_start_offset
                 append_ms = info.log_append_time_ms
                 if info.duplicate:
                     stats.produce_duplicates += 1
                 else:
                     stats.produce_batches += 1
+                    stats.produce_rewritten_batches += rewritten
                     stats.produce_records += header.records_count
                     stats.produce_bytes += header.size
                     stats.topic_bytes_in[name] += len(partition_data.records)

@@ -1,13 +1,16 @@
-"""InitProducerId (22) v0-1: producer ids for idempotent producers.
+"""InitProducerId (22) v0-4: producer ids for idempotent producers.
 
-Each call hands out a fresh producer id with epoch 0 (ids are reserved on disk in blocks and never reused
-after a restart, see ``broker.producer_state``). kafka-python's default producer (idempotent, acks=all)
-needs this API (trap T2); aiokafka speaks only v0. Transactional ids are refused with
+Each call without a transactional id hands out a fresh producer id with epoch 0 (ids are reserved on disk in
+blocks and never reused after a restart, see ``broker.producer_state``). kafka-python's default producer
+(idempotent, acks=all) needs this API (trap T2); aiokafka speaks only v0. Transactional ids are refused with
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), which clients treat as fatal: the broker has no transaction
 coordinator, and a retriable code would make them retry forever.
 
-v0-1 are non-flexible; v3+ (KIP-360 epoch bump) is flexible and not served, which keeps kafka-python's
-recovery on the producer-id reset path (trap T3).
+v3+ carry the producer id and epoch of a producer asking for an epoch bump (KIP-360: librdkafka and
+kafka-python inferring a broker >= 2.5 recover from a sequence error that way). Without a transactional id
+Kafka 3.9 ignores them and hands out a new producer id with epoch 0 (``TransactionCoordinator
+.handleInitProducerId``), and so does this handler: a bump starts the producer afresh, which is what the
+client needs, the old id's sequences being useless to it. v2+ are flexible (kio's codecs).
 """
 
 from __future__ import annotations
@@ -51,4 +54,4 @@ async def handle(ctx: RequestContext, request):
     )
 
 
-HANDLERS = {API_KEY: (0, 1, handle)}
+HANDLERS = {API_KEY: (0, 4, handle)}

@@ -26,6 +26,7 @@ class LogConfig:
     file_delete_delay_ms: int = 60_000  # file.delete.delay.ms
     max_message_bytes: int = 1048588  # max.message.bytes (the broker enforces; storage asserts)
     message_timestamp_type: str = "CreateTime"  # or "LogAppendTime" (the broker applies it)
+    compression_type: str = "producer"  # compression.type (the broker applies it: broker.record_conversion)
     # Disk blocks (posix_fallocate) follow the data: a segment file has its full logical size (one map) but
     # blocks only for a prefix that grows in steps ahead of the writer, so an idle partition holds its
     # data plus a few MiB, not a whole segment (27 small partitions held 28 GB with whole 1 GiB segments).

@@ -96,6 +96,11 @@ class LogReads:
                     self._background.on_unpinned(segment)
         return ReadResult(None, high_watermark, log_start_offset)
 
+    def max_timestamp(self) -> int:
+        """The largest batch max timestamp in the log (-1 when empty or when no record has a timestamp).
+        O(segments), from the segments' in-memory maxima; loop thread."""
+        return max((segment.max_timestamp for segment in self._segments), default=-1)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         try:
             return self._offset_for_timestamp(timestamp_ms)

@@ -1,13 +1,13 @@
-"""ProduceRequest v3-v8, decoded by hand so each partition's records stay a view into the request frame.
+"""ProduceRequest v0-v8, decoded by hand so each partition's records stay a view into the request frame.
 
 kio would copy every partition's records into a new ``bytes``; here ``records`` is a ``memoryview`` of the
 frame, and the only copy of the batch on the way to disk is storage's memcpy into the segment map (a 1 MiB
 request saves one 1 MiB copy and its allocation, ~15% of the broker's Python-side work per produced byte).
 The result has the same attribute names as kio's ``ProduceRequest``, so the handler reads either.
 
-Wire format (non-flexible; identical for v3-v8; big-endian)::
+Wire format (non-flexible; identical for v3-v8, and v0-v2 lack transactional_id; big-endian)::
 
-    int16 length + bytes  transactional_id  (-1 = null)
+    int16 length + bytes  transactional_id  (-1 = null)       [v3+]
     int16  acks
     int32  timeout_ms
     int32  topic count
@@ -29,7 +29,8 @@ from copyless.broker.wire.headers import RemoteProtocolError
 
 __all__ = ["ProduceRequestView", "TopicProduceView", "PartitionProduceView", "decode_produce_request"]
 
-MIN_VERSION, MAX_VERSION = 3, 8
+MIN_VERSION, MAX_VERSION = 0, 8
+TRANSACTIONAL_ID_VERSION = 3
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -56,8 +57,8 @@ class ProduceRequestView:
     topic_data: tuple[TopicProduceView, ...]
 
 
-def decode_produce_request(frame, offset: int, correlation_id: int = -1) -> ProduceRequestView:
-    """Decode the body that starts at ``offset`` of ``frame`` (bytes).
+def decode_produce_request(frame, offset: int, correlation_id: int = -1, version: int = MAX_VERSION) -> ProduceRequestView:
+    """Decode the body of a Produce request of ``version`` that starts at ``offset`` of ``frame`` (bytes).
 
     Raises:
         RemoteProtocolError: truncated or malformed.
@@ -98,7 +99,7 @@ def decode_produce_request(frame, offset: int, correlation_id: int = -1) -> Prod
             raise RemoteProtocolError(f"array count {count} exceeds the Produce request", correlation_id)
         return count
 
-    transactional_id = read_string(nullable=True)
+    transactional_id = read_string(nullable=True) if version >= TRANSACTIONAL_ID_VERSION else None
     need(_ACKS_TIMEOUT.size)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(view, offset)
     offset += _ACKS_TIMEOUT.size

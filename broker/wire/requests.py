@@ -67,17 +67,18 @@ def decode_request(frame, served: Mapping[int, tuple[int, int]]) -> DecodedReque
         raise RemoteProtocolError(
             f"API key {api_key} version {version} is outside the served range {low}-{high}", correlation_id
         )
+    offset = header.end_offset
+    if api_key == PRODUCE_KEY and produce_request.MIN_VERSION <= version <= produce_request.MAX_VERSION:
+        # Records stay views into the frame (see produce_request); v0-2 have no kio schema.
+        return DecodedRequest(header, produce_request.decode_produce_request(frame, offset, correlation_id, version),
+                              False)
     codec = request_codec(api_key, version)
     if codec is None:
-        # Advertised but never decoded: Produce v0-2 (message format v0/v1), advertised only so that
-        # librdkafka < 2.11.1 keeps compressing (KAFKA-18659); Kafka 4 refuses them the same way.
-        raise RemoteProtocolError(f"API key {api_key} version {version} is advertised but not accepted", correlation_id)
-    offset = header.end_offset
+        # A served version kio cannot decode is a broker bug (ApiVersions would advertise what dispatch
+        # refuses); the ApiVersions walk in the tests keeps every served version decodable.
+        raise RemoteProtocolError(f"API key {api_key} version {version} has no request codec", correlation_id)
     if codec.flexible:
         offset = skip_tagged_fields(frame, offset, correlation_id)
-    if api_key == PRODUCE_KEY and produce_request.MIN_VERSION <= version <= produce_request.MAX_VERSION:
-        # Records stay views into the frame (see produce_request).
-        return DecodedRequest(header, produce_request.decode_produce_request(frame, offset, correlation_id), False)
     try:
         body, _consumed = codec.reader(frame, offset)
     except Exception as exc:  # kio's native reader raises several types on malformed input

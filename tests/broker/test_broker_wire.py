@@ -67,11 +67,20 @@ def test_unknown_api_key_and_unserved_version_close():
         decode_request(request_frame(1, 3, 1, b""), SERVED)  # Fetch v3 is below the served 4-11
 
 
-def test_produce_v0_to_v2_advertised_but_refused():
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_produce_v0_to_v2_decode_without_a_transactional_id(version):
     assert SERVED[0][0] == 0  # librdkafka < 2.11.1 stops compressing unless Produce min is 0 (T1)
-    for version in (0, 1, 2):
-        with pytest.raises(RemoteProtocolError, match="advertised but not accepted"):
-            decode_request(request_frame(0, version, 1, b"\x00" * 20), SERVED)
+    records = b"\x00" * 8 + struct.pack(">i", 14) + b"\x00" * 14  # any bytes: the handler reads them
+    body = struct.pack(">hii", -1, 1500, 1) + struct.pack(">h", 3) + b"top"
+    body += struct.pack(">iii", 1, 7, len(records)) + records
+    decoded = decode_request(request_frame(0, version, 5, body), SERVED)
+    request = decoded.body
+    assert request.transactional_id is None and request.acks == -1 and request.timeout.total_seconds() == 1.5
+    (topic,) = request.topic_data
+    (partition,) = topic.partition_data
+    assert topic.name == "top" and partition.index == 7 and bytes(partition.records) == records
+    with pytest.raises(RemoteProtocolError, match="truncated"):
+        decode_request(request_frame(0, version, 5, body[:-1]), SERVED)
 
 
 @pytest.mark.parametrize("version", [3, 4])
@@ -207,9 +216,40 @@ def test_every_served_version_has_codecs():
     for api_key, (low, high) in SERVED.items():
         for version in range(low, high + 1):
             if api_key == 0 and version < 3:
-                continue  # advertised for T1 only
+                continue  # Produce v0-2: no kio schema, decoded and encoded by hand (produce_request/response)
             load_request_schema(api_key, version)
             load_response_schema(api_key, version)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    version=st.integers(0, 2),
+    correlation_id=st.integers(-2**31, 2**31 - 1),
+    partitions=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.sampled_from([0, 2, 87]), st.integers(-1, 2**50),
+                                  st.integers(-1, 2**42)), max_size=4),
+)
+def test_produce_v0_to_v2_responses_by_hand(version, correlation_id, partitions):
+    """Produce v0-2 responses have no kio schema: read them back field by field (v1 adds throttle_time_ms at
+    the end, v2 each partition's log_append_time)."""
+    from copyless.broker.wire.produce_response import encode_produce_response
+
+    frame = encode_produce_response(version, correlation_id, [("t", [(*p, -1, None) for p in partitions])])
+    size, got_correlation_id, topics, name_length = struct.unpack_from(">iiih", frame)
+    assert size == len(frame) - 4 and got_correlation_id == correlation_id and topics == 1 and name_length == 1
+    position = 15
+    (count,) = struct.unpack_from(">i", frame, position)
+    position += 4
+    assert count == len(partitions)
+    for partition, code, base_offset, append_ms in partitions:
+        assert struct.unpack_from(">ihq", frame, position) == (partition, code, base_offset)
+        position += 14
+        if version >= 2:
+            assert struct.unpack_from(">q", frame, position) == (append_ms,)
+            position += 8
+    if version >= 1:
+        assert struct.unpack_from(">i", frame, position) == (0,)
+        position += 4
+    assert position == len(frame)
 
 
 @settings(max_examples=150, deadline=None)
@@ -300,10 +340,11 @@ def test_truncated_produce_requests_are_remote_errors(data):
         decode_request(frame[:cut], SERVED)
 
 
-def test_advertised_table_keeps_kafka_python_below_2_5():
+def test_kafka_python_infers_3_0_and_its_epoch_bump_is_served():
     # Trap T3: kafka-python >= 2.5 inference switches idempotent-producer recovery to the KIP-360 epoch bump,
-    # which needs a flexible InitProducerId this broker does not serve. Any API added to the table (here or
-    # by another handler module) must keep the inferred version at 2.4.
+    # which needs InitProducerId v3+. ListOffsets v7 (KIP-734's max-timestamp query) makes it infer 3.0, so
+    # InitProducerId must be served up to v3 at least; an API added to the table that makes it infer more
+    # must be checked against kafka-python's features behind that version.
     inference = pytest.importorskip("kafka.protocol.broker_version_data")
-    assert inference.infer_broker_version_from_api_versions(dict(SERVED)) == (2, 4)
-    assert SERVED[22] == (0, 1)  # InitProducerId: non-flexible only
+    assert inference.infer_broker_version_from_api_versions(dict(SERVED)) == (3, 0)
+    assert SERVED[22] == (0, 4)  # InitProducerId with KIP-360's producer id and epoch

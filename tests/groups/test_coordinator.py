@@ -244,6 +244,90 @@ def test_static_member_restart_keeps_assignment_without_rebalance(coordinator):
     assert coordinator.heartbeat(7_002, group_id="g", generation_id=1, member_id=leader.member_id) == ErrorCode.none
 
 
+def _two_static_members_stable(coordinator):
+    """Static members s1 (joins first: the leader) and s2, Stable at generation 1 with assignments b"1" and
+    b"2". Returns (s1 member id, s2 member id)."""
+    for name in ("s1", "s2"):
+        assert join(coordinator, 0, waiter=f"w-{name}", instance=name, client=name) is None
+    coordinator.tick(2 * DELAY_MS)
+    done = completions(coordinator)
+    s1, s2 = done["w-s1"].member_id, done["w-s2"].member_id
+    assert done["w-s1"].leader_id == s1
+    assert sync(coordinator, 6_001, s2, 1, waiter="x2", instance="s2") is None
+    assert sync(coordinator, 6_001, s1, 1, [(s1, b"1"), (s2, b"2")], waiter="x1", instance="s1") is None
+    assert {w: r.assignment for w, r in completions(coordinator).items()} == {"x1": b"1", "x2": b"2"}
+    return s1, s2
+
+
+def test_static_member_rejoining_with_new_metadata_keeps_its_assignment(coordinator):
+    # A restarted consumer's subscription metadata differs (it no longer owns partitions; librdkafka 0102):
+    # the group would still select the same protocol, so Kafka does not rebalance.
+    s1, s2 = _two_static_members_stable(coordinator)
+    changed = (("range", b"r-after-restart"), ("roundrobin", b"rr-after-restart"))
+    rejoined = join(coordinator, 7_000, instance="s2", client="s2b", protocols=changed)
+    assert rejoined.error == ErrorCode.none and rejoined.generation_id == 1
+    assert rejoined.leader_id == s1 and rejoined.members == ()
+    assert coordinator.describe("g").state is GroupState.STABLE
+    assert sync(coordinator, 7_001, rejoined.member_id, 1, instance="s2").assignment == b"2"
+    # Its new metadata is what the next rebalance's leader will see.
+    member = next(m for m in coordinator.describe("g").members if m.member_id == rejoined.member_id)
+    assert member.protocols == changed
+    assert coordinator.heartbeat(7_002, group_id="g", generation_id=1, member_id=s1,
+                                 group_instance_id="s1") == ErrorCode.none
+
+
+def test_static_leader_rejoining_is_told_the_old_leader_id_and_nobody_rebalances(coordinator):
+    s1, s2 = _two_static_members_stable(coordinator)
+    rejoined = join(coordinator, 7_000, instance="s1", client="s1b")
+    assert rejoined.error == ErrorCode.none and rejoined.generation_id == 1
+    # The old id, so the restarted leader does not compute an assignment a Stable group would not hand out.
+    assert rejoined.leader_id == s1 != rejoined.member_id and rejoined.members == ()
+    assert coordinator.describe("g").state is GroupState.STABLE
+    assert coordinator.describe("g").leader_id == rejoined.member_id
+    assert sync(coordinator, 7_001, rejoined.member_id, 1, instance="s1").assignment == b"1"
+    assert coordinator.heartbeat(7_002, group_id="g", generation_id=1, member_id=s2,
+                                 group_instance_id="s2") == ErrorCode.none
+    # The next rebalance (s2 changes its subscription) is led by the new incarnation.
+    assert join(coordinator, 8_000, s2, waiter="j2", instance="s2", protocols=(("range", b"other"),)) is None
+    assert join(coordinator, 8_001, rejoined.member_id, waiter="j1", instance="s1") is None
+    done = completions(coordinator)
+    assert done["j1"].generation_id == 2 and done["j1"].leader_id == rejoined.member_id and done["j1"].members
+
+
+def test_static_member_rejoining_with_a_protocol_the_group_cannot_keep_rebalances(coordinator):
+    s1, s2 = _two_static_members_stable(coordinator)
+    assert join(coordinator, 7_000, instance="s2", client="s2b", waiter="j2", protocols=(("roundrobin", b""),)) is None
+    assert coordinator.describe("g").state is GroupState.PREPARING_REBALANCE
+    assert join(coordinator, 7_001, s1, waiter="j1", instance="s1") is None
+    done = completions(coordinator)
+    assert done["j1"].generation_id == 2 and done["j1"].protocol_name == "roundrobin"
+
+
+def test_duplicate_instance_id_fences_the_older_process(coordinator):
+    s1, s2 = _two_static_members_stable(coordinator)
+    newer = join(coordinator, 7_000, instance="s2", client="zombie-replacement")
+    assert newer.error == ErrorCode.none
+    # The old process is still alive: each of its requests names the instance id with its old member id.
+    assert coordinator.heartbeat(7_001, group_id="g", generation_id=1, member_id=s2,
+                                 group_instance_id="s2") == ErrorCode.fenced_instance_id
+    assert sync(coordinator, 7_001, s2, 1, instance="s2").error == ErrorCode.fenced_instance_id
+    assert join(coordinator, 7_001, s2, instance="s2").error == ErrorCode.fenced_instance_id
+    assert coordinator.validate_offset_commit(7_001, group_id="g", generation_id=1, member_id=s2,
+                                              group_instance_id="s2") == ErrorCode.fenced_instance_id
+    left = coordinator.leave_group(7_002, group_id="g", members=[(s2, "s2")])
+    assert left.members == ((s2, "s2", ErrorCode.fenced_instance_id),)
+    assert coordinator.describe("g").state is GroupState.STABLE
+
+
+def test_leave_group_removes_static_members_by_instance_id(coordinator):
+    s1, s2 = _two_static_members_stable(coordinator)
+    # KIP-345's admin removal: the member id left empty, the instance ids named; one unknown.
+    left = coordinator.leave_group(7_000, group_id="g", members=[("", "s2"), ("", "nobody")])
+    assert left.members == (("", "s2", ErrorCode.none), ("", "nobody", ErrorCode.unknown_member_id))
+    assert [m.member_id for m in coordinator.describe("g").members] == [s1]
+    assert coordinator.describe("g").state is GroupState.PREPARING_REBALANCE
+
+
 def test_loading_and_inactive_coordinator_answer_retriable_errors(coordinator):
     coordinator.status = "loading"
     assert join(coordinator, 0).error == ErrorCode.coordinator_load_in_progress

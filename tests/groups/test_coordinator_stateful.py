@@ -6,7 +6,13 @@ restart while the clock moves, and checks Kafka's promises after every step:
 - a client that stopped talking while not parked in JoinGroup/SyncGroup is gone once its session timeout has
   passed, and one that stopped while parked is gone within session + 2 x rebalance timeout;
 - every parked request is answered exactly once; generations never go back; the state agrees with the
-  membership (Empty has no member, Stable has no member waiting to join, the leader is a member).
+  membership (Empty has no member, Stable has no member waiting to join, the leader is a member);
+- static members (KIP-345; two of the four clients have a group.instance.id): one whose process restarts and
+  rejoins a Stable group is answered at once, in the same generation, with no rebalance, even with changed
+  metadata (a restarted consumer owns nothing), and its sync gives back the old member's assignment; an
+  older process of the same instance id still running (a zombie) never gets a successful answer once the
+  newer one has joined, only FENCED_INSTANCE_ID (or UNKNOWN_MEMBER_ID once the instance is gone); an
+  admin's LeaveGroup naming only the instance id removes whichever member holds it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ PARTITIONS = 6
 SESSION_MS = 10_000
 REBALANCE_MS = 15_000
 PROTOCOLS = (("range", b"sub"),)
+# The same protocol with other metadata: a consumer that owns partitions says so in its subscription.
+METADATA = (b"sub", b"sub+owned-0", b"sub+owned-1,2")
 
 
 def assign(member_ids: list[str]) -> list[tuple[str, bytes]]:
@@ -59,7 +67,8 @@ class GroupMachine(RuleBasedStateMachine):
         )
         self.require_known = version >= 4
         self.now_ms = 0
-        self.clients = [Client("c0", None), Client("c1", None), Client("c2", None), Client("c3", "static-3")]
+        self.clients = [Client("c0", None), Client("c1", None), Client("c2", "static-2"), Client("c3", "static-3")]
+        self.zombies: list[Client] = []
         self.waiters = itertools.count()
         self.outstanding: dict[int, Client] = {}
         self.last_generation = 0
@@ -120,18 +129,77 @@ class GroupMachine(RuleBasedStateMachine):
         client = data.draw(st.sampled_from([c for c in self.clients if self.idle(c)] or [None]))
         if client is None:
             return
+        metadata = data.draw(st.sampled_from(METADATA))
+        before = self.coordinator.describe(GROUP)
+        holder = self.static_holder(before, client.instance_id)
+        # KIP-345: a restarted static member rejoining a Stable group (no member id yet, its instance id
+        # held by a member) keeps its place: no rebalance, whatever metadata it now sends.
+        static_restart = (client.instance_id is not None and not client.member_id and holder is not None
+                          and before.state is GroupState.STABLE)
         self.touch(client)
         waiter = self.park(client)
         result = self.coordinator.join_group(
             self.now_ms, group_id=GROUP, member_id=client.member_id, group_instance_id=client.instance_id,
-            protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=SESSION_MS,
+            protocol_type="consumer", protocols=(("range", metadata),), session_timeout_ms=SESSION_MS,
             rebalance_timeout_ms=REBALANCE_MS, require_known_member_id=self.require_known, waiter=waiter,
             client_id=client.name,
         )
+        if static_restart:
+            assert result is not None and result.error == ErrorCode.none, result
+            assert result.generation_id == before.generation_id and result.members == ()
+            after = self.coordinator.describe(GROUP)
+            assert after.state is GroupState.STABLE and after.generation_id == before.generation_id
+            assert self.static_holder(after, client.instance_id).assignment == holder.assignment
         if result is not None:
             self.outstanding.pop(waiter)
             client.parked = None
             self.apply(client, result)
+        self.drain()
+
+    @staticmethod
+    def static_holder(snapshot, instance_id):
+        """The member holding ``instance_id`` in ``snapshot``, or None."""
+        if instance_id is None:
+            return None
+        return next((m for m in snapshot.members if m.group_instance_id == instance_id), None)
+
+    @rule(data=st.data())
+    def start_duplicate(self, data):
+        """A second process starts with a live static member's instance id; the first keeps running."""
+        client = data.draw(st.sampled_from(
+            [c for c in self.clients if c.instance_id and self.idle(c) and c.member_id] or [None]))
+        if client is None:
+            return
+        self.zombies.append(client)
+        fresh = Client(client.name + "+", client.instance_id)
+        fresh.last_request_ms = self.now_ms
+        self.clients[self.clients.index(client)] = fresh
+
+    @rule(data=st.data())
+    def zombie_heartbeat(self, data):
+        zombie = data.draw(st.sampled_from([z for z in self.zombies if z.parked is None] or [None]))
+        if zombie is None:
+            return
+        holder = self.static_holder(self.coordinator.describe(GROUP), zombie.instance_id)
+        error = self.coordinator.heartbeat(self.now_ms, group_id=GROUP, generation_id=zombie.generation,
+                                           member_id=zombie.member_id, group_instance_id=zombie.instance_id)
+        if holder is None:
+            assert error == ErrorCode.unknown_member_id, error
+        elif holder.member_id != zombie.member_id:
+            assert error == ErrorCode.fenced_instance_id, error
+        else:
+            zombie.last_request_ms = self.now_ms  # not replaced yet: still the member, and alive
+        self.drain()
+
+    @rule(data=st.data())
+    def admin_remove(self, data):
+        """``removeMembersFromConsumerGroup``: LeaveGroup naming only an instance id."""
+        instance_id = data.draw(st.sampled_from(["static-2", "static-3"]))
+        holder = self.static_holder(self.coordinator.describe(GROUP), instance_id)
+        result = self.coordinator.leave_group(self.now_ms, group_id=GROUP, members=[("", instance_id)])
+        expected = ErrorCode.none if holder is not None else ErrorCode.unknown_member_id
+        assert result.members == (("", instance_id, expected),)
+        assert self.static_holder(self.coordinator.describe(GROUP), instance_id) is None
         self.drain()
 
     @rule(data=st.data())
@@ -284,7 +352,7 @@ class GroupMachine(RuleBasedStateMachine):
         if not hasattr(self, "coordinator"):
             return
         # Everyone stops: within the longest bound every parked request is answered and the group empties.
-        for client in self.clients:
+        for client in self.clients + self.zombies:
             client.alive = False
         for _ in range(10):
             self.advance(SESSION_MS + 2 * REBALANCE_MS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import struct
 import time
+import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -189,6 +190,68 @@ def build_batch(
         magic=magic,
         corrupt_crc=corrupt_crc,
     )
+
+
+def message_set(messages: list[tuple[int | None, bytes | None, bytes | None]], *, magic: int, codec: int = NONE,
+                log_append_time: bool = False, kafka_lz4_checksum: bool = True) -> bytes:
+    """A MessageSet in message format ``magic`` 0 or 1 (what Produce v0-v2 carry from pre-0.11 clients).
+
+    ``messages`` are (timestamp, key, value); v0 has no timestamp field (pass None). With a ``codec`` the
+    messages become the compressed value of one wrapper message (offsets 0..n-1 inside, the wrapper's offset
+    the last one; a v1 wrapper carries the largest timestamp, and ``log_append_time`` sets its bit 3). LZ4 in
+    magic 0 gets the frame header checksum Kafka 0.8-0.9 wrote (over the magic number too, KAFKA-3160)
+    unless ``kafka_lz4_checksum`` is False. Layout: offset i64, size i32, crc u32 (CRC-32 of the rest),
+    magic i8, attributes i8, [timestamp i64 in v1], key and value as i32 length (-1 null) + bytes.
+    """
+    def one(offset: int, timestamp: int | None, key, value, attributes: int) -> bytes:
+        body = struct.pack(">bb", magic, attributes)
+        if magic == 1:
+            body += struct.pack(">q", -1 if timestamp is None else timestamp)
+        for field in (key, value):
+            body += struct.pack(">i", -1) if field is None else struct.pack(">i", len(field)) + field
+        body = struct.pack(">I", zlib.crc32(body)) + body
+        return struct.pack(">qi", offset, len(body)) + body
+
+    inner = b"".join(one(i, t, k, v, 0) for i, (t, k, v) in enumerate(messages))
+    if codec == NONE:
+        return inner
+    if codec == GZIP:
+        blob = gzip.compress(inner)
+    elif codec == SNAPPY:
+        import cramjam
+
+        blob = bytes(cramjam.snappy.compress_raw(inner))
+    elif codec == LZ4:
+        import cramjam
+
+        compressor = cramjam.lz4.Compressor(block_linked=False)
+        compressor.compress(inner)
+        blob = bytes(compressor.finish())
+        if magic == 0 and kafka_lz4_checksum:
+            # The descriptor here is FLG, BD (no content size, no dictionary id): HC is byte 6.
+            blob = blob[:6] + bytes([_xxh32(blob[:6]) >> 8 & 0xFF]) + blob[7:]
+    else:
+        raise ValueError(f"codec {codec} does not exist in message format v{magic}")
+    timestamps = [t for t, _, _ in messages if t is not None]
+    wrapper_attributes = codec | (LOG_APPEND_TIME_BIT if log_append_time else 0)
+    return one(len(messages) - 1, max(timestamps, default=-1), None, blob, wrapper_attributes)
+
+
+def _xxh32(data: bytes) -> int:
+    """XXH32, seed 0, of fewer than 16 bytes (from the algorithm's description; for the LZ4 checksum above)."""
+    p1, p2, p3, p4, p5, mask = 2654435761, 2246822519, 3266489917, 668265263, 374761393, 0xFFFFFFFF
+    h = (p5 + len(data)) & mask
+    i = 0
+    while len(data) - i >= 4:
+        h = (h + int.from_bytes(data[i:i + 4], "little") * p3) & mask
+        h = ((h << 17 | h >> 15) & mask) * p4 & mask
+        i += 4
+    for byte in data[i:]:
+        h = (h + byte * p5) & mask
+        h = ((h << 11 | h >> 21) & mask) * p1 & mask
+    h = (h ^ h >> 15) * p2 & mask
+    h = (h ^ h >> 13) * p3 & mask
+    return h ^ h >> 16
 
 
 def keyed_batch(values: list[bytes | None], **options) -> bytes:

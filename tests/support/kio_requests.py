@@ -21,6 +21,7 @@ from kio.schema.produce.v8 import request as produce_v8
 from kio.serial import entity_reader, entity_writer
 
 MS = datetime.timedelta(milliseconds=1)
+API_VERSIONS_KEY = 18  # answered with response header v0 at every version (KIP-511)
 
 
 def create_topic(client, name: str, partitions: int = 1, configs=()):
@@ -100,13 +101,19 @@ class KafkaWire:
     def frame(self, entity, correlation_id: int | None = None) -> bytes:
         buffer = io.BytesIO()
         entity_writer(type(entity))(buffer, entity)
-        return self.raw_frame(entity.__api_key__, entity.__version__, buffer.getvalue(), correlation_id)
+        return self.raw_frame(entity.__api_key__, entity.__version__, buffer.getvalue(), correlation_id,
+                              flexible=bool(type(entity).__flexible__))
 
-    def raw_frame(self, api_key: int, version: int, body: bytes, correlation_id: int | None = None) -> bytes:
+    def raw_frame(self, api_key: int, version: int, body: bytes, correlation_id: int | None = None, *,
+                  flexible: bool = False) -> bytes:
+        """A request frame; ``flexible`` versions (KIP-482) get request header v2 (an empty tagged-fields
+        section after the client id), the others header v1."""
         if correlation_id is None:
             self.correlation_id += 1
             correlation_id = self.correlation_id
         header = struct.pack(">hhih", api_key, version, correlation_id, len(self.client_id)) + self.client_id
+        if flexible:
+            header += b"\x00"
         return struct.pack(">i", len(header) + len(body)) + header + body
 
     def send(self, entity) -> int:
@@ -130,8 +137,14 @@ class KafkaWire:
     def receive(self, api_key: int, version: int):
         frame = self.read_frame()
         (correlation_id,) = struct.unpack_from(">i", frame)
-        body, consumed = entity_reader(load_response_schema(api_key, version))(frame, 4)
-        assert consumed == len(frame) - 4, "response has trailing bytes"
+        schema = load_response_schema(api_key, version)
+        start = 4
+        if schema.__flexible__ and api_key != API_VERSIONS_KEY:
+            # Response header v1: the correlation id, then tagged fields (none are sent: one zero byte).
+            assert frame[4] == 0, f"response header tagged fields {frame[4]}"
+            start = 5
+        body, consumed = entity_reader(schema)(frame, start)
+        assert consumed == len(frame) - start, "response has trailing bytes"
         return correlation_id, body
 
     def request(self, entity):
