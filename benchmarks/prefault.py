@@ -1,7 +1,7 @@
 """The log's pre-fault through the whole broker: zeros written first, pwrite for appends that outrun it.
 
-copyless pre-faults the segment it appends to in a window ahead of the writer (README, "Segments written
-through mmap, preallocated, pre-faulted"). Two choices of that pre-fault are measured here against the ways
+copyless pre-faults the segment it appends to in a window ahead of the writer
+(docs/segments-mmap-steps-prefault-window.md). Two choices of that pre-fault are measured here against the ways
 they replaced, each switched off by an environment variable the broker reads at start:
 
 - ``default`` (the broker's defaults, set explicitly): each step of the window is written with zeros by

@@ -4,6 +4,7 @@ Each area registers its own subcommands through an ``add_parsers(subparsers)`` f
 ``func`` on its parsers; modules are imported lazily so ``copyless produce`` never loads the broker.
 
     copyless serve ...                                 broker.server.cli
+    copyless configs ...                               broker.config_cli (every setting)
     copyless inspect ...                               broker.inspect_log
     copyless produce|consume ...                       client.cli
     copyless topics|groups|cluster ...                 client.admin_cli (registered by client.cli)
@@ -15,9 +16,10 @@ import argparse
 import importlib
 import sys
 
-# (module, required): a module that is not there yet is skipped, so a partial checkout still runs.
+# A module that is not there yet is skipped, so a partial checkout still runs.
 _COMMAND_MODULES = (
     "copyless.broker.server.cli",
+    "copyless.broker.config_cli",
     "copyless.broker.inspect_log",
     "copyless.client.cli",
 )
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from copyless import __version__
 
     parser = argparse.ArgumentParser(prog="copyless", description="copyless: a Kafka-protocol broker (serve) and its client.")
-    parser.add_argument("--version", action="version", version=f"copyless {__version__}",
+    parser.add_argument("-V", "--version", action="version", version=f"copyless {__version__}",
                         help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

@@ -1,135 +1,143 @@
-"""Broker configuration: one frozen dataclass, every limit named with its unit, defaults mirroring Kafka's.
+"""Broker configuration: the one registry of settings (``CONFIGS``) and the frozen ``BrokerConfig`` it resolves to.
 
-Sources of settings, later ones winning: the defaults below, a TOML file (``--config``), command-line flags.
-The TOML file uses Kafka's dotted property names where one exists, so an operator's habits carry over::
+``CONFIGS`` is the only table of settings: each entry's names (Kafka's, with their synonyms), type, default,
+validator, documentation, scope (broker, topic, or a topic config with a broker default), whether it
+changes at run time and whether it is sensitive. The security settings are defined with the code that reads
+them (``broker.security.settings.SECURITY_CONFIGS``) and added to it, as Kafka's ConfigDef takes SslConfigs'
+keys. Everything else is derived from it: ``load_toml`` (``copyless serve --config``), the
+topic overrides CreateTopics and the AlterConfigs APIs check (``broker.topics``), DescribeConfigs
+(``broker.config_sources``), ``copyless serve --help`` and ``copyless configs``. Adding a setting is one
+``define`` call below (and a field of ``BrokerConfig`` when the broker reads it); the machinery is
+``broker.config_def``.
+
+Sources of settings, later ones winning: the defaults (``BrokerConfig``'s fields), a TOML file
+(``--config``), command-line flags; at run time the dynamic layers of ``broker.config_sources``. The TOML
+file uses Kafka's dotted names, quoted (an unquoted dotted key is a TOML table)::
 
     listen = "0.0.0.0:9092"
-    advertise = "broker1.example.com:9092"
-    data_dir = "/var/lib/copyless"
-    loop = "uvloop"                 # or "asyncio"
-    sendfile = true
-    "node.id" = 0
-    "auto.create.topics.enable" = true
-    "num.partitions" = 1
-    "socket.request.max.bytes" = 104857600
-    "fetch.max.bytes" = 57671680
-    "log.retention.ms" = 604800000   # or "log.retention.hours" = 168
-    "log.retention.bytes" = -1
-    "log.segment.bytes" = 1073741824
-    "log.flush.mode" = "async"       # "sync": acks=all waits for fdatasync (group commit)
-    "message.max.bytes" = 1048588
+    "log.dirs" = "/var/lib/copyless"
+    "num.partitions" = 3
+    "log.retention.hours" = 168          # or "log.retention.ms" = 604800000
+    "log.flush.mode" = "sync"            # acks=all waits for fdatasync
 
-Unknown keys are refused with the key's name, so a typo never silently falls back to a default.
+Unknown keys are refused with the key's name (and the likely meant one), so a typo never silently falls
+back to a default. The broker reads only the frozen ``BrokerConfig`` (and each partition its ``LogConfig``),
+resolved once, never the registry, on its request paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from copyless.broker.security.settings import SecuritySettings, SettingsError, is_security_key
+from copyless.broker.config_def import (
+    AtLeast,
+    Between,
+    ConfigDef,
+    ConfigError,
+    OneOf,
+    Scope,
+    Supported,
+    Synonym,
+)
+from copyless.broker.config_def import ConfigType as T
+from copyless.broker.security.settings import SECURITY_CONFIGS, SecuritySettings, SettingsError, is_security_key
 
-__all__ = ["BrokerConfig", "ConfigError", "parse_host_port", "parse_listener", "parse_listener_list", "load_toml"]
+__all__ = ["BrokerConfig", "CONFIGS", "ConfigError", "parse_host_port", "parse_listener", "parse_listener_list",
+           "load_toml", "NOT_SETTINGS"]
 
 _HOUR_MS = 3600_000
 _LISTENER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-class ConfigError(ValueError):
-    """A setting is malformed or unknown; the message names it."""
+# Kafka's Long.MAX_VALUE: the default of its "never" settings (max.compaction.lag.ms and the like).
+_LONG_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """Everything the broker reads at startup. Kafka property names are in the comments."""
+    """Everything the broker reads, resolved once. Names, defaults' meaning, checks and docs: ``CONFIGS``."""
 
     data_dir: Path = Path("./copyless-data")
     listen_host: str = "127.0.0.1"
     listen_port: int = 9092
-    # advertised.listeners: what Metadata tells clients; defaults to the bound address.
+    # What Metadata tells clients; None: the bound address.
     advertise_host: str | None = None
     advertise_port: int | None = None
-    # listeners / advertised.listeners with names (Kafka's ``NAME://HOST:PORT``): ((name, host, port), ...).
-    # Empty: one listener, PLAINTEXT, on listen_host:listen_port advertised as advertise_host:advertise_port.
+    # Named listeners ((name, host, port), ...). Empty: one listener, PLAINTEXT, on listen_host:listen_port
+    # advertised as advertise_host:advertise_port.
     listeners: tuple[tuple[str, str, int], ...] = ()
     advertised_listeners: tuple[tuple[str, str, int], ...] = ()
-    inter_broker_listener: str | None = None          # inter.broker.listener.name (default: the first)
-    node_id: int = 0                                  # node.id
-    # Cluster metadata: None = the embedded single node (topics.json); "etcd://h:p[,h:p...][/chroot]" joins
-    # the cluster kept in etcd.
-    metadata: str | None = None                       # metadata
-    cluster_id: str | None = None                     # cluster.id (etcd: must match the cluster's, if set)
-    # How long a broker's etcd lease lives without a keepalive: a dead broker's partitions move after about
-    # this long. etcd grants no lease under 2 s; 2 s keeps a leader's failure under Kafka's 9 s default
-    # (broker.session.timeout.ms) by design, and keepalives every third of it tolerate a 1.3 s stall.
-    broker_session_timeout_ms: int = 2000             # broker.session.timeout.ms
-    min_insync_replicas: int = 1                      # min.insync.replicas (topic default)
-    replica_lag_time_max_ms: int = 30_000             # replica.lag.time.max.ms
-    unclean_leader_election: bool = False             # unclean.leader.election.enable (topic default)
-    replica_fetch_wait_max_ms: int = 500              # replica.fetch.wait.max.ms
-    replica_fetch_max_bytes: int = 1 << 20            # replica.fetch.max.bytes (per partition)
-    replica_fetch_response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes
-    auto_leader_rebalance: bool = True                # auto.leader.rebalance.enable
-    leader_imbalance_check_interval_ms: int = 30_000  # leader.imbalance.check.interval.seconds (Kafka: 300 s)
-    replica_high_watermark_checkpoint_interval_ms: int = 5000  # replica.high.watermark.checkpoint.interval.ms
-    metrics_listen: tuple[str, int] | None = None     # metrics.listen: Prometheus /metrics (None = off)
-    loop: str = "uvloop"                              # "uvloop" | "asyncio"
-    sendfile: bool = True                             # False = the copying comparison path
-    auto_create_topics: bool = True                   # auto.create.topics.enable
-    num_partitions: int = 1                           # num.partitions
-    default_replication_factor: int = 1               # default.replication.factor (single node: 1)
-    max_request_bytes: int = 100 * 1024 * 1024        # socket.request.max.bytes
+    inter_broker_listener: str | None = None
+    node_id: int = 0
+    # None: the embedded single node (topics.json); "etcd://h:p[,h:p...][/chroot]": the cluster kept in etcd.
+    metadata: str | None = None
+    cluster_id: str | None = None
+    # A dead broker's partitions move after about this long. etcd grants no lease under 2 s; 2 s keeps a
+    # leader's failure under Kafka's 9 s default by design, and keepalives every third of it tolerate a 1.3 s
+    # stall.
+    broker_session_timeout_ms: int = 2000
+    min_insync_replicas: int = 1
+    replica_lag_time_max_ms: int = 30_000
+    unclean_leader_election: bool = False
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_max_bytes: int = 1 << 20
+    replica_fetch_response_max_bytes: int = 10 << 20
+    auto_leader_rebalance: bool = True
+    leader_imbalance_check_interval_ms: int = 30_000  # Kafka: 300 s
+    replica_high_watermark_checkpoint_interval_ms: int = 5000
+    metrics_listen: tuple[str, int] | None = None
+    loop: str = "uvloop"
+    sendfile: bool = True
+    auto_create_topics: bool = True
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    max_request_bytes: int = 100 * 1024 * 1024
     # SO_SNDBUF of every accepted connection (-1: the kernel's autotuning). Kafka sets 100 KiB. With
     # autotuning a fetch's sendfile queues megabytes at once that the consumer's window cannot take yet;
     # the consumer's own ACKs then transmit them from its softirq, on its CPU: librdkafka read 10 KB
     # records at 0.92 GB/s with 1.9 s of its own kernel CPU per 3.2 GB, against 1.3-1.4 GB/s and 1.3 s at
     # 256 KiB (the kernel doubles it; 64 KiB was slower again, 1 MiB as slow as autotuning).
-    socket_send_buffer_bytes: int = 256 * 1024        # socket.send.buffer.bytes
-    socket_receive_buffer_bytes: int = -1             # socket.receive.buffer.bytes (-1: autotuning)
-    fetch_max_bytes: int = 55 * 1024 * 1024           # fetch.max.bytes (caps a Fetch's max_bytes)
-    connections_max_idle_ms: int | None = 600_000     # connections.max.idle.ms (None = never close)
-    message_max_bytes: int = 1048588                  # message.max.bytes (topic max.message.bytes default)
-    retention_ms: int | None = 7 * 24 * _HOUR_MS      # log.retention.ms (None = forever)
-    retention_bytes: int | None = None                # log.retention.bytes (None = unlimited)
-    segment_bytes: int = 1 << 30                      # log.segment.bytes
-    segment_ms: int | None = 7 * 24 * _HOUR_MS        # log.roll.ms
-    segment_index_bytes: int = 10 * 1024 * 1024       # log.index.size.max.bytes
-    index_interval_bytes: int = 4096                  # log.index.interval.bytes
-    flush_messages: int | None = None                 # log.flush.interval.messages
-    flush_ms: int | None = None                       # log.flush.interval.ms
-    flush_mode: str = "async"                         # "async" | "sync" (acks=all waits for fdatasync)
-    message_timestamp_type: str = "CreateTime"        # log.message.timestamp.type
-    preallocate: bool = False                         # log.preallocate (true: whole segments up front)
-    prefault_zeros: bool = True                       # log.prefault.zeros (LogConfig.prefault_zeros)
-    outrun_pwrite: bool = True                        # log.prefault.outrun.pwrite (LogConfig.outrun_pwrite)
-    retention_check_interval_ms: int = 300_000        # log.retention.check.interval.ms
-    stats_interval_s: float = 60.0                    # period of the stats log line (0 = never)
-    shutdown_timeout_s: float = 30.0                  # how long in-flight requests may take on SIGTERM
+    socket_send_buffer_bytes: int = 256 * 1024
+    socket_receive_buffer_bytes: int = -1
+    fetch_max_bytes: int = 55 * 1024 * 1024
+    connections_max_idle_ms: int | None = 600_000  # None: never close
+    message_max_bytes: int = 1048588
+    retention_ms: int | None = 7 * 24 * _HOUR_MS  # None: forever
+    retention_bytes: int | None = None  # None: unlimited
+    segment_bytes: int = 1 << 30
+    segment_ms: int | None = 7 * 24 * _HOUR_MS
+    segment_index_bytes: int = 10 * 1024 * 1024
+    index_interval_bytes: int = 4096
+    flush_messages: int | None = None
+    flush_ms: int | None = None
+    flush_mode: str = "async"
+    message_timestamp_type: str = "CreateTime"
+    preallocate: bool = False
+    prefault_zeros: bool = True
+    outrun_pwrite: bool = True
+    retention_check_interval_ms: int = 300_000
+    stats_interval_s: float = 60.0
+    shutdown_timeout_s: float = 30.0
     # Blocking storage calls on the event loop's thread raise (storage/blocking.py): a debugging aid, on
     # under the test suite (copyless serve --check-loop-blocking).
     check_loop_blocking: bool = False
     # Producer ids handed out by InitProducerId are reserved on disk in blocks of this many, so a restart
     # never reuses an id (Kafka's controller allocates blocks of 1000 the same way).
     producer_id_block_size: int = 1000
-    # Consumer groups (read by broker.groups; Kafka's names and defaults).
-    group_min_session_timeout_ms: int = 6000              # group.min.session.timeout.ms
-    group_max_session_timeout_ms: int = 1800000           # group.max.session.timeout.ms
-    # group.initial.rebalance.delay.ms: Kafka's default is 3 s (a group's first members wait for the rest to
-    # join); its quickstart sets 0 for development, as the embedded single node does here. None: the mode's
-    # default (0 single node, 3000 in a cluster; see ``initial_rebalance_delay``).
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
+    # None: the mode's default (0 single node, 3000 in a cluster; see ``initial_rebalance_delay``).
     group_initial_rebalance_delay_ms: int | None = None
-    group_max_size: int | None = None                     # group.max.size (-1 = unlimited)
-    offsets_retention_ms: int = 7 * 24 * _HOUR_MS         # offsets.retention.minutes
-    offsets_retention_check_interval_ms: int = 600000     # offsets.retention.check.interval.ms
-    # offsets.topic.num.partitions: Kafka's default is 50; a single node serves every group itself, so the
-    # embedded default is 1 (one log instead of 50). In a cluster the groups spread over the partitions'
-    # leaders, and the default is Kafka's (None: the mode's default, see ``offsets_partitions``).
+    group_max_size: int | None = None  # None: unlimited
+    offsets_retention_ms: int = 7 * 24 * _HOUR_MS
+    offsets_retention_check_interval_ms: int = 600000
+    # None: the mode's default (1 single node, 50 in a cluster; see ``offsets_partitions``).
     offsets_topic_num_partitions: int | None = None
-    offsets_topic_replication_factor: int = 3             # offsets.topic.replication.factor
-    # TLS, SASL and ACL settings by Kafka's names, per listener (broker.security.settings).
+    offsets_topic_replication_factor: int = 3
+    # TLS, SASL and ACL settings by Kafka's names, as given, resolved per listener (broker.security.settings).
     security: SecuritySettings = SecuritySettings()
 
     @property
@@ -152,7 +160,8 @@ class BrokerConfig:
             if listener == name:
                 return host, port
         if not self.listeners and (self.advertise_host is not None or self.advertise_port is not None):
-            return self.advertise_host or bound_host, self.advertise_port if self.advertise_port is not None else bound_port
+            port = self.advertise_port if self.advertise_port is not None else bound_port
+            return self.advertise_host or bound_host, port
         return bound_host, bound_port
 
     @property
@@ -172,58 +181,37 @@ class BrokerConfig:
 
     @property
     def offsets_partitions(self) -> int:
-        """``offsets.topic.num.partitions``, or its default for this mode (see the field's comment)."""
+        """``offsets.topic.num.partitions``, or its default for this mode."""
         if self.offsets_topic_num_partitions is not None:
             return self.offsets_topic_num_partitions
         return 50 if self.clustered else 1
 
-    def with_bound_port(self, port: int) -> "BrokerConfig":
+    def with_bound_port(self, port: int) -> BrokerConfig:
         """The same settings once the listener is bound (port 0 resolves to a real port)."""
         return dataclasses.replace(self, listen_port=port)
 
+    def with_first_advertised(self) -> BrokerConfig:
+        """The first listener's advertised address also as the one-listener settings (the startup line)."""
+        first = self.listener_specs()[0][0]
+        for name, host, port in self.advertised_listeners:
+            if name == first:
+                return dataclasses.replace(self, advertise_host=host, advertise_port=port)
+        return self
+
     def log_config(self):
-        """The broker-wide defaults of every partition log (``LogConfig``), from the ``log.*`` settings."""
+        """The broker-wide defaults of every partition log (``LogConfig``): each setting with a ``log_field``."""
         from copyless.broker.storage.config import LogConfig
 
-        return LogConfig(
-            segment_bytes=self.segment_bytes,
-            index_interval_bytes=self.index_interval_bytes,
-            segment_ms=self.segment_ms,
-            segment_index_bytes=self.segment_index_bytes,
-            flush_messages=self.flush_messages,
-            flush_ms=self.flush_ms,
-            flush_mode=self.flush_mode,
-            retention_ms=self.retention_ms,
-            retention_bytes=self.retention_bytes,
-            max_message_bytes=self.message_max_bytes,
-            message_timestamp_type=self.message_timestamp_type,
-            preallocate=self.preallocate,
-            prefault_zeros=self.prefault_zeros,
-            outrun_pwrite=self.outrun_pwrite,
-        )
+        return LogConfig(**{key.log_field: getattr(self, key.field) for key in CONFIGS if key.field and key.log_field})
 
     def validate(self) -> None:
-        """Raises ConfigError naming the first bad setting."""
-        if self.loop not in ("uvloop", "asyncio"):
-            raise ConfigError(f"loop must be 'uvloop' or 'asyncio', not {self.loop!r}")
-        if self.flush_mode not in ("async", "sync"):
-            raise ConfigError(f"log.flush.mode must be 'async' or 'sync', not {self.flush_mode!r}")
-        if self.message_timestamp_type not in ("CreateTime", "LogAppendTime"):
-            raise ConfigError("log.message.timestamp.type must be CreateTime or LogAppendTime")
-        if self.num_partitions < 1:
-            raise ConfigError("num.partitions must be >= 1")
+        """Every setting's validator on its field, then the checks across settings. Raises ConfigError
+        naming the first bad setting."""
+        for key in CONFIGS.broker_keys():
+            if key.field is not None:
+                key.check_field(getattr(self, key.field))
         if not 0 <= self.listen_port <= 65535:
             raise ConfigError(f"listen port {self.listen_port} out of range")
-        if self.max_request_bytes < 1024:
-            raise ConfigError("socket.request.max.bytes must be >= 1024")
-        for key, value in (("socket.send.buffer.bytes", self.socket_send_buffer_bytes),
-                           ("socket.receive.buffer.bytes", self.socket_receive_buffer_bytes)):
-            if value != -1 and not 1024 <= value <= 1 << 30:
-                raise ConfigError(f"{key} must be -1 (the kernel's autotuning) or 1024..1 GiB, not {value}")
-        if self.message_max_bytes < 64:
-            raise ConfigError("message.max.bytes must be >= 64")
-        if self.segment_bytes < 1024:
-            raise ConfigError("log.segment.bytes must be >= 1024")
         names = [name for name, _host, _port in self.listener_specs()]
         if len(set(names)) != len(names):
             raise ConfigError(f"listener names must be unique, got {names}")
@@ -237,18 +225,16 @@ class BrokerConfig:
                 raise ConfigError(f"advertised listener {name} has no listener of that name (listeners: {names})")
         if self.inter_broker_listener is not None and self.inter_broker_listener not in names:
             raise ConfigError(f"inter.broker.listener.name {self.inter_broker_listener} is not a listener ({names})")
-        if self.metadata is not None and not self.metadata.startswith("etcd://"):
-            raise ConfigError(f"metadata must be etcd://HOST:PORT[,HOST:PORT...][/CHROOT], not {self.metadata!r}")
-        if self.min_insync_replicas < 1:
-            raise ConfigError("min.insync.replicas must be >= 1")
-        if self.broker_session_timeout_ms < 1000:
-            raise ConfigError("broker.session.timeout.ms must be >= 1000")
-        if self.offsets_partitions < 1 or self.offsets_topic_replication_factor < 1:
-            raise ConfigError("offsets.topic.num.partitions and offsets.topic.replication.factor must be >= 1")
         try:
             self.security.validate(names)
         except SettingsError as exc:
             raise ConfigError(str(exc)) from None
+
+
+# BrokerConfig fields that are not settings of their own: set through ``listen`` / ``advertise``, by the
+# security settings (``security``), by a flag only (--check-loop-blocking), or fixed.
+NOT_SETTINGS = frozenset({"listen_host", "listen_port", "advertise_host", "advertise_port", "security",
+                          "check_loop_blocking", "producer_id_block_size"})
 
 
 def parse_host_port(text: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -294,85 +280,275 @@ def parse_listener(text: str) -> tuple[str, str, int]:
 
 def parse_listener_list(value) -> tuple[tuple[str, str, int], ...]:
     """A TOML value: Kafka's comma-separated ``"A://h:p,B://h:p"`` or a list of such strings."""
-    items = value if isinstance(value, list) else str(value).split(",")
+    if not isinstance(value, (str, list)):
+        raise ConfigError("expected NAME://HOST:PORT[,NAME://HOST:PORT...]")
+    items = value if isinstance(value, list) else value.split(",")
     return tuple(parse_listener(str(item)) for item in items if str(item).strip())
 
 
-def _optional_ms(value) -> int | None:
-    """Kafka writes 'unlimited' as -1."""
-    value = int(value)
-    return None if value < 0 else value
+def _address(raw) -> tuple[str, int]:
+    if not isinstance(raw, str):
+        raise ConfigError("expected HOST:PORT")
+    return parse_host_port(raw.split("://")[-1])
 
 
-# TOML key -> (BrokerConfig field, converter). Kafka's names plus a few of copyless's own.
-_TOML_KEYS = {
-    "data_dir": ("data_dir", Path),
-    "log.dirs": ("data_dir", Path),
-    "loop": ("loop", str),
-    "sendfile": ("sendfile", bool),
-    "node.id": ("node_id", int),
-    "broker.id": ("node_id", int),
-    "auto.create.topics.enable": ("auto_create_topics", bool),
-    "num.partitions": ("num_partitions", int),
-    "default.replication.factor": ("default_replication_factor", int),
-    "socket.request.max.bytes": ("max_request_bytes", int),
-    "socket.send.buffer.bytes": ("socket_send_buffer_bytes", int),
-    "socket.receive.buffer.bytes": ("socket_receive_buffer_bytes", int),
-    "fetch.max.bytes": ("fetch_max_bytes", int),
-    "connections.max.idle.ms": ("connections_max_idle_ms", _optional_ms),
-    "message.max.bytes": ("message_max_bytes", int),
-    "log.retention.ms": ("retention_ms", _optional_ms),
-    "log.retention.minutes": ("retention_ms", lambda v: _optional_ms(int(v) * 60_000)),
-    "log.retention.hours": ("retention_ms", lambda v: _optional_ms(int(v) * _HOUR_MS)),
-    "log.retention.bytes": ("retention_bytes", _optional_ms),
-    "log.segment.bytes": ("segment_bytes", int),
-    "log.roll.ms": ("segment_ms", _optional_ms),
-    "log.roll.hours": ("segment_ms", lambda v: _optional_ms(int(v) * _HOUR_MS)),
-    "log.index.interval.bytes": ("index_interval_bytes", int),
-    "log.index.size.max.bytes": ("segment_index_bytes", int),
-    "log.flush.interval.messages": ("flush_messages", _optional_ms),
-    "log.flush.interval.ms": ("flush_ms", _optional_ms),
-    "log.flush.mode": ("flush_mode", str),
-    "flush_mode": ("flush_mode", str),
-    "log.message.timestamp.type": ("message_timestamp_type", str),
-    "log.preallocate": ("preallocate", bool),
-    "log.prefault.zeros": ("prefault_zeros", bool),
-    "log.prefault.outrun.pwrite": ("outrun_pwrite", bool),
-    "log.retention.check.interval.ms": ("retention_check_interval_ms", int),
-    "stats.interval.s": ("stats_interval_s", float),
-    "shutdown.timeout.s": ("shutdown_timeout_s", float),
-    "group.min.session.timeout.ms": ("group_min_session_timeout_ms", int),
-    "group.max.session.timeout.ms": ("group_max_session_timeout_ms", int),
-    "group.initial.rebalance.delay.ms": ("group_initial_rebalance_delay_ms", int),
-    "group.max.size": ("group_max_size", _optional_ms),
-    "offsets.retention.minutes": ("offsets_retention_ms", lambda v: int(v) * 60_000),
-    "offsets.retention.ms": ("offsets_retention_ms", int),
-    "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms", int),
-    "offsets.topic.num.partitions": ("offsets_topic_num_partitions", int),
-    "offsets.topic.replication.factor": ("offsets_topic_replication_factor", int),
-    "inter.broker.listener.name": ("inter_broker_listener", str),
-    "metadata": ("metadata", str),
-    "cluster.id": ("cluster_id", str),
-    "broker.session.timeout.ms": ("broker_session_timeout_ms", int),
-    "min.insync.replicas": ("min_insync_replicas", int),
-    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", int),
-    "unclean.leader.election.enable": ("unclean_leader_election", bool),
-    "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int),
-    "replica.fetch.max.bytes": ("replica_fetch_max_bytes", int),
-    "replica.fetch.response.max.bytes": ("replica_fetch_response_max_bytes", int),
-    "auto.leader.rebalance.enable": ("auto_leader_rebalance", bool),
-    "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_ms", lambda v: int(v) * 1000),
-    "leader.imbalance.check.interval.ms": ("leader_imbalance_check_interval_ms", int),
-    "replica.high.watermark.checkpoint.interval.ms": ("replica_high_watermark_checkpoint_interval_ms", int),
-    "metrics.listen": ("metrics_listen", lambda v: parse_host_port(str(v))),
-}
+def _listeners_text(value) -> str | None:
+    return ",".join(f"{name}://{host}:{port}" for name, host, port in value) or None
+
+
+def _address_text(value) -> str | None:
+    return None if value is None else f"{value[0]}:{value[1]}"
+
+
+# Kafka's BrokerCompressionType names, read case-insensitively.
+_COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+
+
+def _compression_type(raw) -> str:
+    if not isinstance(raw, str) or raw.strip().lower() not in _COMPRESSION_TYPES:
+        raise ConfigError(f"String must be one of: {', '.join(_COMPRESSION_TYPES)}")
+    return raw.strip().lower()
+
+
+def _etcd_endpoints(name: str, value: str) -> None:
+    if not value.startswith("etcd://"):
+        raise ConfigError(f"Invalid value {value} for configuration {name}: expected "
+                          f"etcd://HOST:PORT[,HOST:PORT...][/CHROOT]")
+
+
+# --- the registry ---------------------------------------------------------------------------------------------------
+# Kafka's names, types and validators (Kafka 3.9's, the version copyless is measured against), with a stricter
+# bound only where copyless's storage needs one (said in the entry). ``field``: the BrokerConfig field (its
+# default is the setting's); ``log_field``: the LogConfig field a partition log reads it from.
+
+CONFIGS = ConfigDef(defaults=BrokerConfig())
+_define = CONFIGS.define
+
+# Identity, listeners, the cluster.
+_define("node.id", T.INT, "This broker's id in the cluster.", field="node_id", validator=AtLeast(0),
+        synonyms=(Synonym("broker.id"),))
+_define("log.dirs", T.STRING, "The data directory: logs, checkpoints, meta.properties (one directory).",
+        field="data_dir", parse=Path, text=str, synonyms=(Synonym("log.dir"), Synonym("data_dir")))
+_define("listen", T.STRING, "The one PLAINTEXT listener, HOST:PORT (port 0: any free port); "
+        "copyless's shorthand for listeners.", default=("127.0.0.1", 9092), parse=_address,
+        apply=lambda value: {"listen_host": value[0], "listen_port": value[1]}, text=_address_text,
+        read=lambda config: (config.listen_host, config.listen_port))
+_define("advertise", T.STRING, "The address Metadata gives clients for the one listener, HOST:PORT "
+        "(default: the bound one).", default=None, parse=_address,
+        apply=lambda value: {"advertise_host": value[0], "advertise_port": value[1]}, text=_address_text,
+        read=lambda config: (config.advertised_host, config.advertised_port)
+        if config.advertise_host is not None or config.advertise_port is not None else None)
+_define("listeners", T.STRING, "Named listeners to bind, NAME://HOST:PORT,... (default: the one of listen).",
+        field="listeners", parse=parse_listener_list, text=_listeners_text,
+        apply=lambda value: {"listen_host": value[0][1], "listen_port": value[0][2]} if value else {})
+_define("advertised.listeners", T.STRING, "What Metadata gives clients of each listener, NAME://HOST:PORT,...",
+        field="advertised_listeners", parse=parse_listener_list, text=_listeners_text)
+_define("inter.broker.listener.name", T.STRING, "The listener brokers reach each other on (default: the first).",
+        field="inter_broker_listener")
+_define("metadata", T.STRING, "Join the cluster kept in etcd, etcd://HOST:PORT[,HOST:PORT...][/ROOT] "
+        "(unset: a single node, its metadata in the data dir).", field="metadata", validator=_etcd_endpoints)
+_define("cluster.id", T.STRING, "With metadata: the cluster id to create, or to require of the existing one.",
+        field="cluster_id")
+_define("broker.session.timeout.ms", T.INT, "How long a broker's etcd lease outlives its last keepalive: a dead "
+        "broker's partitions move after about this long.",
+        field="broker_session_timeout_ms", validator=AtLeast(1000))
+
+# Replication.
+_define("min.insync.replicas", T.INT, "Replicas that must hold a write before acks=all is answered.",
+        scope=Scope.BOTH, field="min_insync_replicas", validator=AtLeast(1), dynamic=True)
+_define("unclean.leader.election.enable", T.BOOLEAN, "Let an out-of-sync replica lead when no in-sync one is "
+        "alive (it may lose acknowledged writes).", scope=Scope.BOTH, field="unclean_leader_election", dynamic=True)
+_define("replica.lag.time.max.ms", T.LONG, "A follower that has not caught up for this long leaves the ISR.",
+        field="replica_lag_time_max_ms", validator=AtLeast(1))
+_define("replica.fetch.wait.max.ms", T.INT, "The longest a follower's fetch waits at the leader for new data.",
+        field="replica_fetch_wait_max_ms", validator=AtLeast(0))
+_define("replica.fetch.max.bytes", T.INT, "Bytes a follower asks for per partition and fetch.",
+        field="replica_fetch_max_bytes", validator=AtLeast(0))
+_define("replica.fetch.response.max.bytes", T.INT, "Bytes a follower asks for per fetch.",
+        field="replica_fetch_response_max_bytes", validator=AtLeast(0))
+_define("auto.leader.rebalance.enable", T.BOOLEAN, "Move leadership back to each partition's preferred replica.",
+        field="auto_leader_rebalance")
+_define("leader.imbalance.check.interval.ms", T.LONG, "How often the controller looks for leaders to move back.",
+        field="leader_imbalance_check_interval_ms", validator=AtLeast(1),
+        synonyms=(Synonym("leader.imbalance.check.interval.seconds", 1000),))
+_define("replica.high.watermark.checkpoint.interval.ms", T.LONG, "How often each high watermark is checkpointed.",
+        field="replica_high_watermark_checkpoint_interval_ms", validator=AtLeast(1))
+_define("default.replication.factor", T.INT, "Replicas of an auto-created topic's partitions.",
+        field="default_replication_factor", validator=AtLeast(1))
+
+# The server.
+_define("loop", T.STRING, "The event loop.", field="loop", validator=OneOf(("uvloop", "asyncio")))
+_define("sendfile", T.BOOLEAN, "Serve fetched records with sendfile(2); false copies them through Python "
+        "(only to measure sendfile against).", field="sendfile")
+_define("metrics.listen", T.STRING, "Serve Prometheus metrics on http://HOST:PORT/metrics (unset: off).",
+        field="metrics_listen", parse=_address, text=_address_text)
+_define("socket.request.max.bytes", T.INT, "The largest request a connection may send; a larger announced "
+        "size closes it before the body is read (at least 1 KiB here).", field="max_request_bytes",
+        validator=AtLeast(1024))
+_define("socket.send.buffer.bytes", T.INT, "SO_SNDBUF of accepted connections (-1: the kernel's autotuning).",
+        field="socket_send_buffer_bytes", validator=Between(1024, 1 << 30, also=(-1,)))
+_define("socket.receive.buffer.bytes", T.INT, "SO_RCVBUF of accepted connections (-1: the kernel's autotuning).",
+        field="socket_receive_buffer_bytes", validator=Between(1024, 1 << 30, also=(-1,)))
+_define("fetch.max.bytes", T.INT, "The most bytes one Fetch response carries.", field="fetch_max_bytes",
+        validator=AtLeast(1024))
+_define("connections.max.idle.ms", T.LONG, "Close a connection idle this long (-1: never).",
+        field="connections_max_idle_ms", unlimited=True)
+_define("stats.interval.s", T.DOUBLE, "Seconds between the stats log lines (0: none).", field="stats_interval_s",
+        validator=AtLeast(0))
+_define("shutdown.timeout.s", T.DOUBLE, "Seconds in-flight requests may take to finish at shutdown.",
+        field="shutdown_timeout_s", validator=AtLeast(0))
+
+# Topics and their logs: a topic config, the broker's setting its default.
+_define("auto.create.topics.enable", T.BOOLEAN, "Create a topic a client asks for that does not exist.",
+        field="auto_create_topics")
+_define("num.partitions", T.INT, "Partitions of an auto-created topic.", field="num_partitions",
+        validator=AtLeast(1))
+_define("cleanup.policy", T.LIST, "What happens to old segments: delete (compaction is not there yet).",
+        scope=Scope.TOPIC, default=("delete",), validator=Supported(("delete",)))
+_define("compression.type", T.STRING, "The codec batches are stored with: producer keeps the producer's, any "
+        "other recompresses them (broker/record_conversion.py).", scope=Scope.TOPIC, default="producer",
+        log_field="compression_type", parse=_compression_type)
+_define("retention.ms", T.LONG, "Delete a segment once its newest record is this old (-1: never).",
+        scope=Scope.BOTH, broker_name="log.retention.ms", field="retention_ms", log_field="retention_ms",
+        validator=AtLeast(-1), unlimited=True, dynamic=True,
+        synonyms=(Synonym("log.retention.minutes", 60_000, T.INT), Synonym("log.retention.hours", _HOUR_MS, T.INT)))
+_define("retention.bytes", T.LONG, "Delete the oldest segments while a partition holds more (-1: no limit).",
+        scope=Scope.BOTH, broker_name="log.retention.bytes", field="retention_bytes", log_field="retention_bytes",
+        unlimited=True, dynamic=True)
+_define("segment.bytes", T.INT, "A segment's size: the next batch that would not fit rolls a new one; a batch "
+        "larger than a segment is refused.", scope=Scope.BOTH, broker_name="log.segment.bytes",
+        field="segment_bytes", log_field="segment_bytes", validator=AtLeast(14), dynamic=True)
+_define("segment.ms", T.LONG, "Roll a new segment once the active one is this old.", scope=Scope.BOTH,
+        broker_name="log.roll.ms", field="segment_ms", log_field="segment_ms", validator=AtLeast(1), dynamic=True,
+        synonyms=(Synonym("log.roll.hours", _HOUR_MS, T.INT),))
+_define("segment.index.bytes", T.INT, "The largest offset or time index of a segment; a full one rolls the "
+        "segment (at least 12 here: one time-index entry).", scope=Scope.BOTH, broker_name="log.index.size.max.bytes",
+        field="segment_index_bytes", log_field="segment_index_bytes", validator=AtLeast(12), dynamic=True)
+_define("index.interval.bytes", T.INT, "Bytes of batches between two offset-index entries.", scope=Scope.BOTH,
+        broker_name="log.index.interval.bytes", field="index_interval_bytes", log_field="index_interval_bytes",
+        validator=AtLeast(0), dynamic=True)
+_define("flush.messages", T.LONG, "fdatasync a log every this many records (-1: leave it to the page cache).",
+        scope=Scope.BOTH, broker_name="log.flush.interval.messages", field="flush_messages",
+        log_field="flush_messages", validator=AtLeast(1, also=(-1,)), unlimited=True, dynamic=True)
+_define("flush.ms", T.LONG, "fdatasync a log at least this often (-1: leave it to the page cache).",
+        scope=Scope.BOTH, broker_name="log.flush.interval.ms", field="flush_ms", log_field="flush_ms",
+        validator=AtLeast(0, also=(-1,)), unlimited=True, dynamic=True)
+_define("file.delete.delay.ms", T.LONG, "How long a deleted segment's files stay before they are unlinked.",
+        scope=Scope.TOPIC, default=60_000, log_field="file_delete_delay_ms", validator=AtLeast(0))
+_define("max.message.bytes", T.INT, "The largest record batch a producer may send (at least 64 here).",
+        scope=Scope.BOTH, broker_name="message.max.bytes", field="message_max_bytes", log_field="max_message_bytes",
+        validator=AtLeast(64), dynamic=True)
+_define("message.timestamp.type", T.STRING, "CreateTime keeps the producer's timestamps, LogAppendTime sets "
+        "the broker's.", scope=Scope.BOTH, broker_name="log.message.timestamp.type", field="message_timestamp_type",
+        log_field="message_timestamp_type", validator=OneOf(("CreateTime", "LogAppendTime")), dynamic=True)
+_define("preallocate", T.BOOLEAN, "Give a new segment its whole size in disk blocks at once (default: blocks in "
+        "steps ahead of the data).", scope=Scope.BOTH, broker_name="log.preallocate", field="preallocate",
+        log_field="preallocate", dynamic=True)
+_define("log.flush.mode", T.STRING, "sync: acks=all also waits for the leader's fdatasync, and followers "
+        "fdatasync before they report a new log end (group commit).", field="flush_mode", log_field="flush_mode",
+        validator=OneOf(("async", "sync")), synonyms=(Synonym("flush_mode"),))
+_define("log.prefault.zeros", T.BOOLEAN, "Pre-fault pages by writing zeros before mapping them (false: "
+        "MADV_POPULATE_WRITE alone).", field="prefault_zeros", log_field="prefault_zeros")
+_define("log.prefault.outrun.pwrite", T.BOOLEAN, "An append past the pre-faulted pages writes them with "
+        "pwrite(2) (false: faults them in through the map).", field="outrun_pwrite", log_field="outrun_pwrite")
+_define("log.retention.check.interval.ms", T.LONG, "How often retention looks for segments to delete.",
+        field="retention_check_interval_ms", validator=AtLeast(1))
+# Topic configs accepted and kept, with no effect yet: Kafka's validators, so a value Kafka refuses is refused.
+_NO_EFFECT = " Accepted and kept; no effect yet."
+_define("message.downconversion.enable", T.BOOLEAN, "Down-convert batches for old clients." + _NO_EFFECT,
+        scope=Scope.TOPIC, default=True)
+_define("remote.storage.enable", T.BOOLEAN, "Tiered storage (not there yet).", scope=Scope.TOPIC, default=False,
+        validator=Supported((False,)))
+_define("delete.retention.ms", T.LONG, "How long a compacted topic keeps tombstones." + _NO_EFFECT,
+        scope=Scope.TOPIC, default=86_400_000, validator=AtLeast(0))
+_define("min.compaction.lag.ms", T.LONG, "The least age of a record compaction may remove." + _NO_EFFECT,
+        scope=Scope.TOPIC, default=0, validator=AtLeast(0))
+_define("max.compaction.lag.ms", T.LONG, "The most a record may wait to be compacted." + _NO_EFFECT,
+        scope=Scope.TOPIC, default=_LONG_MAX, validator=AtLeast(1))
+_define("min.cleanable.dirty.ratio", T.DOUBLE, "The dirty share of a log that makes it compactable." + _NO_EFFECT,
+        scope=Scope.TOPIC, default=0.5, validator=Between(0, 1))
+_define("segment.jitter.ms", T.LONG, "Random jitter taken off segment.ms." + _NO_EFFECT, scope=Scope.TOPIC,
+        default=0, validator=AtLeast(0))
+_define("message.timestamp.difference.max.ms", T.LONG, "The most a record's timestamp may differ from the "
+        "broker's clock." + _NO_EFFECT, scope=Scope.TOPIC, default=_LONG_MAX, validator=AtLeast(0))
+_define("message.timestamp.before.max.ms", T.LONG, "The most a record's timestamp may lie in the past."
+        + _NO_EFFECT, scope=Scope.TOPIC, default=_LONG_MAX, validator=AtLeast(0))
+_define("message.timestamp.after.max.ms", T.LONG, "The most a record's timestamp may lie in the future."
+        + _NO_EFFECT, scope=Scope.TOPIC, default=_LONG_MAX, validator=AtLeast(0))
+_define("message.format.version", T.STRING, "The record format of old brokers (always v2 here)." + _NO_EFFECT,
+        scope=Scope.TOPIC, default="3.0-IV1")
+_define("leader.replication.throttled.replicas", T.LIST, "Replicas whose leader side is throttled." + _NO_EFFECT,
+        scope=Scope.TOPIC, default=())
+_define("follower.replication.throttled.replicas", T.LIST, "Replicas whose follower side is throttled."
+        + _NO_EFFECT, scope=Scope.TOPIC, default=())
+_define("local.retention.ms", T.LONG, "Tiered storage's local retention." + _NO_EFFECT, scope=Scope.TOPIC,
+        default=-2, validator=AtLeast(-2))
+_define("local.retention.bytes", T.LONG, "Tiered storage's local retention." + _NO_EFFECT, scope=Scope.TOPIC,
+        default=-2, validator=AtLeast(-2))
+
+# Consumer groups.
+_define("group.min.session.timeout.ms", T.INT, "The shortest session a consumer may ask for.",
+        field="group_min_session_timeout_ms", validator=AtLeast(0))
+_define("group.max.session.timeout.ms", T.INT, "The longest session a consumer may ask for.",
+        field="group_max_session_timeout_ms", validator=AtLeast(0))
+_define("group.initial.rebalance.delay.ms", T.INT, "How long a new group's first members wait for the rest "
+        "(default: 0 on a single node, as Kafka's quickstart sets it; Kafka's 3000 in a cluster).",
+        field="group_initial_rebalance_delay_ms", validator=AtLeast(0), read=lambda c: c.initial_rebalance_delay)
+_define("group.max.size", T.INT, "The most members a group may have (-1: no limit).", field="group_max_size",
+        validator=AtLeast(1, also=(-1,)), unlimited=True)
+_define("offsets.retention.ms", T.LONG, "Drop a group's committed offsets this long after it empties.",
+        field="offsets_retention_ms", validator=AtLeast(1),
+        synonyms=(Synonym("offsets.retention.minutes", 60_000, T.INT),))
+_define("offsets.retention.check.interval.ms", T.LONG, "How often expired committed offsets are dropped.",
+        field="offsets_retention_check_interval_ms", validator=AtLeast(1))
+_define("offsets.topic.num.partitions", T.INT, "Partitions of __consumer_offsets (default: 1 on a single node, "
+        "which coordinates every group itself; Kafka's 50 in a cluster).", field="offsets_topic_num_partitions",
+        validator=AtLeast(1), read=lambda c: c.offsets_partitions)
+_define("offsets.topic.replication.factor", T.SHORT, "Replicas of __consumer_offsets' partitions (at most the "
+        "brokers there are).", field="offsets_topic_replication_factor", validator=AtLeast(1))
+
+
+# Security: TLS, SASL and ACLs (their entries live with the code that reads them, broker/security/settings.py).
+for _key in SECURITY_CONFIGS:
+    CONFIGS.add(_key)
+
+
+# --- the TOML file --------------------------------------------------------------------------------------------------
+
+
+def _toml_text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def _dotted(prefix: str, table: dict):
+    """The (dotted name, value) leaves of a TOML table."""
+    for key, value in table.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, dict):
+            yield from _dotted(name, value)
+        else:
+            yield name, value
+
+
+def _unquoted_hint(key: str, table: dict, path) -> ConfigError:
+    leaves = list(_dotted(key, table))
+    shown = "; ".join(f'"{name}" = {_toml_text(value)}' for name, value in leaves[:3])
+    known = [name for name, _value in leaves if CONFIGS.broker_key(name) is not None]
+    what = f"{leaves[0][0]!r}" if leaves else repr(key)
+    return ConfigError(f"{what} in {path} is an unquoted dotted key, which TOML reads as a table [{key}]; quote "
+                       f"Kafka's names: {shown}" + ("" if known else " (and no such setting is known)"))
 
 
 def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfig:
-    """Apply a TOML file over ``base`` (default: Kafka's defaults).
+    """Apply a TOML file over ``base`` (default: the defaults). Two names of one setting: Kafka's precedence
+    (``log.retention.ms`` over ``log.retention.minutes`` over ``log.retention.hours``).
 
     Raises:
-        ConfigError: unreadable file, bad TOML, an unknown key or a bad value (named in the message).
+        ConfigError: unreadable file, bad TOML, an unknown key, an unquoted dotted key or a bad value (named).
     """
     base = base or BrokerConfig()
     try:
@@ -382,42 +558,30 @@ def load_toml(path: str | Path, base: BrokerConfig | None = None) -> BrokerConfi
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
-    changes: dict = {}
+    chosen: dict = {}
     security: dict = {}
-    for key, value in table.items():
-        if is_security_key(key):
-            security[key] = value
+    for name, raw in table.items():
+        if isinstance(raw, dict):
+            raise _unquoted_hint(name, raw, path)
+        if is_security_key(name):  # a security setting, or one's listener.name.<listener>. override
+            security[name] = raw
             continue
-        if key == "listen":
-            changes["listen_host"], changes["listen_port"] = parse_host_port(str(value).split("://")[-1])
-            continue
-        if key == "advertise":
-            changes["advertise_host"], changes["advertise_port"] = parse_host_port(str(value).split("://")[-1])
-            continue
-        if key in ("listeners", "advertised.listeners"):
-            try:
-                parsed = parse_listener_list(value)
-            except ConfigError as exc:
-                raise ConfigError(f"bad value for {key!r} in {path}: {exc}") from None
-            changes["listeners" if key == "listeners" else "advertised_listeners"] = parsed
-            if parsed and key == "listeners":
-                # The first listener is also the one-listener settings (the startup line, old readers).
-                changes["listen_host"], changes["listen_port"] = parsed[0][1], parsed[0][2]
-            continue
-        if key not in _TOML_KEYS:
-            raise ConfigError(f"unknown setting {key!r} in {path}")
-        name, convert = _TOML_KEYS[key]
+        key = CONFIGS.broker_key(name)
+        if key is None:
+            raise CONFIGS.unknown(name, str(path))
+        rank = CONFIGS.precedence(name)
+        if key not in chosen or rank < chosen[key][0]:
+            chosen[key] = (rank, name, raw)
+    changes: dict = {}
+    for key, (_rank, name, raw) in chosen.items():
         try:
-            changes[name] = convert(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"bad value for {key!r} in {path}: {value!r}") from exc
+            changes.update(key.fields(key.value_of(raw, name)))
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (in {path})") from None
     if security:
+        # Kept as given: broker.security.settings resolves them per listener, and validate() checks them.
         changes["security"] = SecuritySettings.from_mapping({**dict(base.security.values), **security},
                                                             base.security.add_scram)
-    config = dataclasses.replace(base, **changes)
-    first = config.listener_specs()[0][0]
-    for name, host, port in config.advertised_listeners:
-        if name == first:
-            config = dataclasses.replace(config, advertise_host=host, advertise_port=port)
+    config = dataclasses.replace(base, **changes).with_first_advertised()
     config.validate()
     return config

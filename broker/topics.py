@@ -10,9 +10,9 @@ tmp + fsync + rename + directory fsync, so a crash leaves either the old or the 
 
 Name rules are Kafka's (``org.apache.kafka.common.internals.Topic.validate``): 1..249 characters from
 ``[a-zA-Z0-9._-]``, not ``.`` or ``..``; and a new name must not collide with an existing one once ``.`` is
-mapped to ``_`` (metric names would clash). Config overrides use Kafka's topic config names; the ones the
-log implements map onto ``LogConfig``, a few more are accepted with their only supported value, and
-unknown names are refused with INVALID_CONFIG, as Kafka does.
+mapped to ``_`` (metric names would clash). Config overrides use Kafka's topic config names and are checked
+against the one registry of settings (``broker.config.CONFIGS``): the ones the log implements map onto
+``LogConfig``, and unknown names or values a setting's validator refuses are INVALID_CONFIG, as in Kafka.
 
 The registry itself is pure bookkeeping plus ``persist()`` (blocking: call it in a worker thread). Creating
 and deleting the partition logs is the Broker's job.
@@ -30,6 +30,7 @@ from typing import Iterable, Iterator, Mapping
 from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
+from copyless.broker.config import CONFIGS, ConfigError
 from copyless.broker.errors import BrokerError
 
 __all__ = [
@@ -38,9 +39,7 @@ __all__ = [
     "TopicError",
     "validate_topic_name",
     "check_new_topic_name",
-    "REPLICATION_CONFIGS",
     "parse_topic_configs",
-    "convert_topic_config",
     "MAX_NAME_LENGTH",
     "REGISTRY_FILE",
 ]
@@ -91,118 +90,9 @@ def check_new_topic_name(name: str, existing: Iterable[str], *, internal: bool =
         raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is reserved for internal use")
 
 
-def _int_config(name: str, text: str, *, minimum: int, unlimited_ok: bool = False) -> int | None:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}") from None
-    if unlimited_ok and value == -1:
-        return None
-    if value < minimum:
-        raise TopicError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}: must be >= {minimum}")
-    return value
-
-
-# Topic config name -> LogConfig field, converter. The converter raises TopicError(INVALID_CONFIG).
-_LOG_CONFIGS = {
-    "retention.ms": ("retention_ms", lambda n, v: _int_config(n, v, minimum=0, unlimited_ok=True)),
-    "retention.bytes": ("retention_bytes", lambda n, v: _int_config(n, v, minimum=0, unlimited_ok=True)),
-    "segment.bytes": ("segment_bytes", lambda n, v: _int_config(n, v, minimum=1024)),
-    "segment.ms": ("segment_ms", lambda n, v: _int_config(n, v, minimum=1)),
-    "segment.index.bytes": ("segment_index_bytes", lambda n, v: _int_config(n, v, minimum=4096)),
-    "index.interval.bytes": ("index_interval_bytes", lambda n, v: _int_config(n, v, minimum=0)),
-    "flush.messages": ("flush_messages", lambda n, v: _int_config(n, v, minimum=1, unlimited_ok=True)),
-    "flush.ms": ("flush_ms", lambda n, v: _int_config(n, v, minimum=0, unlimited_ok=True)),
-    "file.delete.delay.ms": ("file_delete_delay_ms", lambda n, v: _int_config(n, v, minimum=0)),
-    "max.message.bytes": ("max_message_bytes", lambda n, v: _int_config(n, v, minimum=64)),
-}
-
-
-def _timestamp_type(name: str, text: str) -> str:
-    if text not in ("CreateTime", "LogAppendTime"):
-        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}")
-    return text
-
-
-_LOG_CONFIGS["message.timestamp.type"] = ("message_timestamp_type", _timestamp_type)
-
-
-def _bool_config(name: str, text: str) -> bool:
-    if str(text).lower() not in ("true", "false"):
-        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}")
-    return str(text).lower() == "true"
-
-
-# true: blocks for each whole segment at its creation; false (Kafka's default): steps ahead of the data.
-_LOG_CONFIGS["preallocate"] = ("preallocate", _bool_config)
-
-
-def _compression_type(name: str, text: str) -> str:
-    # Kafka's BrokerCompressionType names; the produce path recompresses batches into anything but
-    # "producer" (broker.record_conversion).
-    if text.lower() not in ("uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"):
-        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}: must be one of "
-                         "uncompressed, zstd, lz4, snappy, gzip, producer")
-    return text.lower()
-
-
-_LOG_CONFIGS["compression.type"] = ("compression_type", _compression_type)
-
-# Accepted only with these values: the behaviour they name is the only one the broker has.
-_FIXED_CONFIGS = {
-    "cleanup.policy": {"delete"},
-    "message.downconversion.enable": {"true", "false"},
-    "remote.storage.enable": {"false"},
-}
-# Accepted and recorded, with no effect on a single node without compaction or tiering.
-_ACCEPTED_CONFIGS = frozenset(
-    {
-        "delete.retention.ms",
-        "min.compaction.lag.ms",
-        "max.compaction.lag.ms",
-        "min.cleanable.dirty.ratio",
-        "segment.jitter.ms",
-        "message.timestamp.difference.max.ms",
-        "message.timestamp.before.max.ms",
-        "message.timestamp.after.max.ms",
-        "message.format.version",
-        "follower.replication.throttled.replicas",
-        "leader.replication.throttled.replicas",
-        "local.retention.ms",
-        "local.retention.bytes",
-    }
-)
-
-
-def _boolean(name: str, text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise TopicError(ErrorCode.invalid_config, f"Invalid value {text!r} for configuration {name}: must be true or false")
-    return text.lower() == "true"
-
-
-# Replication settings: topic configs that are not the log's (the partition and the controller read them).
-REPLICATION_CONFIGS = {
-    "min.insync.replicas": lambda n, v: _int_config(n, v, minimum=1),
-    "unclean.leader.election.enable": _boolean,
-}
-
-
-def convert_topic_config(name: str, text: str, *, shown_as: str | None = None):
-    """One value of topic config ``name`` (a log or replication setting) as its checks read it: the
-    LogConfig value (None: Kafka's -1), or the int / bool. ``shown_as`` names it in the error instead (a
-    broker default checked by its topic config's rules).
-
-    Raises:
-        TopicError(INVALID_CONFIG): a bad value.
-    """
-    label = shown_as or name
-    if name in _LOG_CONFIGS:
-        return _LOG_CONFIGS[name][1](label, text)
-    return REPLICATION_CONFIGS[name](label, text)
-
-
 def parse_topic_configs(configs: Mapping[str, str | None]) -> dict:
-    """Validate Kafka topic configs; return the LogConfig field overrides they imply.
+    """Check a topic's config overrides against the registry (``broker.config.CONFIGS``); return the LogConfig
+    field overrides they imply (replication settings and configs without an effect are checked, not returned).
 
     Raises:
         TopicError(INVALID_CONFIG): unknown name or bad value (named in the message).
@@ -211,17 +101,17 @@ def parse_topic_configs(configs: Mapping[str, str | None]) -> dict:
     for name, value in configs.items():
         if value is None:
             raise TopicError(ErrorCode.invalid_config, f"Null value not supported for topic configs: {name}")
-        if name in _LOG_CONFIGS:
-            field_name, convert = _LOG_CONFIGS[name]
-            overrides[field_name] = convert(name, value)
-        elif name in REPLICATION_CONFIGS:
-            REPLICATION_CONFIGS[name](name, value)
-        elif name in _FIXED_CONFIGS:
-            if value.lower() not in _FIXED_CONFIGS[name]:
-                allowed = ", ".join(sorted(_FIXED_CONFIGS[name]))
-                raise TopicError(ErrorCode.invalid_config, f"{name}={value} is not supported (supported: {allowed})")
-        elif name not in _ACCEPTED_CONFIGS:
-            raise TopicError(ErrorCode.invalid_config, f"Unknown topic config name: {name}")
+        key = CONFIGS.topic_key(name)
+        if key is None:
+            matches = CONFIGS.close_matches(name, topic=True)
+            hint = f" (did you mean {' or '.join(matches)}?)" if matches else ""
+            raise TopicError(ErrorCode.invalid_config, f"Unknown topic config name: {name}{hint}")
+        try:
+            parsed = key.value_of(value)
+        except ConfigError as exc:
+            raise TopicError(ErrorCode.invalid_config, str(exc)) from None
+        if key.log_field is not None:
+            overrides[key.log_field] = parsed
     return overrides
 
 

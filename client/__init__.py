@@ -19,38 +19,25 @@ API and ``blocking`` a one-request-at-a-time client for tools; ``cli``/``admin_c
 ``copyless produce|consume|topics|groups|cluster`` commands.
 """
 
-from copyless.client.admin import Admin, PartitionDescription, TopicDescription
-from copyless.client.assignors import TopicPartition
-from copyless.client.consumer import Consumer, OffsetOutOfRangeError, RecordTooLargeError
-from copyless.client.errors import (
-    BufferFullError,
-    ClientError,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-    ProducerClosedError,
-    UnsupportedVersionError,
-)
-from copyless.client.producer import DeliveryFuture, Producer, RecordMetadata
-from copyless.client.protocol.fetch_records import ConsumerRecord
+# Public name -> the module that defines it. Loaded on first use (PEP 562): a tool that needs one module
+# (``copyless inspect`` reads client.protocol.records) does not load the producer, consumer and admin client.
+_EXPORTS = {
+    "Admin": "admin", "PartitionDescription": "admin", "TopicDescription": "admin",
+    "TopicPartition": "assignors",
+    "Consumer": "consumer", "OffsetOutOfRangeError": "consumer", "RecordTooLargeError": "consumer",
+    "BufferFullError": "errors", "ClientError": "errors", "KafkaConnectionError": "errors", "KafkaError": "errors",
+    "KafkaTimeoutError": "errors", "NotKafkaError": "errors", "ProducerClosedError": "errors",
+    "UnsupportedVersionError": "errors",
+    "DeliveryFuture": "producer", "Producer": "producer", "RecordMetadata": "producer",
+    "ConsumerRecord": "protocol.fetch_records",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "Admin",
-    "BufferFullError",
-    "ClientError",
-    "Consumer",
-    "ConsumerRecord",
-    "DeliveryFuture",
-    "KafkaConnectionError",
-    "KafkaError",
-    "KafkaTimeoutError",
-    "OffsetOutOfRangeError",
-    "PartitionDescription",
-    "Producer",
-    "ProducerClosedError",
-    "RecordMetadata",
-    "RecordTooLargeError",
-    "TopicDescription",
-    "TopicPartition",
-    "UnsupportedVersionError",
-]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'copyless.client' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"copyless.client.{module}"), name)

@@ -6,7 +6,7 @@
 
 ``groups describe`` prints what ``kafka-consumer-groups.sh --describe`` prints: the group's state and, per
 partition with a committed offset or an owner, the committed offset, the log end offset, the lag and the
-owning member. ``groups reset-offsets`` is a dry run unless ``--execute`` (as kafka-consumer-groups): it
+owning member; a group the coordinator does not know is GROUP_ID_NOT_FOUND (exit status 1). ``groups reset-offsets`` is a dry run unless ``--execute`` (as kafka-consumer-groups): it
 prints the plan, current and new offset per partition, and commits only with ``--execute``; the group must
 have no running members. ``--json`` prints each command's result as one JSON document.
 """
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 
-from copyless.client.cli_common import add_common, client_security, run
+from copyless.client.cli_common import add_common, client_security, parse_time_ms, plural, run
 
 __all__ = ["add_parsers"]
+
+GROUP_ID_NOT_FOUND = 69
 
 
 def add_parsers(subparsers) -> None:
@@ -225,7 +227,13 @@ async def _groups(args) -> int:
             else:
                 print(_table([["GROUP", "PROTOCOL-TYPE"]] + [[g, t or "-"] for g, t in groups]))
         elif command == "describe":
-            _print_group(args, await admin.describe_group(args.group))
+            info = await admin.describe_group(args.group)
+            if info.state == "Dead" and not info.members and not info.offsets:
+                # Kafka describes a group it has never heard of as Dead, with nothing in it.
+                from copyless.client.errors import KafkaError
+
+                raise KafkaError(GROUP_ID_NOT_FOUND, f"group {args.group!r} does not exist")
+            _print_group(args, info)
         elif command == "delete":
             results = await admin.delete_groups(args.groups)
             _report(args, "deleted group", results)
@@ -246,7 +254,7 @@ def _print_group(args, info) -> None:
                           "protocol": info.protocol, "members": members, "partitions": rows}))
         return
     print(f"group {info.group}: state {info.state}, protocol {info.protocol or '-'} "
-          f"({info.protocol_type or 'no group management'}), {len(members)} member(s)")
+          f"({info.protocol_type or 'no group management'}), {plural(len(members), 'member')}")
     table = [["TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST", "CLIENT-ID"]]
     for r in rows:
         table.append([r["topic"], str(r["partition"]), _show(r["committed_offset"]), _show(r["log_end_offset"]),
@@ -265,7 +273,6 @@ def _print_group(args, info) -> None:
 
 async def _reset_offsets(admin, args) -> None:
     from copyless.client.admin import EARLIEST, LATEST
-    from copyless.client.cli import _parse_time_ms
     from copyless.client.errors import KafkaError
 
     info = await admin.describe_group(args.group)
@@ -288,7 +295,7 @@ async def _reset_offsets(admin, args) -> None:
     starts = await admin.list_offsets({tp: EARLIEST for tp in tps})
     ends = await admin.list_offsets({tp: LATEST for tp in tps})
     if args.to_datetime is not None:
-        at = await admin.list_offsets({tp: _parse_time_ms(args.to_datetime) for tp in tps})
+        at = await admin.list_offsets({tp: parse_time_ms(args.to_datetime, "--to-datetime") for tp in tps})
     plan = {}
     for tp in tps:
         start, end = starts[tp], ends[tp]
@@ -306,7 +313,7 @@ async def _reset_offsets(admin, args) -> None:
         plan[tp] = min(max(new, start), end)  # kafka-consumer-groups clamps to the log, too
     if args.execute:
         if info.members:
-            raise ValueError(f"group {args.group!r} has {len(info.members)} running member(s) (state "
+            raise ValueError(f"group {args.group!r} has {plural(len(info.members), 'running member')} (state "
                              f"{info.state}): stop them first")
         await admin.alter_group_offsets(args.group, plan)
     if args.json:

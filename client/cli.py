@@ -13,7 +13,8 @@ With ``-q --json`` (consume) and ``--json`` (produce) the command prints one sum
 
 Ctrl-C (SIGINT) stops both at once, on a terminal or a pipe: ``produce`` sends what it has read (waiting
 at most ``STOP_FLUSH_S`` for acknowledgements) and ``consume`` prints what it has received, then each
-prints its summary. A missing or invalid topic and a partition the topic does not have fail at once.
+prints its summary, then both exit 130. A missing or invalid topic, a partition the topic does not have and
+an ``-o`` offset outside the partition's log fail at once, saying where the log starts and ends.
 """
 
 from __future__ import annotations
@@ -27,7 +28,17 @@ import sys
 import threading
 import time
 
-from copyless.client.cli_common import Progress, add_common, client_security, print_summary, run, summary
+from copyless.client.cli_common import (
+    EXIT_INTERRUPTED,
+    Progress,
+    add_common,
+    client_security,
+    count_arg,
+    parse_time_ms,
+    print_summary,
+    run,
+    summary,
+)
 
 __all__ = ["add_parsers", "main", "format_record"]
 
@@ -35,6 +46,7 @@ __all__ = ["add_parsers", "main", "format_record"]
 STOP_FLUSH_S = 1.0
 # How often the consume loop looks at its stop flag (getmany's longest wait).
 POLL_S = 0.5
+OFFSET_OUT_OF_RANGE = 1
 
 
 def add_parsers(subparsers) -> None:
@@ -48,13 +60,14 @@ def add_parsers(subparsers) -> None:
                          help="add this header to every record (repeatable)")
     produce.add_argument("-p", "--partition", type=int, help="produce to this partition (default: by key, "
                          "or one partition at a time for unkeyed records)")
-    produce.add_argument("--count", type=int, help="send COUNT synthetic records instead of reading stdin")
-    produce.add_argument("--size", type=int, default=100, help="value bytes of a synthetic record (default 100)")
+    produce.add_argument("--count", type=count_arg, help="send COUNT synthetic records instead of reading stdin")
+    produce.add_argument("--size", type=count_arg, default=100, help="value bytes of a synthetic record (default 100)")
     produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"],
                          help="acknowledgements to wait for (default all)")
     produce.add_argument("-z", "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"],
                          help="batch compression codec (default none)")
-    produce.add_argument("--batch-size", type=int, help="bytes per partition batch (default: the producer's, 256 KiB)")
+    produce.add_argument("--batch-size", type=count_arg,
+                         help="bytes per partition batch (default: the producer's, 256 KiB)")
     produce.add_argument("--linger-ms", type=float, default=5, help="wait this long for a batch to fill (default 5)")
     produce.add_argument("--no-idempotence", action="store_true", help="turn the idempotent producer off")
     produce.set_defaults(func=run_produce, command_name="copyless produce")
@@ -75,7 +88,7 @@ def add_parsers(subparsers) -> None:
     consume.add_argument("--from-time", metavar="MS|ISO-8601",
                          help="start at the first record at or after this time: milliseconds since the "
                               "epoch or e.g. 2026-11-24T10:00:00Z (not with --group)")
-    consume.add_argument("--count", type=int, help="stop after COUNT records")
+    consume.add_argument("--count", type=count_arg, help="stop after COUNT records")
     consume.add_argument("-e", "--exit", action="store_true", help="stop at the end of the log (as kcat -e)")
     consume.add_argument("-q", "--quiet", action="store_true", help="do not print records")
     consume.add_argument("-K", "--key-delimiter", metavar="DELIM", help="print KEY DELIM VALUE")
@@ -253,7 +266,9 @@ async def _produce(args) -> int:
         await producer.close(timeout_s=STOP_FLUSH_S if stopping.is_set() else None)
     seconds = time.perf_counter() - started
     print_summary(args, "produced", summary(records, total_bytes, seconds), json_on_stdout=args.json)
-    return 0  # Ctrl-C is how a producer reading a terminal stops: not an error
+    # Ctrl-C stops a producer reading a terminal: what was read is sent, and the exit status says it was
+    # interrupted (Ctrl-D, end of input, exits 0).
+    return EXIT_INTERRUPTED if stopping.is_set() else 0
 
 
 # --- consume ------------------------------------------------------------------------------------------------
@@ -327,20 +342,6 @@ def format_record(fmt: str, record) -> bytes:
     return bytes(out)
 
 
-def _parse_time_ms(text: str) -> int:
-    if text.lstrip("-").isdigit():
-        return int(text)
-    import datetime
-
-    try:
-        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ValueError(f"--from-time expects milliseconds since the epoch or an ISO-8601 time, got {text!r}") from exc
-    if moment.tzinfo is None:
-        moment = moment.astimezone()  # local time, as date(1) would read it
-    return int(moment.timestamp() * 1000)
-
-
 def _parse_offset(text: str):
     if text in ("beginning", "earliest", "end", "latest"):
         return text
@@ -350,10 +351,24 @@ def _parse_offset(text: str):
         raise ValueError(f"-o expects beginning, end, N or -N, got {text!r}") from None
 
 
+def _check_offset(offset: int, tp, start: int, end: int) -> None:
+    """``-o N`` must lie in the partition's log: between its log start and its log end (the next offset)."""
+    from copyless.client.errors import KafkaError
+
+    where = f"{tp.topic}-{tp.partition}"
+    held = f"offsets {start}..{end - 1}" if end > start else "no records"
+    if offset > end:
+        raise KafkaError(OFFSET_OUT_OF_RANGE, f"-o {offset} is past the end of {where}: its log end offset is {end} "
+                                              f"({held}; -o end waits for the next record)")
+    if offset < start:
+        raise KafkaError(OFFSET_OUT_OF_RANGE, f"-o {offset} is before the start of {where}: its log start offset "
+                                              f"is {start} ({held}; -o beginning starts there)")
+
+
 async def _position_partitions(consumer, tps, args) -> None:
     """Apply -o / --from-time / --from-beginning to manually assigned partitions."""
     if args.from_time is not None:
-        found = await consumer.offsets_for_times({tp: _parse_time_ms(args.from_time) for tp in tps})
+        found = await consumer.offsets_for_times({tp: parse_time_ms(args.from_time) for tp in tps})
         after = [tp for tp, offset in found.items() if offset is None]
         for tp, offset in found.items():
             if offset is not None:
@@ -369,7 +384,10 @@ async def _position_partitions(consumer, tps, args) -> None:
     elif offset in ("end", "latest"):
         consumer.seek_to_end(*tps)
     elif offset >= 0:
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
         for tp in tps:
+            _check_offset(offset, tp, starts[tp], ends[tp])
             consumer.seek(tp, offset)
     else:
         ends = await consumer.end_offsets(tps)
@@ -481,7 +499,9 @@ async def _consume(args) -> int:
             pass
     seconds = time.perf_counter() - started
     print_summary(args, "consumed", summary(records, total_bytes, seconds), json_on_stdout=args.json and args.quiet)
-    return 0  # Ctrl-C is how a tail is stopped: not an error (kcat exits 0 too)
+    # Ctrl-C stops a tail: what was read is printed, and the exit status says it was interrupted (-e, --count
+    # and the end of a pipe exit 0).
+    return EXIT_INTERRUPTED if stopping else 0
 
 
 def main(argv=None) -> int:

@@ -1,10 +1,12 @@
 """What every ``copyless`` client command shares: ``-b/--bootstrap``, ``--json``, running a coroutine under
-uvloop, the error style, progress and summaries.
+uvloop, the error style, progress and summaries, and the argument types (counts, sizes, times).
 
 Errors: one line on stderr, ``copyless COMMAND: error: NAME: what`` for a broker's error code
 (``UNKNOWN_TOPIC_OR_PARTITION: topic 'x'``), ``copyless COMMAND: error: what`` otherwise, exit status 1;
-Ctrl-C exits 130 and a closed stdout pipe (``| head``) exits 0. With ``--json`` the error is also printed
-as ``{"error": NAME, "code": N, "message": ...}`` on stdout, so scripts never parse stderr.
+a bad argument exits 2 (argparse's usage error). Ctrl-C exits 130 (128 + SIGINT, as the shell and Kafka's
+own tools report it), after ``produce`` and ``consume`` print their summary; a closed stdout pipe
+(``| head``) exits 0. With ``--json`` the error is also printed as ``{"error": NAME, "code": N, "message":
+...}`` on stdout, so scripts never parse stderr.
 Progress: a redrawn line on stderr when stderr is a terminal; otherwise nothing until a one-line summary
 at the end.
 """
@@ -18,9 +20,43 @@ import os
 import sys
 import time
 
-__all__ = ["DEFAULT_BOOTSTRAP", "add_common", "run", "Progress", "summary", "client_security"]
+__all__ = ["DEFAULT_BOOTSTRAP", "EXIT_INTERRUPTED", "add_common", "run", "Progress", "summary", "plural",
+           "count_arg", "parse_time_ms", "client_security"]
 
 DEFAULT_BOOTSTRAP = os.environ.get("COPYLESS_BOOTSTRAP", "127.0.0.1:9092")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+def count_arg(text: str) -> int:
+    """An argparse type: a whole number, 0 or more (``--count``, ``--size``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def parse_time_ms(text: str, option: str = "--from-time") -> int:
+    """Milliseconds since the epoch, or an ISO-8601 time (``2026-11-24T10:00:00Z``; without a zone: local
+    time, as date(1) reads it) -> milliseconds since the epoch. Raises ValueError naming ``option``."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    import datetime
+
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"{option} expects milliseconds since the epoch or an ISO-8601 time, got {text!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return int(moment.timestamp() * 1000)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 record``, ``2 records``, ``0 records``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def add_common(parser: argparse.ArgumentParser, *, json_help: str = "machine-readable output (JSON)") -> None:
@@ -64,7 +100,7 @@ def run(args, coroutine) -> int:
     try:
         return runner(coroutine)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `copyless consume ... | head`: the reader left; that is not an error
         try:
             sys.stdout = open(os.devnull, "w")
@@ -144,5 +180,5 @@ def print_summary(args, verb: str, document: dict, *, json_on_stdout: bool) -> N
         sys.stdout.flush()
         print(json.dumps(document), flush=True)
     elif not sys.stderr.isatty():
-        print(f"{getattr(args, 'command_name', 'copyless')}: {verb} {document['records']} records "
-              f"({document['bytes']} bytes) in {document['seconds']:.3f} s", file=sys.stderr)
+        print(f"{getattr(args, 'command_name', 'copyless')}: {verb} {plural(document['records'], 'record')} "
+              f"({plural(document['bytes'], 'byte')}) in {document['seconds']:.3f} s", file=sys.stderr)

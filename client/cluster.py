@@ -33,7 +33,7 @@ from kio.schema.metadata.v5 import request as metadata_v5, response as metadata_
 from kio.schema.metadata.v8 import request as metadata_v8, response as metadata_v8_response
 
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
-from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NotKafkaError
 from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 
 __all__ = ["Cluster", "Metadata", "TopicInfo", "parse_bootstrap", "LEADER_ERRORS", "COORDINATOR_ERRORS",
@@ -204,6 +204,7 @@ class Cluster:
         """Connect to a bootstrap server and load broker metadata.
 
         Raises:
+            NotKafkaError: every bootstrap address answered, but not as a Kafka broker (within 5 s).
             KafkaConnectionError: no bootstrap server answered.
         """
         await self.refresh_metadata([])
@@ -273,11 +274,15 @@ class Cluster:
                 return await self.connection(node_id)
             except (KafkaConnectionError, OSError) as exc:
                 errors.append(str(exc))
+        not_kafka = True
         for host, port in self.bootstrap:
             try:
                 return await self._open(("bootstrap", host, port), host, port, None)
             except (KafkaConnectionError, OSError) as exc:
                 errors.append(str(exc))
+                not_kafka = not_kafka and isinstance(exc, NotKafkaError)
+        if not_kafka and not nodes:
+            raise NotKafkaError("; ".join(errors))
         raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
 
     # --- metadata -----------------------------------------------------------------------------------------
@@ -288,6 +293,8 @@ class Cluster:
         Metadata v8 (leader epochs) where the broker has it, else v5. Tries up to three brokers.
 
         Raises:
+            NotKafkaError: the client has never reached a broker and no bootstrap address answers as one (at
+                once, without retries: a wrong port is not a transient failure).
             KafkaConnectionError: no broker answered.
         """
         last: Exception | None = None
@@ -295,6 +302,8 @@ class Cluster:
             try:
                 connection = await self.any_connection()
             except KafkaConnectionError as exc:
+                if isinstance(exc, NotKafkaError) and not self.metadata.updated_at:
+                    raise  # never reached a broker, and every bootstrap address is something else: a wrong port
                 last = exc
                 await asyncio.sleep(self.retry_backoff_ms / 1000)
                 continue

@@ -5,6 +5,11 @@ and EAGAIN resume from ``loop.add_writer``), reads straight into the ``ReceiveBu
 (``recv_into`` from a ``loop.add_reader`` callback: no per-read coroutine, no intermediate ``bytes``), the
 FIFO of in-flight requests matched by correlation id, request timeouts, and the ApiVersions handshake.
 
+The handshake also tells a Kafka broker from anything else listening on the port: the answer must come
+within ``HANDSHAKE_TIMEOUT_MS`` and start like a Kafka response (a size of at most
+``MAX_HANDSHAKE_RESPONSE_BYTES``, then the request's correlation id); otherwise ``NotKafkaError`` names what
+answered (``HTTP/1.1 400 Bad Request``: an HTTP server; a TLS alert: a TLS port) or that nothing did.
+
 Security (``client.security.ClientSecurity``): on SSL and SASL_SSL the TLS handshake runs on the socket
 itself after the TCP connect; writes then go through ``SSLSocket.send`` (which takes no iovec: each write
 joins up to ``TLS_WRITE_BYTES`` of the queue, a copy TLS makes anyway) and reads through ``recv_into`` on the
@@ -34,11 +39,17 @@ import ssl
 import struct
 import time
 
-from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, UnsupportedVersionError
+from copyless.client.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NotKafkaError,
+    UnsupportedVersionError,
+)
 from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 from copyless.client.protocol.framing import FrameTooLargeError
 from copyless.client.protocol.gather import SendQueue
-from copyless.client.protocol.messages import API_VERSIONS, encode_request_header, kio_decoder
+from copyless.client.protocol.messages import API_VERSIONS, api_name, encode_request_header, kio_decoder
 from copyless.client.protocol.receive import LeasedFrame, ReceiveBuffer
 from copyless.client.security import PLAINTEXT, ClientSecurity
 
@@ -51,6 +62,14 @@ _CORRELATION = struct.Struct(">i")
 _SIZE = struct.Struct(">i")
 # Queued-but-unsent bytes above which writers should await ``drain()`` (back-pressure to the producer).
 WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
+# A Kafka broker answers ApiVersions from its network thread at once (copyless and Kafka 3.9 here: under
+# 10 ms); a port that has said nothing in 5 s is not a serving broker.
+HANDSHAKE_TIMEOUT_MS = 5000
+# Kafka 3.9's ApiVersions answer is under 1 KB; any broker's fits in 1 MiB, while the first four bytes of
+# "HTTP/1.1" announce 1.2 GB and a TLS alert 352 MB.
+MAX_HANDSHAKE_RESPONSE_BYTES = 1 << 20
+# How much of a non-Kafka answer the error shows.
+GREETING_BYTES = 48
 # One SSL_write offers at most this much of the queue (16 TLS records).
 TLS_WRITE_BYTES = 256 * 1024
 # Re-authenticate when this share of the broker's session lifetime has passed (Kafka's client picks a
@@ -151,6 +170,8 @@ class Connection:
         self._timeout_handle: asyncio.TimerHandle | None = None
         self.closed_error: BaseException | None = None
         self.api_versions: dict[int, tuple[int, int]] = {}
+        # The first bytes the peer sent, kept until the handshake's answer is checked (None afterwards).
+        self._greeting: bytearray | None = None
         self._tls = False
         self._reauth_handle: asyncio.TimerHandle | None = None
         self.reauthentications = 0
@@ -203,11 +224,24 @@ class Connection:
         from kio.schema.api_versions.v0.request import ApiVersionsRequest
         from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
+        self._greeting = bytearray()
+        timeout_ms = min(self.request_timeout_ms, HANDSHAKE_TIMEOUT_MS)
         try:
-            response = await self.request_kio(ApiVersionsRequest(), ApiVersionsResponse, check_version=False)
-        except Exception:
-            self.close(KafkaConnectionError(f"ApiVersions handshake with {self.host}:{self.port} failed"))
+            async with asyncio.timeout(timeout_ms / 1000):
+                response = await self.request_kio(ApiVersionsRequest(), ApiVersionsResponse, check_version=False)
+        except TimeoutError:
+            error = NotKafkaError(
+                f"{self.host}:{self.port} accepted the connection but did not answer ApiVersions within "
+                f"{timeout_ms} ms: is it a Kafka broker's port? (a stopped or overloaded broker is as silent)")
+            self.close(error)
+            raise error from None
+        except NotKafkaError:
             raise
+        except Exception as exc:
+            self.close(KafkaConnectionError(f"ApiVersions handshake with {self.host}:{self.port} failed: {exc}"))
+            raise
+        finally:
+            self._greeting = None
         if response.error_code != 0:
             self.close()
             raise KafkaError(int(response.error_code), "ApiVersions")
@@ -316,6 +350,39 @@ class Connection:
                 self.close(exc if isinstance(exc, KafkaError) else KafkaConnectionError(f"re-authentication failed: {exc}"))
 
         self._loop.create_task(reauthenticate(), name=f"copyless-reauth-{self.host}:{self.port}")
+
+    def _not_kafka(self, why: str) -> NotKafkaError:
+        """The error for a handshake answered by something that is not a Kafka broker."""
+        greeting = bytes(self._greeting or b"")
+        guess = ""
+        if greeting.startswith(b"HTTP/"):
+            guess = " (an HTTP server)"
+        elif greeting[:1] in (b"\x15", b"\x16") and greeting[1:2] == b"\x03":
+            guess = " (a TLS server: is it a TLS listener?)"
+        elif greeting.startswith(b"SSH-"):
+            guess = " (an SSH server)"
+        shown = greeting.split(b"\r\n")[0] if greeting.startswith(b"HTTP/") else greeting
+        return NotKafkaError(f"{self.host}:{self.port} is not a Kafka broker{guess}: it answered ApiVersions with "
+                             f"{shown!r}{why}")
+
+    def _closed_in_handshake(self, what: str) -> NotKafkaError:
+        return NotKafkaError(f"{self.host}:{self.port} {what} without answering ApiVersions: is it a Kafka broker's "
+                             f"port? (a TLS listener does this to a plaintext client)")
+
+    def _check_greeting(self) -> bool:
+        """During the handshake: does the answer so far start like a Kafka response? Closes the connection
+        with ``NotKafkaError`` and returns False when it cannot be one."""
+        greeting = self._greeting
+        if len(greeting) < 8:
+            return True
+        size, correlation_id = struct.unpack_from(">ii", greeting)
+        if not 6 <= size <= MAX_HANDSHAKE_RESPONSE_BYTES:
+            self.close(self._not_kafka(f", which announces a {size}-byte response"))
+            return False
+        if self._in_flight and correlation_id != self._in_flight[0].correlation_id:
+            self.close(self._not_kafka(", which does not carry the request's correlation id"))
+            return False
+        return True
 
     # --- state ----------------------------------------------------------------------------------------
 
@@ -496,12 +563,21 @@ class Connection:
                 wanted = len(target)
                 try:
                     count = sock.recv_into(target)
+                    if self._greeting is not None and count and len(self._greeting) < GREETING_BYTES:
+                        self._greeting += target[:min(count, GREETING_BYTES - len(self._greeting))]
                 except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     break
                 finally:
                     target.release()
                 if count == 0:
-                    self.close(KafkaConnectionError(f"{self.host}:{self.port} closed the connection"))
+                    if self._greeting:
+                        self.close(self._not_kafka(" and closed the connection"))
+                    elif self._greeting is not None:
+                        self.close(self._closed_in_handshake("closed the connection"))
+                    else:
+                        self.close(KafkaConnectionError(f"{self.host}:{self.port} closed the connection"))
+                    return
+                if self._greeting is not None and not self._check_greeting():
                     return
                 receive.buffer_updated(count)
                 while (frame := receive.next_frame()) is not None:
@@ -513,7 +589,11 @@ class Connection:
         except FrameTooLargeError as exc:
             self.close(KafkaConnectionError(f"{self.host}:{self.port}: {exc}"))
         except OSError as exc:
-            self.close(KafkaConnectionError(f"read from {self.host}:{self.port} failed: {exc}"))
+            if self._greeting is not None:
+                self.close(self._not_kafka(f" and then {exc.strerror or exc}") if self._greeting
+                           else self._closed_in_handshake(f"closed the connection ({exc.strerror or exc})"))
+            else:
+                self.close(KafkaConnectionError(f"read from {self.host}:{self.port} failed: {exc}"))
 
     def _dispatch(self, frame) -> None:
         leased = isinstance(frame, LeasedFrame)
@@ -565,7 +645,7 @@ class Connection:
         if head.deadline <= now:
             self.close(
                 KafkaTimeoutError(
-                    f"request (api {head.api_key}) to {self.host}:{self.port} timed out after "
+                    f"{api_name(head.api_key)} request to {self.host}:{self.port} timed out after "
                     f"{self.request_timeout_ms} ms"
                 )
             )

@@ -13,6 +13,7 @@ __all__ = [
     "ClientError",
     "KafkaError",
     "KafkaConnectionError",
+    "NotKafkaError",
     "KafkaTimeoutError",
     "BufferFullError",
     "ProducerClosedError",
@@ -43,6 +44,12 @@ class KafkaConnectionError(ClientError):
     """A connection could not be made or was lost; in-flight requests on it fail with this."""
 
     retriable = True
+
+
+class NotKafkaError(KafkaConnectionError):
+    """The peer accepted the connection but did not answer the ApiVersions handshake as a Kafka broker does:
+    it sent bytes that are not a Kafka response (an HTTP or TLS server), or nothing within the handshake
+    timeout. A client that has never reached a broker fails at once with it instead of retrying."""
 
 
 class KafkaTimeoutError(ClientError):

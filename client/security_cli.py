@@ -45,13 +45,15 @@ def add_parsers(subparsers) -> None:
     setting = actions.add_parser("set", help="create or replace a user's SCRAM credential")
     setting.add_argument("name", help="the user name")
     add_common(setting)
-    setting.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    setting.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                         help="the SCRAM mechanism of the credential (default SCRAM-SHA-512)")
     setting.add_argument("--iterations", type=int, default=4096, help="PBKDF2 iterations, 4096..16384 (default 4096)")
     setting.add_argument("--password-file", metavar="FILE", help="read the password from FILE (its first line)")
     deleting = actions.add_parser("delete", help="delete a user's SCRAM credential")
     deleting.add_argument("name", help="the user name")
     add_common(deleting)
-    deleting.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    deleting.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                          help="the SCRAM mechanism of the credential (default SCRAM-SHA-512)")
     for parser in (listing, setting, deleting):
         parser.set_defaults(func=_run_users, command_name=f"copyless users {parser.prog.split()[-1]}")
 
@@ -63,16 +65,23 @@ def add_parsers(subparsers) -> None:
     mode.add_argument("--add", action="store_const", dest="mode", const="add", help="add ACLs")
     mode.add_argument("--remove", action="store_const", dest="mode", const="remove", help="remove ACLs")
     mode.add_argument("--list", action="store_const", dest="mode", const="list", help="list ACLs")
-    acls.add_argument("--allow-principal", action="append", default=[], metavar="PRINCIPAL")
-    acls.add_argument("--deny-principal", action="append", default=[], metavar="PRINCIPAL")
-    acls.add_argument("--allow-host", action="append", default=[], metavar="HOST")
-    acls.add_argument("--deny-host", action="append", default=[], metavar="HOST")
+    acls.add_argument("--allow-principal", action="append", default=[], metavar="PRINCIPAL",
+                      help="an ALLOW binding for this principal, e.g. User:alice (repeatable)")
+    acls.add_argument("--deny-principal", action="append", default=[], metavar="PRINCIPAL",
+                      help="a DENY binding for this principal (repeatable)")
+    acls.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                      help="the host the ALLOW bindings apply from (default *; repeatable)")
+    acls.add_argument("--deny-host", action="append", default=[], metavar="HOST",
+                      help="the host the DENY bindings apply from (default *; repeatable)")
     acls.add_argument("--principal", action="append", default=[], metavar="PRINCIPAL", help="--list: only these")
     acls.add_argument("--operation", action="append", default=[], metavar="OPERATION",
                       help=f"one of {', '.join(_OPERATIONS)} (repeatable; --add defaults to All)")
-    acls.add_argument("--topic", action="append", default=[], metavar="TOPIC")
-    acls.add_argument("--group", action="append", default=[], metavar="GROUP")
-    acls.add_argument("--transactional-id", action="append", default=[], metavar="ID")
+    acls.add_argument("--topic", action="append", default=[], metavar="TOPIC",
+                      help="a topic resource (repeatable; * for every topic)")
+    acls.add_argument("--group", action="append", default=[], metavar="GROUP",
+                      help="a consumer group resource (repeatable; * for every group)")
+    acls.add_argument("--transactional-id", action="append", default=[], metavar="ID",
+                      help="a transactional id resource (repeatable)")
     acls.add_argument("--cluster", action="store_true", help="the cluster resource")
     acls.add_argument("--resource-pattern-type", default=None, metavar="TYPE",
                       help="literal or prefixed (--add, default literal); any or match too for --list/--remove")

@@ -3,8 +3,9 @@ broker configs, read with their sources and changed at run time.
 
 Resources: a topic (type 2, by name) or a broker (type 4; name = a node id, or "" for the dynamic defaults
 every broker takes). ``broker.config_sources`` resolves values and sources (DYNAMIC_TOPIC_CONFIG,
-DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG) and lists the
-synonyms when asked; it also checks every change.
+DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG), lists the
+synonyms and the documentation when asked, and checks every change, all from the registry of settings
+(``broker.config.CONFIGS``); a sensitive setting's value is null.
 
 AlterConfigs replaces a resource's whole set of overrides (Kafka's semantics: what the request leaves out is
 reset); IncrementalAlterConfigs applies SET / DELETE / APPEND / SUBTRACT to the current set. Either way the
@@ -90,6 +91,7 @@ async def describe_configs(ctx: RequestContext, request):
     broker = ctx.broker
     module = response_module(DESCRIBE_CONFIGS, ctx.api_version)
     include_synonyms = getattr(request, "include_synonyms", False)
+    include_documentation = getattr(request, "include_documentation", False)
     results = []
     for resource in request.resources:
         wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
@@ -107,11 +109,11 @@ async def describe_configs(ctx: RequestContext, request):
                 read_only=entry.read_only,
                 config_source=entry.source,
                 is_default=entry.source == sources.DEFAULT_CONFIG,
-                is_sensitive=False,
+                is_sensitive=entry.sensitive,
                 synonyms=tuple(module.DescribeConfigsSynonym(name=name, value=value, source=source)
                                for name, value, source in entry.synonyms) if include_synonyms else (),
                 config_type=entry.config_type,
-                documentation=None,
+                documentation=entry.documentation if include_documentation else None,
             )
             for entry in entries
             if wanted is None or entry.name in wanted

@@ -1,5 +1,6 @@
-"""The security settings, by Kafka's names, as entries of one table (name, type, default, validator,
-synonyms, dynamic, scope, sensitive), and their values for each listener. Pure.
+"""The security settings, by Kafka's names, as entries of the broker's config registry (``SECURITY_CONFIGS``:
+name, type, default, validator, documentation, sensitive, settable per listener; ``broker.config.CONFIGS``
+adds them), and their values for each listener. Pure.
 
 A setting may be given for every listener (``ssl.keystore.location``) or for one (Kafka's
 ``listener.name.<listener, lower case>.<setting>``), the second winning; SASL JAAS lines are per listener
@@ -15,9 +16,9 @@ and mechanism (``listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config``). In th
     "authorizer.class.name" = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
     "super.users" = "User:admin;User:CN=broker1"
 
-Sensitive values (key passwords, JAAS lines) are never logged nor described: ``describe()`` masks them.
-Every entry is static (read at start-up); the table's shape is the one the broker's config registry uses,
-so the entries move into it unchanged.
+Sensitive values (key passwords, JAAS lines) are never logged nor described: ``describe()`` masks them, and
+DescribeConfigs answers them null. Every entry is static (read at start-up). The values are kept as given
+(``SecuritySettings``) and resolved per listener here; the registry lists, describes and checks them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["SettingEntry", "ENTRIES", "SecuritySettings", "ListenerSecurity", "SettingsError", "PROTOCOLS",
+from copyless.broker.config_def import ConfigError, ConfigKey, ConfigType
+
+__all__ = ["SECURITY_CONFIGS", "SecuritySettings", "ListenerSecurity", "SettingsError", "PROTOCOLS",
            "parse_jaas", "parse_protocol_map", "is_security_key", "AUTHORIZER_CLASSES"]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -38,19 +41,6 @@ _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 class SettingsError(ValueError):
     """A security setting is malformed; the message names it (never its value when it is sensitive)."""
-
-
-@dataclass(frozen=True)
-class SettingEntry:
-    name: str
-    type: str  # "string" | "list" | "int" | "long" | "boolean" | "password" | "class"
-    default: Any
-    validator: Callable[[Any], None] | None = None
-    synonyms: tuple[str, ...] = ()
-    dynamic: bool = False
-    scope: str = "broker"  # "broker": one value; "listener": may be set per listener
-    sensitive: bool = False
-    doc: str = ""
 
 
 def _choice(*allowed: str) -> Callable[[Any], None]:
@@ -94,57 +84,90 @@ def _principal_rules(value) -> None:
         raise SettingsError(str(exc)) from None
 
 
-ENTRIES: tuple[SettingEntry, ...] = (
-    SettingEntry("listener.security.protocol.map", "string",
-                 "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", _protocol_map,
-                 doc="LISTENER:PROTOCOL pairs; a listener named after a protocol needs no entry"),
-    SettingEntry("sasl.enabled.mechanisms", "list", "SCRAM-SHA-256,SCRAM-SHA-512", _list_of(_MECHANISMS),
-                 scope="listener", doc="mechanisms a SASL listener offers (Kafka's default, GSSAPI, is not offered)"),
-    SettingEntry("sasl.mechanism.inter.broker.protocol", "string", "SCRAM-SHA-512", _list_of(_MECHANISMS),
-                 doc="the mechanism brokers authenticate to each other with"),
-    SettingEntry("sasl.jaas.config", "password", None, scope="listener", sensitive=True,
-                 doc="per listener and mechanism: the credentials this broker logs in with as a client "
-                     "(ScramLoginModule/PlainLoginModule username=... password=...)"),
-    SettingEntry("sasl.server.max.receive.size", "int", 524288, _at_least(1024),
-                 doc="the largest frame accepted before authentication completes"),
-    SettingEntry("connections.max.reauth.ms", "long", 0, _at_least(0), scope="listener",
-                 doc="SASL session lifetime (KIP-368); 0: sessions do not expire"),
-    SettingEntry("connection.failed.authentication.delay.ms", "int", 100, _at_least(0),
-                 doc="how long a failed authentication waits before its answer and the close"),
-    SettingEntry("ssl.keystore.location", "string", None, scope="listener",
-                 doc="PEM file holding the private key and the certificate chain"),
-    SettingEntry("ssl.keystore.type", "string", "PEM", _choice("pem"), scope="listener"),
-    SettingEntry("ssl.key.password", "password", None, scope="listener", sensitive=True,
-                 doc="the password of an encrypted private key"),
-    SettingEntry("ssl.keystore.password", "password", None, scope="listener", sensitive=True,
-                 doc="accepted as the key's password when ssl.key.password is not set"),
-    SettingEntry("ssl.truststore.location", "string", None, scope="listener",
-                 doc="PEM file of the CA certificates that sign client (and peer broker) certificates"),
-    SettingEntry("ssl.truststore.type", "string", "PEM", _choice("pem"), scope="listener"),
-    SettingEntry("ssl.truststore.password", "password", None, scope="listener", sensitive=True,
-                 doc="accepted and ignored: a PEM truststore has no password"),
-    SettingEntry("ssl.client.auth", "string", "none", _choice("none", "requested", "required"), scope="listener"),
-    SettingEntry("ssl.enabled.protocols", "list", "TLSv1.2,TLSv1.3", _protocols, scope="listener"),
-    SettingEntry("ssl.protocol", "string", "TLSv1.3", _protocols, scope="listener",
-                 doc="the newest protocol offered"),
-    SettingEntry("ssl.cipher.suites", "list", "", scope="listener",
-                 doc="TLS 1.2 suites by IANA or OpenSSL name; empty: OpenSSL's defaults"),
-    SettingEntry("ssl.endpoint.identification.algorithm", "string", "https", _choice("https", ""),
-                 doc="inter-broker client connections check the peer's host name ('' turns it off)"),
-    SettingEntry("ssl.principal.mapping.rules", "string", "DEFAULT", _principal_rules, scope="listener"),
-    SettingEntry("ssl.ktls.enable", "boolean", True,
-                 doc="hand TLS sessions to the kernel (kTLS) where it has the tls module, keeping sendfile"),
-    SettingEntry("authorizer.class.name", "class", "", _choice("", *(c.lower() for c in AUTHORIZER_CLASSES)),
-                 doc="the ACL authorizer; empty: none (every request is allowed, the ACL APIs answer "
-                     "SECURITY_DISABLED)"),
-    SettingEntry("super.users", "list", "", doc="principals allowed everything, ';'-separated"),
-    SettingEntry("allow.everyone.if.no.acl.found", "boolean", False),
-    SettingEntry("add.scram", "list", (), sensitive=True,
-                 doc="SCRAM credentials created at start-up when the user has none for that mechanism "
-                     "(kafka-storage format --add-scram syntax)"),
+def _checked(check: Callable[[Any], None]) -> Callable[[str, Any], None]:
+    """One of the checks above as a registry validator: (name, value), refusing with ConfigError."""
+
+    def validator(name: str, value) -> None:
+        try:
+            check(value)
+        except (SettingsError, ValueError, TypeError) as exc:
+            raise ConfigError(f"Invalid value {value!r} for configuration {name}: {exc}") from None
+
+    validator.__doc__ = check.__doc__
+    return validator
+
+
+def _key(name: str, config_type: ConfigType, default, doc: str, check=None, *, per_listener: bool = False,
+         sensitive: bool = False) -> ConfigKey:
+    """A security setting of the broker's registry: static, read from ``BrokerConfig.security``."""
+    return ConfigKey(name, config_type, doc, default=default, validator=_checked(check) if check else None,
+                     per_listener=per_listener, sensitive=sensitive,
+                     read=lambda config, name=name: config.security.get(name))
+
+
+# The security settings of the broker's config registry (``broker.config.CONFIGS`` adds them, as Kafka's
+# ConfigDef takes SslConfigs' and SaslConfigs' keys): one entry each. ``per_listener``: also settable for one
+# listener as ``listener.name.<listener, lower case>.<name>``.
+SECURITY_CONFIGS: tuple[ConfigKey, ...] = (
+    _key("listener.security.protocol.map", ConfigType.STRING,
+         "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+         "LISTENER:PROTOCOL pairs; a listener named after a protocol needs no entry.", _protocol_map),
+    _key("sasl.enabled.mechanisms", ConfigType.LIST, "SCRAM-SHA-256,SCRAM-SHA-512",
+         "Mechanisms a SASL listener offers (Kafka's default, GSSAPI, is not offered).", _list_of(_MECHANISMS),
+         per_listener=True),
+    _key("sasl.mechanism.inter.broker.protocol", ConfigType.STRING, "SCRAM-SHA-512",
+         "The mechanism brokers authenticate to each other with.", _list_of(_MECHANISMS)),
+    _key("sasl.jaas.config", ConfigType.PASSWORD, None,
+         "Per listener and mechanism (listener.name.<l>.<mechanism>.sasl.jaas.config): the credentials this "
+         "broker logs in with as a client (ScramLoginModule/PlainLoginModule username=... password=...).",
+         per_listener=True, sensitive=True),
+    _key("sasl.server.max.receive.size", ConfigType.INT, 524288,
+         "The largest frame accepted before authentication completes.", _at_least(1024)),
+    _key("connections.max.reauth.ms", ConfigType.LONG, 0,
+         "SASL session lifetime (KIP-368); 0: sessions do not expire.", _at_least(0), per_listener=True),
+    _key("connection.failed.authentication.delay.ms", ConfigType.INT, 100,
+         "How long a failed authentication waits before its answer and the close.", _at_least(0)),
+    _key("ssl.keystore.location", ConfigType.STRING, None,
+         "PEM file holding the private key and the certificate chain.", per_listener=True),
+    _key("ssl.keystore.type", ConfigType.STRING, "PEM", "The keystore's format: PEM.", _choice("pem"),
+         per_listener=True),
+    _key("ssl.key.password", ConfigType.PASSWORD, None, "The password of an encrypted private key.",
+         per_listener=True, sensitive=True),
+    _key("ssl.keystore.password", ConfigType.PASSWORD, None,
+         "Accepted as the key's password when ssl.key.password is not set.", per_listener=True, sensitive=True),
+    _key("ssl.truststore.location", ConfigType.STRING, None,
+         "PEM file of the CA certificates that sign client (and peer broker) certificates.", per_listener=True),
+    _key("ssl.truststore.type", ConfigType.STRING, "PEM", "The truststore's format: PEM.", _choice("pem"),
+         per_listener=True),
+    _key("ssl.truststore.password", ConfigType.PASSWORD, None,
+         "Accepted and ignored: a PEM truststore has no password.", per_listener=True, sensitive=True),
+    _key("ssl.client.auth", ConfigType.STRING, "none", "Whether clients present certificates: none, requested or "
+         "required.", _choice("none", "requested", "required"), per_listener=True),
+    _key("ssl.enabled.protocols", ConfigType.LIST, "TLSv1.2,TLSv1.3", "The TLS versions offered.", _protocols,
+         per_listener=True),
+    _key("ssl.protocol", ConfigType.STRING, "TLSv1.3", "The newest protocol offered.", _protocols,
+         per_listener=True),
+    _key("ssl.cipher.suites", ConfigType.LIST, "",
+         "TLS 1.2 suites by IANA or OpenSSL name; empty: OpenSSL's defaults.", per_listener=True),
+    _key("ssl.endpoint.identification.algorithm", ConfigType.STRING, "https",
+         "Inter-broker client connections check the peer's host name ('' turns it off).", _choice("https", "")),
+    _key("ssl.principal.mapping.rules", ConfigType.STRING, "DEFAULT",
+         "From a client certificate's DN to its principal (Kafka's RULE:... syntax).", _principal_rules,
+         per_listener=True),
+    _key("ssl.ktls.enable", ConfigType.BOOLEAN, True,
+         "Hand TLS sessions to the kernel (kTLS) where it has the tls module, keeping sendfile."),
+    _key("authorizer.class.name", ConfigType.CLASS, "",
+         "The ACL authorizer; empty: none (every request is allowed, the ACL APIs answer SECURITY_DISABLED).",
+         _choice("", *(c.lower() for c in AUTHORIZER_CLASSES))),
+    _key("super.users", ConfigType.STRING, "", "Principals allowed everything, ';'-separated."),
+    _key("allow.everyone.if.no.acl.found", ConfigType.BOOLEAN, False,
+         "Allow a request on a resource no ACL names."),
+    _key("add.scram", ConfigType.LIST, (),
+         "SCRAM credentials created at start-up when the user has none for that mechanism (kafka-storage format "
+         "--add-scram syntax).", sensitive=True),
 )
 
-_BY_NAME = {entry.name: entry for entry in ENTRIES}
+_BY_NAME = {key.name: key for key in SECURITY_CONFIGS}
 _LISTENER_KEY = re.compile(r"^listener\.name\.([a-z0-9_]+)\.(.+)$")
 _JAAS_KEY = re.compile(r"^(plain|scram-sha-256|scram-sha-512)\.sasl\.jaas\.config$")
 
@@ -163,7 +186,7 @@ def is_security_key(key: str) -> bool:
     if match is None:
         return False
     rest = match.group(2)
-    return _JAAS_KEY.match(rest) is not None or (rest in _BY_NAME and _BY_NAME[rest].scope == "listener")
+    return _JAAS_KEY.match(rest) is not None or (rest in _BY_NAME and _BY_NAME[rest].per_listener)
 
 
 def parse_protocol_map(value) -> dict[str, str]:
@@ -240,10 +263,10 @@ class SecuritySettings:
             protocol = name.upper() if name.upper() in PROTOCOLS else "PLAINTEXT"
         resolved = {}
         prefix = f"listener.name.{name.lower()}."
-        for entry in ENTRIES:
-            value = raw.get(prefix + entry.name, raw.get(entry.name, entry.default)) if entry.scope == "listener" \
-                else raw.get(entry.name, entry.default)
-            resolved[entry.name] = value
+        for key in SECURITY_CONFIGS:
+            value = raw.get(prefix + key.name, raw.get(key.name, key.default)) if key.per_listener \
+                else raw.get(key.name, key.default)
+            resolved[key.name] = value
         for mechanism in ("plain", "scram-sha-256", "scram-sha-512"):
             key = f"{prefix}{mechanism}.sasl.jaas.config"
             value = raw.get(key, raw.get(f"{mechanism}.sasl.jaas.config", raw.get("sasl.jaas.config")))
@@ -277,15 +300,15 @@ class SecuritySettings:
                     raise SettingsError(f"{key}: {exc}") from None
                 continue
             entry = _BY_NAME.get(base)
-            if entry is None or (match and entry.scope != "listener"):
+            if entry is None or (match and not entry.per_listener):
                 raise SettingsError(f"unknown setting {key!r}")
             # An override of a listener that is not configured is ignored, as Kafka does: the file may be
             # shared by brokers whose listeners the command line names.
             if entry.validator is not None:
                 try:
-                    entry.validator(value)
-                except (SettingsError, ValueError, TypeError) as exc:
-                    shown = "" if entry.sensitive else f" ({exc})"
+                    entry.validator(key, value)
+                except ConfigError as exc:
+                    shown = "" if entry.is_sensitive else f" ({exc})"
                     raise SettingsError(f"bad value for {key!r}{shown}") from None
         mapped = self.protocol_map()
         for name in listener_names:
@@ -310,7 +333,7 @@ class SecuritySettings:
             match = _LISTENER_KEY.match(key)
             base = match.group(2) if match else key
             entry = _BY_NAME.get(base)
-            sensitive = entry.sensitive if entry is not None else True
+            sensitive = entry.is_sensitive if entry is not None else True
             shown[key] = "[hidden]" if sensitive else value
         if self.add_scram:
             shown["--add-scram"] = f"[{len(self.add_scram)} hidden]"

@@ -12,7 +12,7 @@ import logging
 import signal
 
 from copyless.broker.config import BrokerConfig
-from copyless.broker.server.server import Server
+from copyless.broker.server.server import ListenError, Server
 from copyless.broker.state import Broker
 from copyless.broker.storage import blocking
 
@@ -46,14 +46,28 @@ async def serve(broker: Broker, loop_name: str, *, started: asyncio.Future | Non
         blocking.clear_loop_thread()
 
 
+class StoppedDuringStartup(Exception):
+    """SIGTERM or SIGINT arrived before the broker was serving: start-up was abandoned, and what it had opened
+    is closed (the caller closes the logs)."""
+
+
 async def _serve(broker: Broker, loop_name: str, started: asyncio.Future | None) -> Server:
     server = Server(broker, loop_name=loop_name)
-    await server.start()
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
+    start_task = asyncio.ensure_future(server.start())
+
+    def request_stop() -> None:
+        stop_requested.set()
+        if not start_task.done():
+            start_task.cancel()
+
+    # Installed before start() prints the startup line: a SIGTERM sent the moment the line appears shuts the
+    # broker down cleanly instead of killing it with the default action (a test that stopped a broker at once
+    # saw exit status -15), and one sent during start-up (a cluster broker waiting for etcd) abandons it.
     for signum in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(signum, stop_requested.set)
+            loop.add_signal_handler(signum, request_stop)
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread (tests): shutdown() is called directly
     # SIGUSR1: write the counters now, as one JSON line (a subprocess test or an operator can ask any time).
@@ -61,21 +75,31 @@ async def _serve(broker: Broker, loop_name: str, started: asyncio.Future | None)
         loop.add_signal_handler(signal.SIGUSR1, _log_stats_json, broker)
     except (NotImplementedError, RuntimeError, ValueError):
         pass
-    if started is not None and not started.done():
-        started.set_result(server)
-    stop_task = asyncio.create_task(stop_requested.wait())
-    stopped_task = asyncio.create_task(server.wait_stopped())
-    await asyncio.wait({stop_task, stopped_task}, return_when=asyncio.FIRST_COMPLETED)
-    if stop_requested.is_set():
-        log.info("signal received: graceful shutdown")
-        await server.shutdown()
-    stop_task.cancel()
-    stopped_task.cancel()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    try:
         try:
-            loop.remove_signal_handler(signum)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+            await start_task
+        except asyncio.CancelledError:
+            if not stop_requested.is_set():
+                raise
+            log.info("signal received during start-up: stopping")
+            await server.abandon_start()
+            raise StoppedDuringStartup() from None
+        if started is not None and not started.done():
+            started.set_result(server)
+        stop_task = asyncio.create_task(stop_requested.wait())
+        stopped_task = asyncio.create_task(server.wait_stopped())
+        await asyncio.wait({stop_task, stopped_task}, return_when=asyncio.FIRST_COMPLETED)
+        if stop_requested.is_set():
+            log.info("signal received: graceful shutdown")
+            await server.shutdown()
+        stop_task.cancel()
+        stopped_task.cancel()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            try:
+                loop.remove_signal_handler(signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
     return server
 
 
@@ -150,8 +174,16 @@ def run(config: BrokerConfig) -> int:
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(broker, loop_name))
+    except StoppedDuringStartup:
+        broker.shutdown_logs()
+        log.info("stopped before serving; logs closed cleanly")
+        return 0
+    except ListenError as exc:
+        # An address is taken or not local; the logs were loaded, so close them cleanly.
+        log.error("%s", exc.strerror)
+        broker.shutdown_logs()
+        return 1
     except OSError as exc:
-        # Typically the listen address is taken or not local; the logs were loaded, so close them cleanly.
         log.error("cannot serve on %s:%d: %s", config.listen_host, config.listen_port, exc.strerror or exc)
         broker.shutdown_logs()
         return 1

@@ -10,61 +10,73 @@
     security (TLS, SASL, ACLs: Kafka's settings in the TOML file, see ``broker.security.settings``):
                    [--add-scram 'SCRAM-SHA-512=[name=admin,password=...]']
 
-Flags override the TOML file, which overrides Kafka's defaults (see ``broker.config``). The first line on
+Flags override the TOML file, which overrides the defaults; every flag's help comes from the registry of
+settings (``broker.config.CONFIGS``), as does ``copyless configs``. The first line on
 stdout is ``copyless listening on HOST:PORT ...`` once the listener is bound (``--listen 127.0.0.1:0``
-picks a free port and the line shows which).
+picks a free port and the line shows which). Once the broker has shut down and logged it, the process exits
+at once, without the interpreter's teardown.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
-from copyless.broker.config import BrokerConfig, ConfigError, load_toml, parse_host_port, parse_listener
+from copyless.broker.config import CONFIGS, BrokerConfig, ConfigError, load_toml, parse_host_port, parse_listener
 
 __all__ = ["add_parsers", "config_from_args", "main_serve"]
+
+
+def _help(name: str, text: str | None = None) -> str:
+    """A flag's help from the registry: the setting's documentation, its name and default."""
+    key = CONFIGS[name]
+    default = key.default_text
+    shown = f"{key.broker_config_name}" + ("" if default is None else f", default {default}")
+    return f"{(text or key.doc).rstrip('.')} ({shown})".replace("%", "%%")
 
 
 def add_parsers(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the broker",
-        description="Run a copyless broker speaking the Kafka protocol.",
+        description="Run a copyless broker speaking the Kafka protocol. Flags override the --config file, "
+                    "which overrides the defaults.",
+        epilog="Every setting, with Kafka's name, goes in the --config TOML file, quoted: "
+               '"log.retention.hours" = 24. `copyless configs` lists them all with their defaults and checks.',
     )
-    parser.add_argument("--data-dir", type=Path, help="log directory (default ./copyless-data)")
-    parser.add_argument("--listen", metavar="HOST:PORT", help="address to bind (default 127.0.0.1:9092; port 0 = any free)")
+    parser.add_argument("--data-dir", type=Path, metavar="DIR", help=_help("log.dirs"))
+    parser.add_argument("--listen", metavar="HOST:PORT", help=_help("listen"))
     parser.add_argument("--advertise", metavar="[NAME=]HOST:PORT", action="append",
-                        help="address clients are told to connect to; NAME=HOST:PORT for a named listener "
-                             "(repeatable)")
+                        help=_help("advertise", "The address clients are told to connect to; NAME=HOST:PORT for a "
+                                   "named listener (repeatable)"))
     parser.add_argument("--listener", metavar="NAME=HOST:PORT", action="append",
-                        help="a named listener to bind (repeatable; Kafka's listeners=NAME://HOST:PORT): clients on "
-                             "it are told the addresses advertised for NAME")
-    parser.add_argument("--inter-broker-listener", metavar="NAME",
-                        help="the listener brokers use to reach each other (default: the first)")
-    parser.add_argument("--metadata", metavar="etcd://HOST:PORT[,...][/ROOT]",
-                        help="join the cluster kept in etcd (default: a single node with its metadata in the data dir)")
-    parser.add_argument("--cluster-id", metavar="ID",
-                        help="with --metadata: the cluster id to create, or to require of the existing cluster")
+                        help=_help("listeners", "A named listener to bind (repeatable; Kafka's "
+                                   "listeners=NAME://HOST:PORT): clients on it are told the addresses advertised "
+                                   "for NAME"))
+    parser.add_argument("--inter-broker-listener", metavar="NAME", help=_help("inter.broker.listener.name"))
+    parser.add_argument("--metadata", metavar="etcd://HOST:PORT[,...][/ROOT]", help=_help("metadata"))
+    parser.add_argument("--cluster-id", metavar="ID", help=_help("cluster.id"))
     parser.add_argument("--add-scram", metavar="MECHANISM=[name=USER,password=PASSWORD]", action="append",
-                        help="create this SCRAM credential at start-up unless the user has one for the mechanism "
-                             "(kafka-storage format --add-scram syntax; repeatable): the first admin")
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
-                        help="serve Prometheus metrics on http://HOST:PORT/metrics")
-    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with broker settings (Kafka names)")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop when installed)")
-    parser.add_argument(
-        "--no-sendfile", action="store_true",
-        help="serve fetched records by copying them through Python (only to measure sendfile against)",
-    )
-    parser.add_argument("--flush-mode", choices=("async", "sync"), help="sync: acks=all waits for fdatasync")
-    parser.add_argument("--num-partitions", type=int, help="partitions of auto-created topics (default 1)")
-    parser.add_argument("--no-auto-create-topics", action="store_true", help="disable auto.create.topics.enable")
-    parser.add_argument("--node-id", type=int, help="node.id (default 0)")
+                        help=_help("add.scram", "Create this SCRAM credential at start-up unless the user has one for "
+                                   "the mechanism (kafka-storage format --add-scram syntax; repeatable): the first "
+                                   "admin"))
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help=_help("metrics.listen"))
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="A TOML file of settings with Kafka's names (`copyless configs` lists them)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), help=_help("loop"))
+    parser.add_argument("--no-sendfile", action="store_true", help=_help("sendfile", "Copy fetched records through "
+                        "Python instead of sendfile(2) (only to measure sendfile against)"))
+    parser.add_argument("--flush-mode", choices=("async", "sync"), help=_help("log.flush.mode"))
+    parser.add_argument("--num-partitions", type=int, metavar="N", help=_help("num.partitions"))
+    parser.add_argument("--no-auto-create-topics", action="store_true",
+                        help=_help("auto.create.topics.enable", "Never create a topic a client asks for"))
+    parser.add_argument("--node-id", type=int, metavar="N", help=_help("node.id"))
     parser.add_argument("--check-loop-blocking", action="store_true",
-                        help="fail any blocking storage call made on the event loop's thread (a debugging aid)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+                        help="Fail any blocking storage call made on the event loop's thread (a debugging aid)")
+    parser.add_argument("--log-level", default="INFO", metavar="LEVEL", help="DEBUG, INFO or WARNING (default INFO)")
     parser.set_defaults(func=main_serve)
 
 
@@ -113,11 +125,7 @@ def config_from_args(args) -> BrokerConfig:
     if args.add_scram:
         changes["security"] = dataclasses.replace(config.security,
                                                   add_scram=config.security.add_scram + tuple(args.add_scram))
-    config = dataclasses.replace(config, **changes)
-    first = config.listener_specs()[0][0]
-    for name, host, port in config.advertised_listeners:
-        if name == first:
-            config = dataclasses.replace(config, advertise_host=host, advertise_port=port)
+    config = dataclasses.replace(config, **changes).with_first_advertised()
     config.validate()
     return config
 
@@ -135,4 +143,12 @@ def main_serve(args) -> int:
         return 2
     from copyless.broker.server.app import run
 
-    return run(config)
+    code = run(config)
+    # Everything durable is written and closed by now (logs, checkpoints, the clean-shutdown marker) and the
+    # last line is logged. What the interpreter would do next is tear down every module and object, with
+    # nothing left to save: 0.26-1.39 s after "shutdown complete" on this 2-core machine under load, during
+    # which the process looked alive to whoever waits for it (a supervisor, a test, docker stop).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

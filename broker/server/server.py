@@ -28,13 +28,14 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import socket
 import time
 
 from copyless.broker.server.connection import Connection
 from copyless.broker.state import Broker
 
-__all__ = ["Server"]
+__all__ = ["Server", "ListenError"]
 
 log = logging.getLogger("copyless.server")
 
@@ -43,6 +44,14 @@ log = logging.getLogger("copyless.server")
 LISTEN_BACKLOG = 1024
 # How often the loop-lag probe wakes (see Server._lag_probe).
 LAG_PROBE_INTERVAL_S = 0.1
+
+
+class ListenError(OSError):
+    """An address could not be bound; the message names which (a Kafka listener, or metrics.listen) and why."""
+
+    def __init__(self, what: str, host: str, port: int, cause: OSError) -> None:
+        reason = os.strerror(cause.errno).lower() if cause.errno else str(cause)
+        super().__init__(cause.errno, f"cannot listen on {what} {host}:{port}: {reason}")
 
 
 class Server:
@@ -68,7 +77,7 @@ class Server:
 
     async def start(self) -> None:
         """Bind every listener, join the cluster (registration names the bound endpoints), run the handlers'
-        startup hooks, then accept. Raises OSError when a listener cannot bind."""
+        startup hooks, then accept. Raises ListenError naming the listener or metrics.listen that cannot bind."""
         config = self.config
         for name, host, port in config.listener_specs():
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -77,10 +86,10 @@ class Server:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((host, port))
                 sock.listen(LISTEN_BACKLOG)
-            except OSError:
+            except OSError as exc:
                 sock.close()
                 self._close_listeners()
-                raise
+                raise ListenError(f"listener {name}", host, port, exc) from exc
             sock.setblocking(False)
             self.listen_sockets[name] = sock
             bound_host, bound_port = sock.getsockname()[:2]
@@ -109,9 +118,9 @@ class Server:
             self.metrics = MetricsServer(self.broker)
             try:
                 await self.metrics.start(*config.metrics_listen)
-            except OSError:
+            except OSError as exc:
                 self._close_listeners()
-                raise
+                raise ListenError("metrics.listen", *config.metrics_listen, exc) from exc
         for name, sock in self.listen_sockets.items():
             self._accept_tasks.append(asyncio.create_task(self._accept_loop(name, sock), name=f"copyless-accept-{name}"))
         if self.config.stats_interval_s > 0:
@@ -120,6 +129,16 @@ class Server:
             self._periodic.append(asyncio.create_task(self._idle_reaper(), name="copyless-idle-reaper"))
         self._periodic.append(asyncio.create_task(self._lag_probe(), name="copyless-loop-lag"))
         self._announce()
+
+    async def abandon_start(self) -> None:
+        """After ``start()`` was cancelled (a signal during start-up): close what it opened, leave the cluster
+        if it had joined. The logs are the caller's to close."""
+        for task in (*self._accept_tasks, *self._periodic):
+            task.cancel()
+        self._close_listeners()
+        if self.metrics is not None:
+            await self.metrics.close()
+        await self.broker.stop_cluster()
 
     def _close_listeners(self) -> None:
         for sock in self.listen_sockets.values():

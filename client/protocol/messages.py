@@ -31,6 +31,7 @@ from kio.serial import entity_reader, entity_writer
 __all__ = [
     "API_VERSIONS",
     "ApiKey",
+    "api_name",
     "encode_request_header",
     "encode_kio",
     "kio_decoder",
@@ -42,6 +43,14 @@ __all__ = [
     "FetchPartition",
     "FetchPartitionResponse",
 ]
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name of an API (``ApiVersions`` for 18), or ``api N`` for a key kio does not know."""
+    from kio.schema.index import api_key_map
+
+    name = api_key_map.get(api_key)
+    return "".join(part.title() for part in name.split("_")) if name else f"api {api_key}"
 
 
 class ApiKey:

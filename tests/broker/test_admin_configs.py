@@ -222,3 +222,27 @@ def test_alter_configs_validate_only_changes_nothing(broker):
                                                validate_only=True).values()
     future.result(timeout=OP_TIMEOUT_S)
     assert describe(admin, ResourceType.TOPIC, topic)["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+
+def test_describe_configs_v3_carries_types_and_the_registrys_documentation(broker):
+    from kio.schema.describe_configs.v3 import request as describe_v3
+
+    topic = unique_topic("doc")
+    ConfluentDriver().create_topic(broker.bootstrap, topic, 1)
+    wire = KafkaWire(broker.port)
+    try:
+        response = wire.request(describe_v3.DescribeConfigsRequest(resources=(
+            describe_v3.DescribeConfigsResource(resource_type=2, resource_name=topic, configuration_keys=None),
+            describe_v3.DescribeConfigsResource(resource_type=4, resource_name="0",
+                                                configuration_keys=("log.segment.bytes", "node.id"))),
+            include_synonyms=False, include_documentation=True))
+    finally:
+        wire.close()
+    topic_result, broker_result = response.results
+    configs = {c.name: c for c in topic_result.configs}
+    # Kafka's ConfigType numbers: LONG 5, LIST 7; the documentation is the registry's.
+    assert configs["retention.ms"].config_type == 5 and configs["cleanup.policy"].config_type == 7
+    assert "Delete a segment once its newest record is this old" in configs["retention.ms"].documentation
+    assert not any(c.is_sensitive for c in topic_result.configs)
+    assert {c.name for c in broker_result.configs} == {"log.segment.bytes", "node.id"}
+    assert all(c.documentation for c in broker_result.configs)

@@ -37,8 +37,14 @@ def committed(admin: KafkaAdminClient, group: str) -> dict:
 
 def member_of(bootstrap: str, group: str, topic: str) -> KafkaConsumer:
     """A live member subscribed to ``topic`` (polled until it has its assignment)."""
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, request_timeout_ms=REQUEST_TIMEOUT_MS,
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, request_timeout_ms=REQUEST_TIMEOUT_MS,
                              enable_auto_commit=False, session_timeout_ms=10000, heartbeat_interval_ms=1000)
+    # Subscribed at construction, kafka-python 3.0.12 joins before its first metadata refresh: the leader assigns
+    # nothing, rejoins once the metadata arrives, and a poll whose timeout expires during that second join never
+    # applies its result (the member then waits metadata.max.age.ms, 5 min). Knowing the topic first: one join.
+    wait_until(lambda: consumer.partitions_for_topic(topic), what=f"the consumer's metadata for {topic}", timeout_s=10)
+    consumer.subscribe([topic])
+
     def assigned():
         consumer.poll(timeout_ms=200)
         return consumer.assignment()

@@ -1,7 +1,7 @@
 """The ``copyless`` console script as a user runs it, as a subprocess against a real broker: the README's
-quick start as written, stdin lines sent as they arrive, Ctrl-C on a pipe, errors by name that come at
-once, kcat-like formats and JSON records, offsets and times to start from, group offset resets, and the
-admin commands."""
+quick start as written, stdin lines sent as they arrive, Ctrl-C on a pipe (exit 130), errors by name that
+come at once, bad arguments refused, kcat-like formats and JSON records, offsets and times to start from
+(and where the log starts and ends when they miss it), group offset resets, and the admin commands."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def test_version_and_help_on_every_option():
     from copyless.broker.cli import build_parser
 
     assert ok("--version").startswith("copyless ")
+    assert ok("-V") == ok("--version")
     bare = []
 
     def walk(parser: argparse.ArgumentParser, path: str) -> None:
@@ -64,8 +66,8 @@ def test_version_and_help_on_every_option():
                     walk(sub, f"{path} {name}")
             elif action.option_strings and not action.help:
                 bare.append(f"{path} {action.option_strings[0]}")
-        # serve and inspect work on a data dir, not through a broker.
-        if path.split()[1:2] and path.split()[1] not in ("serve", "inspect"):
+        # serve, inspect and configs work on a data dir or the registry, not through a broker.
+        if path.split()[1:2] and path.split()[1] not in ("serve", "inspect", "configs"):
             options = {o for a in parser._actions for o in a.option_strings}
             if len(path.split()) > 1 and parser._subparsers is None:
                 assert {"-b", "--bootstrap"} <= options, f"{path} has no -b/--bootstrap"
@@ -96,7 +98,7 @@ def test_stdin_lines_are_sent_as_they_arrive_and_ctrl_c_on_a_pipe_stops_at_once(
         producer.send_signal(signal.SIGINT)
         code = producer.wait(timeout=10)
         assert time.monotonic() - started < 2.5, "Ctrl-C did not stop produce within a second (plus start-up slack)"
-        assert code == 0
+        assert code == 130, "Ctrl-C exits 128 + SIGINT, after sending what was read"
         assert b"produced 2 records" in producer.stderr.read()
     finally:
         if producer.poll() is None:
@@ -201,14 +203,64 @@ def test_consume_ctrl_c_prints_what_was_read_and_exits_within_a_second(broker):
     ok("produce", topic, "-b", broker.bootstrap, input=b"one\ntwo\n")
     tail = subprocess.Popen([COPYLESS, "consume", topic, "-o", "beginning", "-b", broker.bootstrap],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    printed: list[bytes] = []
+    reader = threading.Thread(target=lambda: printed.extend(iter(tail.stdout.readline, b"")), daemon=True)
+    reader.start()
     try:
-        time.sleep(2)  # reads both and waits for more
+        # It has read both and waits for more (a fixed sleep raced the process's start on a loaded machine).
+        wait_until(lambda: len(printed) == 2, what="both records printed", timeout_s=30)
         started = time.monotonic()
         tail.send_signal(signal.SIGINT)
-        out, err = tail.communicate(timeout=10)
+        tail.wait(timeout=10)
+        reader.join(timeout=10)
+        err = tail.stderr.read()
         assert time.monotonic() - started < 2.5
-        assert tail.returncode == 0 and out.splitlines() == [b"one", b"two"], err
+        assert tail.returncode == 130 and printed == [b"one\n", b"two\n"], err
+        assert b"consumed 2 records" in err
     finally:
         if tail.poll() is None:
             tail.kill()
             tail.wait()
+
+
+def test_what_a_new_user_gets_wrong_is_refused_or_explained(broker):
+    b = ("-b", broker.bootstrap)
+    topic = unique_topic("edges")
+    ok("topics", "create", topic, *b)
+    for args, option in ((("--count", "-3"), "--count"), (("--count", "2", "--size", "-5"), "--size")):
+        done = copyless("produce", topic, *args, *b)
+        assert done.returncode == 2 and f"argument {option}: must be 0 or more" in done.stderr.decode(), done.stderr
+    assert copyless("consume", topic, "--count", "-1", *b).returncode == 2
+    single = copyless("produce", topic, "--count", "1", "--size", "1", *b)
+    assert single.returncode == 0 and b"produced 1 record (1 byte) in " in single.stderr, single.stderr
+    ok("produce", topic, *b, input=b"two\nthree\n")
+    # -o past the end (or before the start) says where the log is instead of waiting or ending silently.
+    past = copyless("consume", topic, "-o", "100", "-e", *b)
+    assert past.returncode == 1
+    assert (f"error: OFFSET_OUT_OF_RANGE: -o 100 is past the end of {topic}-0: its log end offset is 3 "
+            f"(offsets 0..2" in past.stderr.decode()), past.stderr
+    assert ok("consume", topic, "-o", "3", "-e", *b) == ""  # the log end itself: the next record's offset
+    group = unique_topic("nobody")
+    missing = copyless("groups", "describe", group, *b)
+    assert missing.returncode == 1
+    assert f"error: GROUP_ID_NOT_FOUND: group {group!r} does not exist" in missing.stderr.decode(), missing.stderr
+    as_json = json.loads(copyless("groups", "describe", group, "--json", *b).stdout)
+    assert as_json["error"] == "GROUP_ID_NOT_FOUND"
+
+
+def test_ctrl_c_while_connecting_exits_130():
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers: the client waits in its handshake
+    silent.settimeout(30)
+    try:
+        command = subprocess.Popen([COPYLESS, "topics", "list", "-b", f"127.0.0.1:{silent.getsockname()[1]}"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        connection, _peer = silent.accept()  # the client is in its handshake now (kept open: a close would end it)
+        command.send_signal(signal.SIGINT)
+        _out, err = command.communicate(timeout=10)
+        assert command.returncode == 130, err
+        assert b"Traceback" not in err
+        connection.close()
+    finally:
+        silent.close()

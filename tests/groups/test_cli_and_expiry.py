@@ -76,7 +76,10 @@ def test_groups_cli_lists_and_describes_a_live_group(broker_factory, tmp_path):
     finally:
         consumer.close()
     unknown = copyless("groups", "describe", "no-such-group", "--bootstrap", broker.bootstrap, "--json")
-    assert json.loads(unknown.stdout)["state"] == "Dead"
+    # Kafka describes a group it does not know as Dead and empty; the CLI says it does not exist.
+    assert unknown.returncode == 1, unknown.stderr
+    assert json.loads(unknown.stdout) == {"error": "GROUP_ID_NOT_FOUND", "code": 69,
+                                          "message": "group 'no-such-group' does not exist"}
     down = copyless("groups", "list", "--bootstrap", "127.0.0.1:1")
     assert down.returncode == 1 and "copyless groups list" in down.stderr
 

@@ -331,8 +331,8 @@ def find_address(text: str, *, exact_only: bool = False) -> tuple[str, int] | No
         if exact_only:
             continue
         lowered = line.lower()
-        # "ERROR ... cannot serve on 127.0.0.1:9092: Address already in use" names no bound address. Only
-        # the words around the log level and the message start count: paths may contain anything.
+        # "ERROR ... cannot listen on listener PLAINTEXT 127.0.0.1:9092: address already in use" names no bound
+        # address. Only the words around the log level and the message start count: paths may contain anything.
         if " error " in f" {lowered} " or "cannot" in lowered or "in use" in lowered:
             continue
         for match in _ADDRESS_RE.finditer(line):
