@@ -424,7 +424,10 @@ def main(argv=None) -> None:
         right.set_ylabel("MB/s (1 MiB batches)")
         right.set_title(f"roll: after/warm = {ratios['after_roll_vs_warm']}")
 
-    bench.finish(ratios=ratios, extra={"segment_bytes": segment_bytes, "recovery": recovery}, chart=chart,
+    every_round = {f"{key} {size // KIB} KiB": [{name: round(value, 4) for name, value in r.items()} for r in results]
+                   for (key, size), results in runs.items()}
+    bench.finish(ratios=ratios, extra={"segment_bytes": segment_bytes, "recovery": recovery, "rounds": every_round},
+                 chart=chart,
                  columns=["test", "batch_bytes", "method", "mb_per_s", "mb_per_s_min", "mb_per_s_max",
                           "writer_cpu_s_per_gb", "prefault_cpu_s_per_gb", "allocate_cpu_s_per_gb", "io_cpu_s_per_gb",
                           "outrun_share",
