@@ -313,7 +313,9 @@ class Segment(SegmentRecovery):
             # below must not leave a whole batch that still carries the client's base offset 0.
             set_base_offset(region, 0, first_offset)
             head = _BASE_OFFSET_BYTES
-        if self.prefault.outrun_pwrite and end > self.prefault.position:
+        prefault = self.prefault
+        # position before warm_from: the chase moves warm_from past a gap before position past it.
+        if prefault.outrun_pwrite and (end > prefault.position or start < prefault.warm_from):
             try:
                 write_at(self.fd, view[head:], start + head)
             except OSError as exc:
