@@ -93,6 +93,12 @@ def _observe_prefault(length: int, seconds: float) -> None:
 ZERO_MARGIN_BYTES = 1 << 20
 ZERO_MARGIN_APPENDS = 2
 ZERO_MARGIN_MS = 40
+# ... but the rate's term at most this much. Blocks reach at most 64 MiB past the data (block_budget), so a
+# window is at most that deep, and 40 ms of a 1.5-2 GB/s loop of 1 MiB appends (60-80 MB) left no page of it
+# far enough for zeros: every page was either faulted in by MADV_POPULATE_WRITE alone (0.8-0.95 s of CPU per
+# GB) or, once such pages were left to the appends, written by their pwrite. 8 MiB is 4-5 ms of those
+# appends, 16-20 chunks of zeros at ~4 GB/s.
+ZERO_MARGIN_RATE_MAX_BYTES = 8 << 20
 # An append that runs past the pages the chase has pre-faulted (a burst that outruns it, a fresh partition's
 # first megabytes) writes them with pwrite(2) instead of faulting them in through the map: the page cache
 # then takes the pages the way write() does. CPU seconds per GiB of 1 MiB appends into a fresh fallocated

@@ -145,7 +145,8 @@ class SegmentPreparation:
         did, left the head cold and the appends after a roll at 0.2x the warm rate."""
         written = active.written_position
         prefault = active.prefault
-        prefault.rate_margin = int(bytes_per_ms * prefault_module.ZERO_MARGIN_MS)
+        prefault.rate_margin = min(int(bytes_per_ms * prefault_module.ZERO_MARGIN_MS),
+                                   prefault_module.ZERO_MARGIN_RATE_MAX_BYTES)
         if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
             self._background.submit_warm(prefault.idle, active.chase, self._background.prefault_helper)
         prepared = self._prepared
