@@ -286,7 +286,7 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         next_offset = self.log_end_offset
         while position < total:
             try:
-                header = validate_batch(view, position, limit=total)
+                header = validate_batch(view, position, limit=total, cleaned=True)
             except InvalidBatchError as exc:
                 if exc.reason in ("truncated header", "truncated batch"):
                     break  # a fetch cut at its byte limit: the rest comes with the next one
