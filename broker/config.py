@@ -148,6 +148,7 @@ class BrokerConfig:
     # None: the mode's default (1 single node, 50 in a cluster; see ``offsets_partitions``).
     offsets_topic_num_partitions: int | None = None
     offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 16 * 1024 * 1024
     # TLS, SASL and ACL settings by Kafka's names, as given, resolved per listener (broker.security.settings).
     security: SecuritySettings = SecuritySettings()
 
@@ -534,6 +535,9 @@ _define("offsets.retention.check.interval.ms", T.LONG, "How often expired commit
 _define("offsets.topic.num.partitions", T.INT, "Partitions of __consumer_offsets (default: 1 on a single node, "
         "which coordinates every group itself; Kafka's 50 in a cluster).", field="offsets_topic_num_partitions",
         validator=AtLeast(1), read=lambda c: c.offsets_partitions)
+_define("offsets.topic.segment.bytes", T.INT, "segment.bytes of __consumer_offsets (16 MiB here, ~200,000 "
+        "commits; Kafka's 100 MiB): its active segment is what a coordinator replays beyond the compacted keys.",
+        field="offsets_topic_segment_bytes", validator=AtLeast(1))
 _define("offsets.topic.replication.factor", T.SHORT, "Replicas of __consumer_offsets' partitions (at most the "
         "brokers there are).", field="offsets_topic_replication_factor", validator=AtLeast(1))
 

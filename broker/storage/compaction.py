@@ -56,7 +56,7 @@ from copyless.client.protocol.records import (
 )
 
 __all__ = ["DELETE_HORIZON_BIT", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
-           "delete_horizon_of", "iter_record_keys"]
+           "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
 
 # KIP-534: set when the batch's base timestamp holds the delete horizon of its tombstones.
 DELETE_HORIZON_BIT = 0x40
@@ -132,6 +132,17 @@ def iter_record_keys(batch, header: BatchHeader):
     data = _payload(batch, header)
     for record in parse_records(data, header.records_count):
         yield header.base_offset + record.offset_delta, record.key
+
+
+def first_keyless_offset_delta(batch, header: BatchHeader) -> int | None:
+    """The offset delta of the batch's first record without a key, None when every record has one (the
+    produce path's check on a compacted topic: Kafka's LogValidator). Raises InvalidBatchError."""
+    if header.is_control:
+        return None
+    for record in parse_records(_payload(batch, header), header.records_count):
+        if record.key is None:
+            return record.offset_delta
+    return None
 
 
 class OffsetMap:
