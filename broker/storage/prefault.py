@@ -248,7 +248,9 @@ class Prefault:
             warm_start = step_start
             if self.zeros:
                 warm_start = self._write_zeros(fd, step_start, step_end)
-            if not gaps:
+            if not gaps or warm_start - step_start < mmap.PAGESIZE:
+                # A claim starts on a page boundary: less than a page short of the step's start is only the
+                # page the previous step mapped (populate maps whole pages), not a gap.
                 warm_start = step_start
             if warm_start < step_end:
                 method = populate(region, warm_start, step_end - warm_start, stopped)

@@ -475,3 +475,19 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
         assert prefault.idle.wait(30)
     assert region[:written] == model
     assert prefault_module.PREFAULT_STATS["zeroed_bytes"] > 0
+
+
+def test_a_step_starting_inside_a_page_leaves_no_gap(segment_file):
+    """Only pages within the zeros' margin of the appends are left to them: a step that starts inside a page
+    (targets follow the appends' byte positions) zeros from the next page boundary, and the page it starts
+    in was mapped by the step before, so warm_from stays where the margin put it."""
+    fd, region = segment_file
+    prefault = prefault_module.Prefault()
+    assert prefault.want(3 * MIB + 100)
+    prefault.chase(region, fd, lambda: 8 * MIB)
+    warm = prefault.warm_from
+    assert warm == prefault_module.ZERO_MARGIN_BYTES
+    assert prefault.want(7 * MIB)
+    prefault.chase(region, fd, lambda: 8 * MIB)
+    assert prefault.position == 7 * MIB and prefault.warm_from == warm
+    assert all(present_pages(region, warm, 7 * MIB))
