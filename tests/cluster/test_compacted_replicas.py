@@ -74,9 +74,10 @@ def latest_of(records) -> dict[bytes, tuple[int, bytes | None]]:
     return latest
 
 
-def replica_records(cluster: Cluster, node: int, topic: str) -> list[tuple[int, bytes, bytes | None]]:
+def replica_records(cluster: Cluster, node: int, topic: str, end: int | None = None) -> list[tuple[int, bytes, bytes | None]]:
     """The records of ``node``'s log, read from its files twice until two reads agree (a cleaning's swap
-    renames files under a reader)."""
+    renames files under a reader) and, with ``end``, hold the offset before it (a rolled segment takes its
+    offset name on a worker thread, a moment after the append that filled it)."""
     data_dir = cluster.brokers[node].data_dir
 
     def stable():
@@ -85,8 +86,11 @@ def replica_records(cluster: Cluster, node: int, topic: str) -> list[tuple[int, 
             second = read_partition_log(data_dir, topic, 0)
         except FileNotFoundError:
             return None
+        if end is not None and not (first and first[-1].last_offset >= end - 1):
+            return None
         return first if first == second else None
-    batches = wait_until(stable, what=f"a stable read of broker {node}'s log", timeout_s=20)
+    batches = wait_until(stable, what=f"a stable read of broker {node}'s log" + (f" up to {end}" if end else ""),
+                         timeout_s=30)
     return [(record.offset, record.key, record.value) for record in records_of(b"".join(b.data for b in batches))]
 
 
@@ -158,8 +162,8 @@ def test_replicas_clean_alone_agree_and_survive_the_leaders_kill(cluster_factory
     cluster.wait_for_isr(topic, 1, 3)
     latest = {}
     for node in cluster.brokers:
-        records = replica_records(cluster, node, topic)
-        assert records and records[-1][0] == high_watermark - 1, f"broker {node} ends at {records[-1:]}"
+        records = replica_records(cluster, node, topic, high_watermark)
+        assert records[-1][0] == high_watermark - 1, f"broker {node} ends at {records[-1:]}"
         latest[node] = check_replica(records, written, high_watermark)
     assert latest[1] == latest[2] == latest[3] == expected
 
@@ -196,16 +200,15 @@ def test_an_empty_follower_copies_a_cleaned_log_with_its_gaps(cluster_factory):
     expected = latest_of((offset, key, payload) for offset, (key, payload) in written.items())
     wait_cleaned(cluster, addresses, (1, 2), topic, written)
     leader = cluster.leader_of(topic)
-    leader_offsets = [offset for offset, _, _ in replica_records(cluster, leader, topic)]
+    leader_offsets = [offset for offset, _, _ in replica_records(cluster, leader, topic, high_watermark)]
     assert leader_offsets[0] > 0, "the leader's first records were cleaned away"
     inner_gaps = sum(1 for before, after in zip(leader_offsets, leader_offsets[1:]) if after > before + 1)
     assert inner_gaps >= 3, f"the leader's log has gaps between its records: {leader_offsets}"
 
     three.start()
     cluster.wait_for_isr(topic, 1, 3, timeout_s=60)
-    wait_until(lambda: (records := replica_records(cluster, 3, topic)) and records[-1][0] == high_watermark - 1,
-               what="broker 3 holding the log up to the high watermark", timeout_s=30)
-    records = replica_records(cluster, 3, topic)
+    records = replica_records(cluster, 3, topic, high_watermark)
+    assert records[-1][0] == high_watermark - 1
     assert check_replica(records, written, high_watermark) == expected
     assert records[0][0] == leader_offsets[0], "broker 3's log starts where the leader's cleaned one does"
     # It holds the leader's cleaned batches, gaps included, not a history it could not have fetched.
