@@ -1,7 +1,7 @@
 """A compacted topic at replication factor 3 on three broker processes and a real etcd: every replica cleans
 its own log (the cleaner decides alone on each broker), yet all of them read back the same latest record per
-key at the same offsets, a kill -9 of the leader loses no acknowledged latest value, and a follower that
-starts on an empty disk copies a leader's already cleaned log, offset gaps and all.
+key at the same offsets, a kill -9 of the leader loses no acknowledged latest value (and the killed leader
+recovers its cleaned log and catches up), and a follower that starts on an empty disk copies a leader's already cleaned log, offset gaps and all.
 
 Records are produced by an idempotent acks=all librdkafka producer, over a small key set with tombstones, in
 segments of 8 KiB so the cleaner has many sealed segments to clean; each replica's log is read straight from
@@ -182,6 +182,13 @@ def test_replicas_clean_alone_agree_and_survive_the_leaders_kill(cluster_factory
     end = max(written) + 1
     assert check_replica(read, written, end) == expected
     assert len(read) < len(written), "the reader saw every record ever written: nothing was cleaned"
+
+    # The killed leader recovers its cleaned log (gaps and all), truncates to the new leader's epochs, catches
+    # up and holds the same latest records.
+    cluster.brokers[old_leader].start()
+    cluster.wait_for_isr(topic, 1, 3, timeout_s=60)
+    records = replica_records(cluster, old_leader, topic, end)
+    assert check_replica(records, written, end) == expected
 
 
 def test_an_empty_follower_copies_a_cleaned_log_with_its_gaps(cluster_factory):
