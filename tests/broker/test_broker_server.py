@@ -504,7 +504,7 @@ def test_undecodable_batch_does_not_break_timestamp_lookup(live_broker):
 
 
 def test_producer_state_rebuilt_from_recent_segments_only(inproc_factory):
-    from copyless.broker.state import producer_state_scan_start
+    from copyless.broker.producer_state import producer_state_scan_start
 
     live = inproc_factory("uvloop")
     client = live.client()
