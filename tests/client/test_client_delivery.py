@@ -14,8 +14,7 @@ import time
 import uvloop
 
 from copyless.client import Admin, DeliveryFuture, KafkaError, Producer
-
-import _client_scenarios as scenarios
+from tests.client import _client_scenarios as scenarios
 
 
 def test_every_handle_resolves_to_its_own_offset_and_timestamp(broker):

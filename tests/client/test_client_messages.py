@@ -4,14 +4,13 @@ import datetime
 import io
 
 import pytest
-from kio.schema.errors import ErrorCode
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import response as fetch_response
 from kio.schema.fetch.v11.request import FetchRequest
-from kio.schema.produce.v7.request import ProduceRequest
 from kio.schema.produce.v7 import response as produce_response
+from kio.schema.produce.v7.request import ProduceRequest
 from kio.serial import entity_reader, entity_writer
 
 from copyless.client.protocol.batch_builder import BatchBuilder

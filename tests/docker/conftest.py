@@ -24,7 +24,8 @@ import signal
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_mode")]
 

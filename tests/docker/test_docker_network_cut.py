@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
 from tests.support import batches, wire
 from tests.support.polling import wait_until
 

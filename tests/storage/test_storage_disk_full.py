@@ -21,7 +21,7 @@ REPO = HERE.parent.parent
 
 
 def run_scenario(data_dir: Path, *extra: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     completed = subprocess.run([sys.executable, str(HERE / "storage_disk_full_scenario.py"), str(data_dir), *extra],
                                capture_output=True, text=True, timeout=240, env=env)
     assert completed.returncode == 0, (
@@ -85,7 +85,7 @@ def test_killed_on_a_full_filesystem_restarts_degraded_and_resumes(small_filesys
     if mount_point is None:
         pytest.skip(f"cannot mount a tmpfs here ({reason})")
     data_dir = mount_point / "data"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     script = str(HERE / "storage_restart_full_scenario.py")
     filled = subprocess.run([sys.executable, script, "fill", str(data_dir)], capture_output=True, text=True,
                             timeout=240, env=env)
