@@ -32,7 +32,6 @@ import contextlib
 import statistics
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, percentile

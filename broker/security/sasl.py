@@ -251,7 +251,7 @@ class SaslSession:
         """The outcome of a VERIFY step's ``verify()``."""
         user, self._pending_user = self._pending_user, None
         if not ok or user is None or self.state != SaslState.HANDSHAKE:
-            return self._fail(f"Authentication failed: Invalid username or password")
+            return self._fail("Authentication failed: Invalid username or password")
         return self._succeed(user, b"")
 
     def _succeed(self, user: str | None, response: bytes) -> Step:
