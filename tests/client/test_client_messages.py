@@ -32,7 +32,8 @@ def _batch(count, value_size):
 
 def test_produce_request_is_what_kio_reads():
     a, b, c = _batch(3, 10), _batch(2, 500), _batch(1, 5)
-    topics = {"alpha": [(0, a.buffers, a.size_bytes), (3, b.buffers, b.size_bytes)], "beta": [(1, c.buffers, c.size_bytes)]}
+    topics = {"alpha": [(0, a.buffers, a.size_bytes), (3, b.buffers, b.size_bytes)],
+              "beta": [(1, c.buffers, c.size_bytes)]}
     body = b"".join(bytes(x) for x in encode_produce_request(-1, 30000, topics))
     request, end = entity_reader(ProduceRequest)(body, 0)
     assert end == len(body)
@@ -81,7 +82,8 @@ def test_fetch_request_is_what_kio_reads():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=6, unique_by=lambda x: x[0]))
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=6,
+                unique_by=lambda x: x[0]))
 def test_fetch_response_decoding_locates_each_partitions_records(partitions):
     blobs = {}
     responses = []
