@@ -23,6 +23,7 @@ LogManager.shutdown) runs in worker threads.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import logging
@@ -33,19 +34,23 @@ from typing import TYPE_CHECKING, Any
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster.backend import MetadataBackend, NewTopic
+from copyless.broker.cluster.embedded import EmbeddedMetadata
 from copyless.broker.cluster.image import TopicInfo
+from copyless.broker.cluster.replica_fetcher import FetcherManager
 from copyless.broker.config import BrokerConfig
+from copyless.broker.config_sources import effective_config
 from copyless.broker.handlers import HandlerTable, load_handlers
 from copyless.broker.meta_properties import META_FILE, ClusterMismatchError, read_meta
 from copyless.broker.notify import AppendNotifier
 from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
 from copyless.broker.replica_manager import ReplicaManager
+from copyless.broker.security.manager import SecurityManager
 from copyless.broker.stats import BrokerStats
+from copyless.broker.storage import LogManager
 from copyless.broker.topics import parse_topic_configs
 
 if TYPE_CHECKING:  # pragma: no cover
     from copyless.broker.groups.service import GroupService
-    from copyless.broker.storage import LogManager
 
 # META_FILE, ClusterMismatchError and producer_state_scan_start are re-exported: their modules are
 # meta_properties and producer_state.
@@ -93,21 +98,16 @@ class Broker:
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}
         self.metadata: MetadataBackend = self._make_backend()
-        from copyless.broker.security.manager import SecurityManager
-
         self.security = SecurityManager(self)
         self.replicas = ReplicaManager(self, lease_valid=self.metadata.lease_valid)
-        from copyless.broker.cluster.replica_fetcher import FetcherManager
-
         self.fetchers = FetcherManager(self)
         self.replicas.on_follower = self.fetchers.follow
         self._cluster_tasks: list = []
 
     def _make_backend(self) -> MetadataBackend:
         if self.config.metadata is None:
-            from copyless.broker.cluster.embedded import EmbeddedMetadata
-
             return EmbeddedMetadata(self)
+        # Only a clustered broker loads the etcd backend, and with it grpc and aetcd.
         from copyless.broker.cluster.etcd_metadata import EtcdMetadata
 
         return EtcdMetadata(self)
@@ -128,8 +128,6 @@ class Broker:
         settings with them layered over. Returns True when they changed (the caller re-applies every
         partition's log settings). A map that does not check out keeps the previous settings (logged): one
         bad etcd key must not stop a broker. Loop thread (or start-up)."""
-        from copyless.broker.config_sources import effective_config
-
         wanted = {str(key): dict(values) for key, values in dict(dynamic).items()}
         if wanted == self.dynamic_configs:
             return False
@@ -165,14 +163,12 @@ class Broker:
         if self.config.metadata is None:
             self.cluster_id = self._load_or_create_meta()
         self.security.prepare()
-        from copyless.broker import storage
-
         # Logs found at start-up load with their topic's settings where the backend knows them before
         # connecting (the embedded registry); otherwise with the defaults until the first image applies them.
         load_registry = getattr(self.metadata, "load_registry", None)
         topic_configs = load_registry() if load_registry is not None else {}
         # The storage's own housekeeping thread applies flush.ms, retention and recovery-point checkpoints.
-        self.log_manager = storage.LogManager(
+        self.log_manager = LogManager(
             self.data_dir,
             default_config=self.default_log_config(),
             topic_configs={name: self.log_config_for(topic) for name, topic in topic_configs.items()},
@@ -231,8 +227,6 @@ class Broker:
 
     async def start_cluster(self) -> None:
         """Join (or load) the cluster and apply its first image. Loop thread, once the listeners are bound."""
-        import asyncio
-
         refresh = getattr(self.metadata, "refresh_endpoints", None)
         if refresh is not None:
             refresh()

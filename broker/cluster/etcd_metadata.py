@@ -63,6 +63,7 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster import etcd_client as etcd
+from copyless.broker.cluster import incarnation
 from copyless.broker.cluster.backend import MetadataBackend, NewTopic, inter_broker_client_id
 from copyless.broker.cluster.controller import Controller
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
@@ -243,8 +244,6 @@ class EtcdMetadata(MetadataBackend):
             properties["directory.id"] = directory_id
             write_atomically(path, "".join(f"{k}={v}\n" for k, v in properties.items()).encode())
         self.directory_id = directory_id
-        from copyless.broker.cluster import incarnation
-
         self._boot_id = incarnation.boot_id()
         record = incarnation.read_record(self.broker.data_dir)
         storage = getattr(self.broker.log_manager, "startup_stats", {}) or {}
@@ -304,8 +303,6 @@ class EtcdMetadata(MetadataBackend):
             return
 
     async def _record_incarnation(self) -> None:
-        from copyless.broker.cluster import incarnation
-
         try:
             await asyncio.to_thread(incarnation.write_record, self.broker.data_dir,
                                     incarnation.Incarnation(self.broker_epoch, self._boot_id))
