@@ -6,8 +6,10 @@ is ``copyless.client``), and an edge for every import of another module of the p
 written: at the top, inside a function (a deferred import hides a circle from Python, not from a reader) or
 under ``if TYPE_CHECKING:`` (a circle in the types is one a reader and a type checker still follow). A
 ``from package import name`` counts as an import of the submodule when ``name`` is one, else of the package.
-The parent packages that Python initialises on the way are not edges: a package's ``__init__`` re-exporting
-its submodules would otherwise make every package a circle.
+In a module that calls ``importlib.import_module``, a string naming a module of the package is an edge too
+(the handler table and the CLI's command modules are loaded so). The parent packages that Python
+initialises on the way are not edges: a package's ``__init__`` re-exporting its submodules would otherwise
+make every package a circle.
 
 A circle is broken by moving what both sides need into a module of its own, or by a typed interface
 (``copyless.broker.interfaces``) in place of the concrete class (docs/seams.md).
@@ -61,8 +63,12 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if name and name != module:
             found.add(name)
 
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+    tree = ast.parse(path.read_text(), str(path))
+    dynamic = any(isinstance(node, ast.Attribute) and node.attr == "import_module" for node in ast.walk(tree))
+    for node in ast.walk(tree):
+        if dynamic and isinstance(node, ast.Constant) and node.value in modules:
+            found.add(node.value)  # a module name handed to importlib.import_module (the handler table)
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 resolve(alias.name)
         elif isinstance(node, ast.ImportFrom):
@@ -138,6 +144,7 @@ def test_the_graph_covers_the_package():
     assert "copyless.broker.replica_manager" in graph["copyless.broker.state"]
     assert "copyless.broker.storage.segment" in graph["copyless.broker.storage.partition_log"]
     assert "copyless.client.admin_cli" in graph["copyless.client.cli"]
+    assert "copyless.broker.handlers.produce" in graph["copyless.broker.handlers"]  # loaded by name
 
 
 def test_the_finder_sees_a_circle_through_a_deferred_or_type_only_import(tmp_path):
@@ -146,6 +153,7 @@ def test_the_finder_sees_a_circle_through_a_deferred_or_type_only_import(tmp_pat
         "b": "def later():\n    from copyless.pkg.c import thing\n",
         "c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",
         "d": "from . import a\n",
+        "e": "import importlib\nNAMES = ('copyless.pkg.d', 'not.a.module')\nimportlib.import_module(NAMES[0])\n",
     }
     modules = {}
     for name, text in sources.items():
@@ -153,6 +161,7 @@ def test_the_finder_sees_a_circle_through_a_deferred_or_type_only_import(tmp_pat
         modules[f"copyless.pkg.{name}"] = tmp_path / f"{name}.py"
     graph = {module: imports_of(module, path, modules) for module, path in modules.items()}
     assert graph["copyless.pkg.d"] == {"copyless.pkg.a"}
+    assert graph["copyless.pkg.e"] == {"copyless.pkg.d"}
     assert circles(graph) == [["copyless.pkg.a", "copyless.pkg.b", "copyless.pkg.c"]]
 
 
