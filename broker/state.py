@@ -107,7 +107,7 @@ class Broker:
     def _make_backend(self) -> MetadataBackend:
         if self.config.metadata is None:
             return EmbeddedMetadata(self)
-        # Only a clustered broker loads the etcd backend, and with it grpc and aetcd.
+        # The etcd backend brings grpc and aetcd: imported here only when one is configured.
         from copyless.broker.cluster.etcd_metadata import EtcdMetadata
 
         return EtcdMetadata(self)
