@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from copyless.client.protocol.records import (
-    LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     InvalidBatchError,
     batch_size_at,
