@@ -100,8 +100,10 @@ def parse_records(data, count: int) -> list[ParsedRecord]:
     records: list[ParsedRecord] = []
     cursor = 0
     size = len(data)
-    if isinstance(data, memoryview):
-        data = data.tobytes()  # indexing bytes is cheaper than a memoryview's (the copy is one memcpy)
+    if not isinstance(data, bytes):
+        # Indexing bytes is cheaper than a memoryview's (the copy is one memcpy), and keys sliced from bytes
+        # are bytes, which the offset map can hash.
+        data = bytes(data)
     for _ in range(count):
         start = cursor
         if cursor >= size:
