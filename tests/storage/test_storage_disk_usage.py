@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from storage_batches import build_batch
-
 from copyless.broker.storage import LogConfig
+from tests.support.batches import build_batch
 
 MIB = 1 << 20
 AHEAD = 64 * MIB
