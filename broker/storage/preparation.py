@@ -27,6 +27,12 @@ __all__ = ["SegmentPreparation"]
 
 log = logging.getLogger("copyless.storage")
 
+# The smallest step of blocks queued past a promise (or a first step, if smaller), apart from an append's own
+# bytes and a segment's end:
+# below it the budget is asked again only once the appends have written this much more (a grant walks every
+# file of the partition: 5-15 us here, against about 20 us for a whole 1 KiB append).
+MIN_STEP_BYTES = 1 << 20
+
 # _held_past_data's stand-in for a next segment about to be created (its first step is then what is sized).
 NEXT_SEGMENT = object()
 
@@ -123,8 +129,16 @@ class SegmentPreparation:
         when one is queued already or the budget leaves nothing past what was promised."""
         if not active.extension_done.is_set() or active.sealed:
             return False
-        end = self._grant(active, active.written_position, self._want_ahead(bytes_per_ms), need_end)
-        if end <= active.promised_log_end() or not active.start_extension(end):
+        written = active.written_position
+        if not need_end and written < active.regrant_at:
+            return False  # the budget had no step for it: ask again once the appends have freed one
+        end = self._grant(active, written, self._want_ahead(bytes_per_ms), need_end)
+        promised = active.promised_log_end()
+        step = min(MIN_STEP_BYTES, self.config.first_step_bytes)
+        if not need_end and end - promised < min(step, active.capacity_bytes - promised):
+            active.regrant_at = written + step
+            return False
+        if end <= promised or not active.start_extension(end):
             return False
         self.stats["extensions"] += 1
         self._background.submit_allocate(active.extension_done, active.extend_ahead, end)
@@ -191,10 +205,16 @@ class SegmentPreparation:
         config = self.config
         want = min(prepared.segment_bytes, self._want_ahead(bytes_per_ms))
         promised = prepared.promised_log_end()
-        if want - promised < config.first_step_bytes or not prepared.extension_done.is_set():
+        if (want - promised < config.first_step_bytes or not prepared.extension_done.is_set()
+                or active.written_position < prepared.regrant_at):
             return
         end = self._grant(prepared, 0, want)
-        if (end - promised >= config.first_step_bytes or end >= want > promised) and prepared.start_extension(end):
+        if end - promised < config.first_step_bytes and not end >= want > promised:
+            # The budget had no step for it: ask again once the appends have freed one (a grant costs
+            # 5-15 us, a 1 KiB append about 20).
+            prepared.regrant_at = active.written_position + min(MIN_STEP_BYTES, config.first_step_bytes)
+            return
+        if prepared.start_extension(end):
             self.stats["extensions"] += 1
             self._background.submit_allocate(prepared.extension_done, prepared.extend_to, end)
 

@@ -62,6 +62,7 @@ class PreparedSegment:
         self.allocated_bytes = min(self.segment_bytes, max(0, config.first_step_bytes if allocate_bytes is None
                                                            else allocate_bytes))
         self.promised_bytes = self.allocated_bytes  # the end of the last step queued (block_budget)
+        self.regrant_at = 0  # no step asked of the budget before the appends reach this (loop thread)
         self.index_bytes = config.segment_index_bytes
         self.index_interval_bytes = config.index_interval_bytes
         self.index_ahead_bytes = config.index_ahead_bytes

@@ -106,6 +106,7 @@ class Segment(SegmentRecovery):
         self.extension_done = Completion(done=True)
         # The end of the last step queued (loop thread; block_budget charges it until the step is done).
         self.promised_bytes = size_bytes
+        self.regrant_at = 0  # no step asked of the budget before the appends reach this (loop thread)
         self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
