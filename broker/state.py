@@ -38,6 +38,7 @@ from copyless.broker.config import BrokerConfig
 from copyless.broker.handlers import HandlerTable, load_handlers
 from copyless.broker.notify import AppendNotifier
 from copyless.broker.producer_state import ProducerStateManager
+from copyless.broker.txn_partition import TxnPartitions
 from copyless.broker.replica_manager import ReplicaManager
 from copyless.broker.stats import BrokerStats
 from copyless.broker.topics import parse_topic_configs
@@ -67,6 +68,17 @@ def producer_state_scan_start(partition_log) -> int:
     return max(start, partition_log.log_start_offset)
 
 
+def transaction_events(partition_log) -> list | None:
+    """The ``(header, control type)`` of every batch of a log that has held transactional batches (its
+    directory has ``txn_partition.TXN_MARKER_FILE``), from the log start, or None for any other log
+    (``broker.txn_partition`` says why the whole log). Blocking (pread)."""
+    from copyless.broker.txn_partition import TXN_MARKER_FILE
+
+    if not (partition_log.directory / TXN_MARKER_FILE).exists():
+        return None
+    return list(partition_log.transaction_events(partition_log.log_start_offset))
+
+
 def read_meta(path: Path) -> dict[str, str]:
     """``meta.properties`` as a dict ({} when missing). Blocking."""
     try:
@@ -93,6 +105,8 @@ class Broker:
         security: SecurityManager (TLS, SASL, ACLs: ``broker.security.manager``).
         handlers: HandlerTable (drives dispatch and ApiVersions).
         groups: set by the groups part's startup hook (None until then).
+        transactions: the transaction coordinator, set by the transactions handlers' startup hook.
+        txn_partitions: TxnPartitions (each partition's open and aborted transactions).
         closing: True once shutdown began.
     """
 
@@ -105,11 +119,13 @@ class Broker:
         self.data_dir = Path(config.data_dir)
         self.cluster_id: str = ""
         self.producers = ProducerStateManager()
+        self.txn_partitions = TxnPartitions()
         self.appends = AppendNotifier()
         self.stats = BrokerStats()
         self.handlers = handlers if handlers is not None else load_handlers()
         self.log_manager: Any = None
         self.groups: Any = None
+        self.transactions: Any = None  # the transaction coordinator (``broker.txn.service``), set at startup
         self.closing = False
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}
@@ -201,18 +217,31 @@ class Broker:
             offsets_checkpoint_interval_ms=self.config.replica_high_watermark_checkpoint_interval_ms,
         )
         self.log_manager.startup()
-        producers = 0
+        producers = transactional = 0
         for (topic, partition), partition_log in self.log_manager.logs().items():
             producers += self.producers.rebuild(
                 topic, partition, partition_log.batch_headers(producer_state_scan_start(partition_log))
             )
+            events = transaction_events(partition_log)
+            if events is not None:
+                # Markers fence older epochs too: replayed from the whole log, after the last two segments'
+                # producer state, so an epoch bump older than those segments still fences.
+                for header, _control_type in events:
+                    if header.is_control and header.producer_id >= 0:
+                        self.producers.update_marker(topic, partition, header.producer_id, header.producer_epoch)
+                txns = self.txn_partitions.rebuild(topic, partition, events, partition_log.high_watermark)
+                transactional += 1
+                if txns.ongoing:
+                    log.info("%s-%d: %d open transaction(s), last stable offset %d", topic, partition,
+                             len(txns.ongoing), txns.lso(partition_log.high_watermark))
         self.replicas.load_topic_ids()
         load = getattr(self.metadata, "load_blocking", None)
         if load is not None:
             load()
         log.info(
-            "broker state loaded: node_id=%d logs=%d producers=%d in %.0f ms",
-            self.node_id, len(self.log_manager.logs()), producers, (time.monotonic() - started) * 1000,
+            "broker state loaded: node_id=%d logs=%d producers=%d transactional=%d in %.0f ms",
+            self.node_id, len(self.log_manager.logs()), producers, transactional,
+            (time.monotonic() - started) * 1000,
         )
 
     def _load_or_create_meta(self) -> str:
