@@ -691,14 +691,51 @@ class Partition:
         storage) and rebuild producer state from their headers, so a follower that becomes leader
         deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread;
         awaits (never blocks) when the log needs a segment or blocks its worker threads are preparing."""
+        # One pass over the batch headers (about 1 us a batch: 64 us for a 1 MiB fetch of 16 KiB batches)
+        # finds transactional batches, which need the partition's transactional file first.
+        control_types = _control_types(records)
+        if control_types is not None:
+            await self.ensure_transactional()
         while True:
             try:
                 result = self.log.append_as_follower(records)
             except AppendNotReady as exc:
                 for base_offset, header in getattr(exc, "follower_headers", ()):
-                    self._producers.update(self.topic, self.partition, header, base_offset)
+                    self._follower_applied(header, base_offset, control_types)
                 records = await self._wait_storage(exc, records)
                 continue
             for base_offset, header in result.headers:
-                self._producers.update(self.topic, self.partition, header, base_offset)
+                self._follower_applied(header, base_offset, control_types)
             return self.log.log_end_offset
+
+    def _follower_applied(self, header, base_offset: int, control_types: dict | None) -> None:
+        """A replicated batch: producer state and, for transactional ones, this partition's transactions
+        (so a follower that becomes leader knows the open transactions and the LSO)."""
+        if header.is_control:
+            if header.producer_id >= 0:
+                self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
+                control_type = (control_types or {}).get(base_offset)
+                if control_type is not None:
+                    self.txns.on_marker(header.producer_id, base_offset, control_type, self.high_watermark)
+            return
+        self._producers.update(self.topic, self.partition, header, base_offset)
+        if header.is_transactional:
+            self.txns.on_batch(header, base_offset)
+
+
+def _control_types(records) -> dict | None:
+    """base offset -> control type of each control batch in ``records`` ({} when there are transactional
+    batches but no markers), or None when no batch is transactional. Reads headers and markers' keys only."""
+    from copyless.broker.txn_partition import CONTROL_KEY_READ, control_type_of
+    from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, iter_batches
+
+    found = None
+    for position, header in iter_batches(records, 0, None):
+        if not header.is_transactional:
+            continue
+        if found is None:
+            found = {}
+        if header.is_control:
+            end = min(position + header.size, position + RECORD_BATCH_OVERHEAD + CONTROL_KEY_READ)
+            found[header.base_offset] = control_type_of(bytes(records[position:end]))
+    return found

@@ -26,8 +26,9 @@ groups map to ``__consumer_offsets`` (``broker.groups.service``, whose pattern t
   ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, fencing their producer (epoch + 1).
 
 Markers go to partitions this broker leads (``Partition.write_marker``). On a single node that is every
-partition; in a cluster the markers for partitions led elsewhere are sent with WriteTxnMarkers to their
-leader (``_send_markers_remote``).
+partition; in a cluster the markers for partitions led elsewhere are sent with WriteTxnMarkers v1 to their
+leader over the inter-broker listener (``_send_markers_remote``), which answers once the marker is
+replicated there; a leader that moved answers NOT_LEADER_OR_FOLLOWER and the next attempt asks the new one.
 
 Crash story: the decision is durable before any marker is written, and the markers are idempotent for
 readers (a second COMMIT marker for a producer with no open transaction changes nothing), so a coordinator
@@ -93,6 +94,7 @@ class TransactionService:
         self._tasks: list[asyncio.Task] = []
         self._completions: dict[str, asyncio.Task] = {}
         self._creating: asyncio.Task | None = None
+        self._connections: dict[int, Any] = {}  # node id -> inter-broker connection (WriteTxnMarkers)
         self._started = False
         self._stopping = False
         self.stats = {"committed": 0, "aborted": 0, "timed_out": 0, "markers": 0}
@@ -122,6 +124,9 @@ class TransactionService:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
 
     # --- which transactional ids are ours -------------------------------------------------------------------
 
@@ -415,15 +420,61 @@ class TransactionService:
 
     async def _send_markers_remote(self, leader: int, metadata: m.TxnMetadata, commit: bool,
                                    coordinator_epoch: int, partitions: list[tuple[str, int]]) -> bool:
-        sender = getattr(self.broker, "send_txn_markers", None)
-        if sender is None or leader < 0:
-            return False
+        """WriteTxnMarkers v1 to ``leader`` for ``partitions``. True when every marker is written (or fenced
+        by a newer epoch, which aborted the transaction's records there already)."""
+        from kio.schema.write_txn_markers.v1.request import (
+            WritableTxnMarker,
+            WritableTxnMarkerTopic,
+            WriteTxnMarkersRequest,
+        )
+        from kio.schema.write_txn_markers.v1.response import WriteTxnMarkersResponse
+
+        by_topic: dict[str, list[int]] = {}
+        for topic, index in partitions:
+            by_topic.setdefault(topic, []).append(index)
+        request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
+            producer_id=metadata.producer_id, producer_epoch=metadata.producer_epoch, transaction_result=commit,
+            topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in by_topic.items()),
+            coordinator_epoch=coordinator_epoch),))
         try:
-            return await sender(leader, metadata.producer_id, metadata.producer_epoch, commit, coordinator_epoch,
-                                partitions)
+            connection = await self._connection_to(leader)
+            response = await connection.request_kio(request, WriteTxnMarkersResponse)
         except Exception as exc:
             log.info("WriteTxnMarkers to node %d failed: %s", leader, exc)
+            stale = self._connections.pop(leader, None)
+            if stale is not None:
+                stale.close()
             return False
+        ok = True
+        for marker in response.markers:
+            for topic in marker.topics:
+                for result in topic.partitions:
+                    code = ErrorCode(result.error_code)
+                    if code not in (ErrorCode.none, ErrorCode.invalid_producer_epoch):
+                        log.info("transactional id %r: marker for %s-%d on node %d: %s", metadata.transactional_id,
+                                 topic.name, result.partition_index, leader, code.name)
+                        ok = False
+                    else:
+                        self.stats["markers"] += 1
+        return ok
+
+    async def _connection_to(self, node_id: int):
+        """The inter-broker connection to ``node_id`` (one per broker, kept; the replica fetcher's listener)."""
+        from copyless.client.conn import Connection
+
+        connection = self._connections.get(node_id)
+        if connection is not None and not connection.closed:
+            return connection
+        broker = self.broker.metadata.image.brokers.get(node_id)
+        listener = self.broker.config.inter_broker_listener_name
+        if broker is None or listener not in broker.endpoints:
+            raise ConnectionError(f"node {node_id} is not registered (no {listener} endpoint)")
+        host, port = broker.endpoints[listener]
+        connection = await Connection.open(host, port, client_id=f"copyless-txn-{self.broker.node_id}",
+                                           request_timeout_ms=int(WRITE_TIMEOUT_S * 1000) + 5_000,
+                                           security=self.broker.security.inter_broker_client())
+        self._connections[node_id] = connection
+        return connection
 
     # --- timeouts -------------------------------------------------------------------------------------------
 
