@@ -14,10 +14,11 @@ groups map to ``__consumer_offsets`` (``broker.groups.service``, whose pattern t
 - requests for one transactional id are serialised by a per-id lock (Kafka marks a pending state and answers
   CONCURRENT_TRANSACTIONS; a lock gives the same order without the client's retry round trip);
 - EndTxn persists PrepareCommit/PrepareAbort (the decision), then writes a marker to every partition of the
-  transaction and waits until each is replicated, then persists CompleteCommit/CompleteAbort. The client's
-  EndTxn is answered once the markers are written (Kafka answers after the Prepare write and writes the
-  markers after): a committed transaction is visible to read_committed consumers when commitTransaction
-  returns. A marker that cannot be written (a partition without a leader) is retried in the background
+  transaction at once and waits until each is replicated, answers, and persists CompleteCommit/
+  CompleteAbort in the background (holding the id's lock, so the producer's next request waits for it).
+  Kafka answers after the Prepare write and writes the markers after; answering after the markers costs
+  one more replication round and makes a committed transaction visible to read_committed consumers by the
+  time commitTransaction returns. A marker that cannot be written (a partition without a leader) is retried in the background
   until it is; the transaction stays in Prepare* meanwhile (AddPartitions and EndTxn answer
   CONCURRENT_TRANSACTIONS, which clients retry);
 - markers for ``__consumer_offsets`` partitions (AddOffsetsToTxn) also tell the group coordinator to show or
@@ -339,38 +340,41 @@ class TransactionService:
             raise BrokerError(ErrorCode.not_coordinator, "the transaction state partition moved")
         shard.transactions[metadata.transactional_id] = metadata
 
-    def _start_completion(self, shard: _Shard, metadata: m.TxnMetadata) -> None:
+    def _start_completion(self, shard: _Shard, metadata: m.TxnMetadata, *, markers_written: bool = False) -> None:
         key = metadata.transactional_id
         task = self._completions.get(key)
         if task is not None and not task.done():
             return
-        task = asyncio.get_running_loop().create_task(self._complete_until_done(shard, metadata),
-                                                      name=f"txn-complete-{key}")
+        task = asyncio.get_running_loop().create_task(
+            self._complete_until_done(shard, metadata, markers_written), name=f"txn-complete-{key}")
         self._completions[key] = task
         task.add_done_callback(lambda t, k=key: self._completions.pop(k, None) if self._completions.get(k) is t else None)
 
     async def _complete(self, shard: _Shard, metadata: m.TxnMetadata, *, wait_s: float) -> None:
-        """Write the markers of a Prepare* transaction and persist Complete*, or hand it to a background task
-        that retries until it can (the caller has already answered for the decision)."""
+        """Write the markers of a Prepare* transaction, then persist Complete* in the background (or hand the
+        whole completion to a background task that retries until it can). The caller has answered for the
+        decision already; it returns once the markers are written (or the attempt failed)."""
         try:
             async with asyncio.timeout(wait_s):
                 done = await self._write_markers(shard, metadata)
             if done:
-                await self._persist(shard, m.on_complete(metadata, now_ms()))
-                self._count(metadata)
+                self._start_completion(shard, metadata, markers_written=True)
                 return
         except Exception as exc:
             log.info("transactional id %r: markers not all written yet (%s); retrying in the background",
                      metadata.transactional_id, getattr(exc, "message", None) or exc.__class__.__name__)
         self._start_completion(shard, metadata)
 
-    async def _complete_until_done(self, shard: _Shard, metadata: m.TxnMetadata) -> None:
+    async def _complete_until_done(self, shard: _Shard, metadata: m.TxnMetadata, markers_written: bool) -> None:
+        """Markers (unless written already), then Complete*; retried every ``MARKER_RETRY_S`` while this
+        broker still coordinates the id. Holds the id's lock, so the producer's next request waits for it."""
         while not self._stopping and self.shards.get(shard.partition) is shard:
             async with self._lock(metadata.transactional_id):
                 if shard.transactions.get(metadata.transactional_id) != metadata:
                     return  # completed meanwhile
                 try:
-                    if await self._write_markers(shard, metadata):
+                    if markers_written or await self._write_markers(shard, metadata):
+                        markers_written = True
                         await self._persist(shard, m.on_complete(metadata, now_ms()))
                         self._count(metadata)
                         return
@@ -382,9 +386,10 @@ class TransactionService:
         self.stats["committed" if metadata.state is m.TxnState.PREPARE_COMMIT else "aborted"] += 1
 
     async def _write_markers(self, shard: _Shard, metadata: m.TxnMetadata) -> bool:
-        """Write the transaction's marker to each of its partitions. True when every one is replicated."""
+        """Write the transaction's marker to each of its partitions, all at once (local ones appended here,
+        the others by one WriteTxnMarkers per leader). True when every one is replicated."""
         commit = metadata.state is m.TxnState.PREPARE_COMMIT
-        ok = True
+        writes = []
         remote: dict[int, list[tuple[str, int]]] = {}
         for topic, index in sorted(metadata.partitions):
             partition = self.broker.replicas.get(topic, index)
@@ -394,21 +399,24 @@ class TransactionService:
                     continue  # the topic was deleted: nothing left to mark
                 remote.setdefault(state.leader, []).append((topic, index))
                 continue
-            try:
-                await self.write_local_marker(partition, metadata.producer_id, metadata.producer_epoch, commit,
-                                              shard.leader_epoch)
-            except Exception as exc:
-                code, message = error_for(exc)
-                if code == ErrorCode.invalid_producer_epoch:
-                    # A newer epoch is already there: this transaction's records were fenced by it.
-                    continue
-                log.info("transactional id %r: marker for %s-%d failed: %s %s", metadata.transactional_id, topic,
-                         index, code.name, message)
-                ok = False
+            writes.append(self._write_one(metadata, partition, commit, shard.leader_epoch))
         for leader, partitions in remote.items():
-            if not await self._send_markers_remote(leader, metadata, commit, shard.leader_epoch, partitions):
-                ok = False
-        return ok
+            writes.append(self._send_markers_remote(leader, metadata, commit, shard.leader_epoch, partitions))
+        results = await asyncio.gather(*writes)
+        return all(results)
+
+    async def _write_one(self, metadata: m.TxnMetadata, partition, commit: bool, coordinator_epoch: int) -> bool:
+        try:
+            await self.write_local_marker(partition, metadata.producer_id, metadata.producer_epoch, commit,
+                                          coordinator_epoch)
+            return True
+        except Exception as exc:
+            code, message = error_for(exc)
+            if code == ErrorCode.invalid_producer_epoch:
+                return True  # a newer epoch is already there: this transaction's records were fenced by it
+            log.info("transactional id %r: marker for %s-%d failed: %s %s", metadata.transactional_id,
+                     partition.topic, partition.partition, code.name, message)
+            return False
 
     async def write_local_marker(self, partition, producer_id: int, producer_epoch: int, commit: bool,
                                  coordinator_epoch: int) -> None:
