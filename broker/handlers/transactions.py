@@ -1,5 +1,6 @@
 """Transaction APIs: AddPartitionsToTxn (24) v0-3, AddOffsetsToTxn (25) v0-3, EndTxn (26) v0-3,
-WriteTxnMarkers (27) v1, TxnOffsetCommit (28) v0-3. InitProducerId with a transactional id and
+WriteTxnMarkers (27) v1, TxnOffsetCommit (28) v0-3, DescribeTransactions (65) v0, ListTransactions (66) v0
+(the ids coordinated by the broker asked; an admin asks every broker, as Kafka's tools do). InitProducerId with a transactional id and
 FindCoordinator with key type 1 come here from their own handlers (``init_producer_id``, ``find_coordinator``).
 
 Each translates one kio request into a call on ``broker.transactions`` (``broker.txn.service``) or, for
@@ -39,6 +40,7 @@ log = logging.getLogger("copyless.transactions")
 
 ADD_PARTITIONS, ADD_OFFSETS, END_TXN, WRITE_TXN_MARKERS, TXN_OFFSET_COMMIT = 24, 25, 26, 27, 28
 INIT_PRODUCER_ID = 22
+DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
 
 
 async def startup(broker) -> None:
@@ -260,7 +262,69 @@ def _commit_error(code: ErrorCode) -> ErrorCode:
     return code
 
 
+# --- DescribeTransactions, ListTransactions (KIP-664) ------------------------------------------------------
+
+
+async def describe_transactions(ctx: RequestContext, request):
+    module = response_module(DESCRIBE_TRANSACTIONS, ctx.api_version)
+    service = _service(ctx)
+    states = []
+    for transactional_id in request.transactional_ids:
+        metadata = None
+        if not checks.transactional_id(ctx, Operation.DESCRIBE, transactional_id):
+            code = ErrorCode.transactional_id_authorization_failed
+        elif service is None:
+            code = ErrorCode.coordinator_not_available
+        else:
+            code, metadata = service.describe(transactional_id)
+        by_topic: dict[str, list[int]] = {}
+        for topic, index in sorted(metadata.partitions if metadata is not None else ()):
+            by_topic.setdefault(topic, []).append(index)
+        states.append(module.TransactionState(
+            error_code=code, transactional_id=transactional_id,
+            transaction_state=metadata.state.kafka_name if metadata is not None else "",
+            transaction_timeout=datetime.timedelta(milliseconds=metadata.timeout_ms if metadata else 0),
+            transaction_start_time=_timestamp(metadata.start_ms if metadata is not None else -1),
+            producer_id=metadata.producer_id if metadata is not None else -1,
+            producer_epoch=metadata.producer_epoch if metadata is not None else -1,
+            topics=tuple(module.TopicData(topic=t, partitions=tuple(p)) for t, p in by_topic.items())))
+    return build(module.DescribeTransactionsResponse, throttle_time=NO_THROTTLE, transaction_states=tuple(states))
+
+
+def _timestamp(ms: int):
+    """kio writes datetimes as epoch milliseconds; -1 ("no transaction started", as Kafka sends) is the
+    instant one millisecond before the epoch."""
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+
+
+async def list_transactions(ctx: RequestContext, request):
+    module = response_module(LIST_TRANSACTIONS, ctx.api_version)
+    from copyless.broker.txn.metadata import TxnState
+
+    service = _service(ctx)
+    known = {state.kafka_name for state in TxnState}
+    unknown = tuple(f for f in request.state_filters if f not in known)
+    wanted_states = set(request.state_filters) - set(unknown)
+    wanted_ids = set(request.producer_id_filters)
+    listed = []
+    code = ErrorCode.none if service is not None else ErrorCode.coordinator_not_available
+    for metadata in (service.list_transactions() if service is not None else ()):
+        if request.state_filters and metadata.state.kafka_name not in wanted_states:
+            continue
+        if wanted_ids and metadata.producer_id not in wanted_ids:
+            continue
+        if not checks.transactional_id(ctx, Operation.DESCRIBE, metadata.transactional_id):
+            continue
+        listed.append(module.TransactionState(transactional_id=metadata.transactional_id,
+                                              producer_id=metadata.producer_id,
+                                              transaction_state=metadata.state.kafka_name))
+    return build(module.ListTransactionsResponse, throttle_time=NO_THROTTLE, error_code=code,
+                 unknown_state_filters=unknown, transaction_states=tuple(listed))
+
+
 HANDLERS = {
+    DESCRIBE_TRANSACTIONS: (0, 0, describe_transactions),
+    LIST_TRANSACTIONS: (0, 0, list_transactions),
     ADD_PARTITIONS: (0, 3, add_partitions_to_txn),
     ADD_OFFSETS: (0, 3, add_offsets_to_txn),
     END_TXN: (0, 3, end_txn),
