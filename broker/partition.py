@@ -162,8 +162,6 @@ class Partition:
         self.key = (topic, partition)
         # Open and aborted transactions (``broker.txn_partition``); rebuilt from the log at load.
         self.txns = txns if txns is not None else PartitionTxns()
-        # The log's directory holds ``TXN_MARKER_FILE`` (so a restart scans it for transactions).
-        self._transactional_file = (log_.directory / TXN_MARKER_FILE).exists() if hasattr(log_, "directory") else True
         # Long-poll keys: consumers wait for the high watermark, followers for the log end.
         self.follower_key = (topic, partition, "log_end")
 
@@ -306,7 +304,7 @@ class Partition:
             original = check.duplicate_of
             return AppendInfo(original.first_offset, original.last_offset, -1, self.log.log_start_offset, True,
                               self.leader_epoch)
-        if header.is_transactional and not self._transactional_file:
+        if header.is_transactional and not self.txns.persisted:
             raise BrokerError(ErrorCode.unknown_server_error, "ensure_transactional() first")
         result = self.log.append(records, leader_epoch=self.leader_epoch, log_append_time_ms=log_append_time_ms)
         self._producers.update(self.topic, self.partition, header, result.base_offset)
@@ -339,7 +337,7 @@ class Partition:
         check = self._producers.check_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
         if check.error != ErrorCode.none:
             raise BrokerError(check.error, check.message or check.error.name)
-        if not self._transactional_file:
+        if not self.txns.persisted:
             raise BrokerError(ErrorCode.unknown_server_error, "ensure_transactional() first")
         result = self.log.append(records, leader_epoch=self.leader_epoch)
         self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
@@ -369,7 +367,7 @@ class Partition:
     async def ensure_transactional(self) -> None:
         """Before the first transactional batch: create ``TXN_MARKER_FILE`` (fsync'd with its directory, on
         a worker thread) so a restart rebuilds this partition's transactions from its log."""
-        if self._transactional_file:
+        if self.txns.persisted:
             return
         from copyless.broker.storage.checkpoint import fsync_directory
 
@@ -382,7 +380,7 @@ class Partition:
             fsync_directory(directory)
 
         await asyncio.to_thread(create)
-        self._transactional_file = True
+        self.txns.persisted = True
 
     # --- transactions: the last stable offset ----------------------------------------------------------------
 

@@ -463,6 +463,10 @@ class ReplicaManager:
         self.stats["truncations"] += 1
         self.broker.producers.rebuild(partition.topic, partition.partition, headers)
         if events is not None:
+            for header, _control_type in events:
+                if header.is_control and header.producer_id >= 0:
+                    self.broker.producers.update_marker(partition.topic, partition.partition, header.producer_id,
+                                                        header.producer_epoch)
             partition.txns = self.broker.txn_partitions.rebuild(partition.topic, partition.partition, events,
                                                                 partition.log.high_watermark)
         # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).

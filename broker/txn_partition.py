@@ -103,9 +103,11 @@ def control_type_of(data, position: int = 0) -> int | None:
 class PartitionTxns:
     """One partition's transactions (module docstring). Loop thread only."""
 
-    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last")
+    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last", "persisted")
 
     def __init__(self) -> None:
+        # The partition's directory has TXN_MARKER_FILE (set by rebuild at load, or once created).
+        self.persisted = False
         self.ongoing: dict[int, int] = {}
         self.completing: list[tuple[int, int]] = []  # (marker offset, first offset)
         self.aborted: list[AbortedTxn] = []
@@ -179,6 +181,7 @@ class TxnPartitions:
                 high_watermark: int) -> PartitionTxns:
         """Replace a partition's state by replaying ``(header, control type or None)`` in log order."""
         txns = PartitionTxns()
+        txns.persisted = True  # only logs holding TXN_MARKER_FILE are scanned
         for header, control_type in events:
             if header.is_control:
                 if header.producer_id >= 0 and control_type is not None:

@@ -41,6 +41,7 @@ the transaction is still Ongoing and is aborted by its timeout, or ended by the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -70,6 +71,12 @@ MARKER_RETRY_S = 0.5
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@dataclass
+class _Holder:
+    lock: asyncio.Lock
+    handed_off: bool = False
 
 
 @dataclass
@@ -119,7 +126,7 @@ class TransactionService:
         for shard in self.shards.values():
             if shard.load_task is not None:
                 shard.load_task.cancel()
-        for task in [*self._tasks, *self._completions.values()]:
+        for task in [*self._tasks, *list(self._completions.values())]:
             try:
                 await task
             except (asyncio.CancelledError, Exception):
@@ -223,6 +230,19 @@ class TransactionService:
 
     # --- requests -------------------------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _holding(self, transactional_id: str):
+        """The id's lock for one request; ``_complete`` may hand it to the task that stores Complete*, which
+        releases it, so the producer's next request for the id runs after that write (never in between)."""
+        lock = self._lock(transactional_id)
+        await lock.acquire()
+        holder = _Holder(lock)
+        try:
+            yield holder
+        finally:
+            if not holder.handed_off:
+                lock.release()
+
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
         if lock is None:
@@ -236,7 +256,7 @@ class TransactionService:
             return ErrorCode.invalid_request, -1, -1
         if timeout_ms <= 0 or timeout_ms > self.max_timeout_ms:
             return ErrorCode.invalid_transaction_timeout, -1, -1
-        async with self._lock(transactional_id):
+        async with self._holding(transactional_id) as holder:
             shard, error = self.shard_for(transactional_id)
             if shard is None:
                 return error, -1, -1
@@ -255,7 +275,7 @@ class TransactionService:
             if decision.abort_first:
                 log.info("transactional id %r: a new producer fences epoch %d; aborting its open transaction",
                          transactional_id, current.producer_epoch)
-                await self._complete(shard, decision.metadata, wait_s=WRITE_TIMEOUT_S)
+                await self._complete(shard, decision.metadata, holder, wait_s=WRITE_TIMEOUT_S)
                 return ErrorCode.concurrent_transactions, -1, -1
             if decision.error != ErrorCode.none:
                 return decision.error, -1, -1
@@ -278,7 +298,7 @@ class TransactionService:
             return ErrorCode.none
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
-        async with self._lock(transactional_id):
+        async with self._holding(transactional_id) as holder:
             shard, error = self.shard_for(transactional_id)
             if shard is None:
                 return error
@@ -291,7 +311,7 @@ class TransactionService:
             except Exception as exc:
                 return _store_error(exc)
             # The decision is stored: the client's end succeeded whatever happens to the markers now.
-            await self._complete(shard, decision.metadata, wait_s=WRITE_TIMEOUT_S)
+            await self._complete(shard, decision.metadata, holder, wait_s=WRITE_TIMEOUT_S)
             return ErrorCode.none
 
     def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
@@ -340,39 +360,51 @@ class TransactionService:
             raise BrokerError(ErrorCode.not_coordinator, "the transaction state partition moved")
         shard.transactions[metadata.transactional_id] = metadata
 
-    def _start_completion(self, shard: _Shard, metadata: m.TxnMetadata, *, markers_written: bool = False) -> None:
+    def _start_completion(self, shard: _Shard, metadata: m.TxnMetadata, *, markers_written: bool = False,
+                          holder: _Holder | None = None) -> None:
         key = metadata.transactional_id
         task = self._completions.get(key)
         if task is not None and not task.done():
             return
+        if holder is not None:
+            holder.handed_off = True
         task = asyncio.get_running_loop().create_task(
-            self._complete_until_done(shard, metadata, markers_written), name=f"txn-complete-{key}")
+            self._complete_until_done(shard, metadata, markers_written, holder), name=f"txn-complete-{key}")
         self._completions[key] = task
         task.add_done_callback(lambda t, k=key: self._completions.pop(k, None) if self._completions.get(k) is t else None)
 
-    async def _complete(self, shard: _Shard, metadata: m.TxnMetadata, *, wait_s: float) -> None:
-        """Write the markers of a Prepare* transaction, then persist Complete* in the background (or hand the
-        whole completion to a background task that retries until it can). The caller has answered for the
-        decision already; it returns once the markers are written (or the attempt failed)."""
+    async def _complete(self, shard: _Shard, metadata: m.TxnMetadata, holder: _Holder, *, wait_s: float) -> None:
+        """Write the markers of a Prepare* transaction, then store Complete* in a task that takes over the
+        id's lock (``holder``); or, when the markers could not all be written, hand the completion to a task
+        that retries (the id's requests meanwhile get CONCURRENT_TRANSACTIONS, which clients retry). The
+        caller has answered for the decision already; this returns once the markers are written or the
+        attempt failed."""
         try:
             async with asyncio.timeout(wait_s):
                 done = await self._write_markers(shard, metadata)
             if done:
-                self._start_completion(shard, metadata, markers_written=True)
+                self._start_completion(shard, metadata, markers_written=True, holder=holder)
                 return
         except Exception as exc:
             log.info("transactional id %r: markers not all written yet (%s); retrying in the background",
                      metadata.transactional_id, getattr(exc, "message", None) or exc.__class__.__name__)
         self._start_completion(shard, metadata)
 
-    async def _complete_until_done(self, shard: _Shard, metadata: m.TxnMetadata, markers_written: bool) -> None:
+    async def _complete_until_done(self, shard: _Shard, metadata: m.TxnMetadata, markers_written: bool,
+                                   holder: _Holder | None) -> None:
         """Markers (unless written already), then Complete*; retried every ``MARKER_RETRY_S`` while this
-        broker still coordinates the id. Holds the id's lock, so the producer's next request waits for it."""
-        while not self._stopping and self.shards.get(shard.partition) is shard:
-            async with self._lock(metadata.transactional_id):
-                if shard.transactions.get(metadata.transactional_id) != metadata:
-                    return  # completed meanwhile
+        broker still coordinates the id. Runs under the id's lock: handed over by ``holder`` for the first
+        attempt, taken for the others."""
+        lock = self._lock(metadata.transactional_id)
+        held = holder is not None
+        try:
+            while not self._stopping and self.shards.get(shard.partition) is shard:
+                if not held:
+                    await lock.acquire()
+                    held = True
                 try:
+                    if shard.transactions.get(metadata.transactional_id) != metadata:
+                        return  # completed meanwhile
                     if markers_written or await self._write_markers(shard, metadata):
                         markers_written = True
                         await self._persist(shard, m.on_complete(metadata, now_ms()))
@@ -380,7 +412,13 @@ class TransactionService:
                         return
                 except Exception as exc:
                     log.debug("transactional id %r: completion failed: %s", metadata.transactional_id, exc)
-            await asyncio.sleep(MARKER_RETRY_S)
+                finally:
+                    held = False
+                    lock.release()
+                await asyncio.sleep(MARKER_RETRY_S)
+        finally:
+            if held:
+                lock.release()
 
     def _count(self, metadata: m.TxnMetadata) -> None:
         self.stats["committed" if metadata.state is m.TxnState.PREPARE_COMMIT else "aborted"] += 1
@@ -503,7 +541,7 @@ class TransactionService:
             for transactional_id, metadata in list(shard.transactions.items()):
                 if m.on_timeout(metadata, now) is None:
                     continue
-                async with self._lock(transactional_id):
+                async with self._holding(transactional_id) as holder:
                     current = shard.transactions.get(transactional_id)
                     fenced = m.on_timeout(current, now) if current is not None else None
                     if fenced is None:
@@ -518,7 +556,7 @@ class TransactionService:
                              current.producer_epoch)
                     self.stats["timed_out"] += 1
                     count += 1
-                    await self._complete(shard, fenced, wait_s=WRITE_TIMEOUT_S)
+                    await self._complete(shard, fenced, holder, wait_s=WRITE_TIMEOUT_S)
         return count
 
 
