@@ -265,6 +265,18 @@ def _check_security(document: dict) -> None:
     assert any(key.startswith("copyless SASL_SSL/PLAINTEXT consume_mb_per_s") for key in document["ratios"])
 
 
+def _check_transactions(document: dict) -> None:
+    from benchmarks import transactions
+
+    rows = _rows_with(document, broker="copyless")
+    assert rows
+    for row in rows:
+        assert row["records"] == row["transactions"] * transactions.RECORDS_PER_TXN > 0, row
+        for key in transactions.METRICS:
+            assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+        assert row["commit_p99_ms"] >= row["commit_p50_ms"], row
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -276,6 +288,7 @@ CHECKS = {
     "replication": _check_replication,
     "cluster_metadata": _check_cluster_metadata,
     "security": _check_security,
+    "transactions": _check_transactions,
 }
 
 
