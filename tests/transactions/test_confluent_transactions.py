@@ -238,3 +238,20 @@ def test_a_restart_recovers_the_open_and_the_aborted_transactions(broker_factory
     wait_until(lambda: _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1", "d0", "d1"],
                timeout_s=40, interval_s=0.5, what="the open transaction aborted after the restart")
     assert len(_read_all(broker.bootstrap, topic, "read_uncommitted")) == 10
+
+
+def test_read_committed_records_still_leave_by_sendfile(broker_factory):
+    """The LSO and the aborted list change where a region ends and what the header says, never the path:
+    every fetched record byte is counted by the broker as sent with sendfile, none as copied."""
+    broker = broker_factory(config={"stats.interval.s": 0.5})
+    topic = unique_topic("txn-zero-copy")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    big = ["%04d" % i + "x" * 2000 for i in range(100)]
+    _produce_txn(producer, topic, big, commit=True)
+    _produce_txn(producer, topic, ["aborted"] * 10, commit=False)
+    since = broker.log_size()
+    assert _read_all(broker.bootstrap, topic, "read_committed") == sorted(big)
+    stats = wait_until(lambda: (lambda s: s if s and s.get("fetch_sendfile_bytes", 0) >= 200_000 else None)(
+        broker.stats(since)), what="a stats line counting the fetches", timeout_s=15, interval_s=0.2)
+    assert stats["fetch_copied_bytes"] == 0, stats
