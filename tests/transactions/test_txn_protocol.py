@@ -207,3 +207,30 @@ def test_describe_and_list_transactions(wire):
     assert tid in {t.transactional_id for t in listed.transaction_states}
     assert listed.unknown_state_filters == ("Nonsense",)
     assert _end(wire, tid, pid, epoch, commit=False) == ErrorCode.none
+
+
+def test_the_cli_lists_and_describes_transactional_ids(wire, broker):
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "copyless.broker", "transactions", *args, "--bootstrap",
+                               broker.bootstrap, "--json"], capture_output=True, text=True, timeout=60)
+
+    topic, tid, pid, epoch = _setup(wire)
+    assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    listed = cli("list")
+    assert listed.returncode == 0, listed.stderr
+    assert {"transactional_id": tid, "producer_id": pid, "state": "Ongoing", "coordinator": 0} in json.loads(listed.stdout)
+    described = cli("describe", tid)
+    assert described.returncode == 0, described.stderr
+    shown = json.loads(described.stdout)
+    assert (shown["state"], shown["producer_epoch"], shown["partitions"]) == ("Ongoing", epoch, [f"{topic}-0"])
+    assert _end(wire, tid, pid, epoch, commit=False) == ErrorCode.none
+    assert wait_until(lambda: _init(wire, tid)[0] == ErrorCode.none, what="a new epoch", timeout_s=10)
+    # An id with no transaction started: Kafka's start time -1 on the wire, read back as such.
+    empty = json.loads(cli("describe", tid).stdout)
+    assert (empty["state"], empty["start_ms"], empty["producer_epoch"], empty["partitions"]) == ("Empty", -1, epoch + 1, [])
+    missing = cli("describe", _name("missing"))
+    assert missing.returncode != 0 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr
