@@ -33,7 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "client",
-         "connections", "throughput", "replication", "cluster_metadata")
+         "connections", "throughput", "replication", "cluster_metadata", "security", "transactions")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -47,6 +47,7 @@ TITLES = {
     "throughput": "End to end: copyless vs Apache Kafka",
     "replication": "Replication: three brokers each, copyless vs Apache Kafka",
     "cluster_metadata": "Cluster metadata in etcd",
+    "transactions": "Transactions: transactional produce, commit latency, read_committed consume",
 }
 
 
@@ -219,6 +220,14 @@ def _headline_security(d: dict) -> str:
     return "; ".join(parts) + f" (TLS path: {d.get('tls_path', '?')}; Kafka: {d.get('kafka', '?')})"
 
 
+def _headline_transactions(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    return (f"copyless/Kafka: transactional produce {_fmt(ratios.get('copyless/kafka produce_mb_per_s'))}, "
+            f"commit p50 {_fmt(ratios.get('copyless/kafka commit_p50_ms'))}, "
+            f"p99 {_fmt(ratios.get('copyless/kafka commit_p99_ms'))} (below 1: faster), read_committed consume "
+            f"{_fmt(ratios.get('copyless/kafka consume_mb_per_s'))} (Kafka: {d.get('kafka', '?')})")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
@@ -230,6 +239,7 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "replication": _headline_replication,
     "cluster_metadata": _headline_cluster_metadata,
     "security": _headline_security,
+    "transactions": _headline_transactions,
 }
 
 
