@@ -51,6 +51,7 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.groups.offsets import OFFSETS_TOPIC, build_batch
+from copyless.broker.storage._failpoints import failpoint
 from copyless.broker.txn import metadata as m
 from copyless.broker.txn.log import TXN_TOPIC, TxnLogView, encode_key, encode_value, partition_for
 from copyless.client.protocol.records import read_header
@@ -310,6 +311,7 @@ class TransactionService:
                 await self._persist(shard, decision.metadata)
             except Exception as exc:
                 return _store_error(exc)
+            failpoint("txn.after_prepare")
             # The decision is stored: the client's end succeeded whatever happens to the markers now.
             await self._complete(shard, decision.metadata, holder, wait_s=WRITE_TIMEOUT_S)
             return ErrorCode.none
@@ -407,6 +409,7 @@ class TransactionService:
                         return  # completed meanwhile
                     if markers_written or await self._write_markers(shard, metadata):
                         markers_written = True
+                        failpoint("txn.after_markers")
                         await self._persist(shard, m.on_complete(metadata, now_ms()))
                         self._count(metadata)
                         return

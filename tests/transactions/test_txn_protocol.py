@@ -234,3 +234,44 @@ def test_the_cli_lists_and_describes_transactional_ids(wire, broker):
     assert (empty["state"], empty["start_ms"], empty["producer_epoch"], empty["partitions"]) == ("Empty", -1, epoch + 1, [])
     missing = cli("describe", _name("missing"))
     assert missing.returncode != 0 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr
+
+
+@pytest.mark.parametrize("point", ["txn.after_prepare", "txn.after_markers"])
+def test_a_coordinator_killed_while_committing_completes_the_commit_on_restart(broker_factory, monkeypatch, point):
+    """kill -9 once the decision (PrepareCommit) is stored but no marker written, or once every marker is
+    written but CompleteCommit is not: the restarted coordinator finds PrepareCommit in
+    ``__transaction_state`` and writes the markers (again): the transaction is committed, its records read
+    once by read_committed consumers, and the producer's retried EndTxn succeeds."""
+    monkeypatch.setenv("COPYLESS_FAILPOINT", point)
+    broker = broker_factory()
+    monkeypatch.delenv("COPYLESS_FAILPOINT")
+    wire = KafkaWire(broker.port)
+    topic, tid, pid, epoch = _setup(wire)
+    assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _produce(wire, topic, _txn_batch([b"k0", b"k1"], pid, epoch, 0), tid)[0] == ErrorCode.none
+    try:
+        # after_prepare: the broker dies before it answers; after_markers: it answers (the markers are
+        # written), then dies before storing CompleteCommit.
+        answered = _end(wire, tid, pid, epoch, commit=True)
+    except (ConnectionError, OSError):
+        answered = None
+    assert answered is None if point == "txn.after_prepare" else answered in (None, ErrorCode.none)
+    wire.close()
+    broker.process.wait(30)
+    assert broker.process.returncode == -9
+    broker.restart("kill")
+    wire = KafkaWire(broker.port)
+    try:
+        def committed():
+            fetched = _fetch(wire, topic, 0, isolation=1)
+            return fetched if fetched.last_stable_offset == fetched.high_watermark > 1 else None
+
+        fetched = wait_until(committed, what="the commit completed after the restart", timeout_s=30)
+        headers = batches.batch_headers(fetched.records)
+        assert [h.base_offset for h in headers if not h.attributes & 0x20] == [0]
+        assert fetched.aborted_transactions == ()
+        assert batches.values_of(fetched.records)[:2] == [b"k0", b"k1"]
+        assert wait_until(lambda: _end(wire, tid, pid, epoch, commit=True) == ErrorCode.none,
+                          what="the retried EndTxn answered", timeout_s=10)
+    finally:
+        wire.close()
