@@ -27,16 +27,18 @@ Pure except for ``ProducerIdAllocator.reserve_block`` (blocking file write).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
 from copyless.client.protocol.records import NO_PRODUCER_ID, BatchHeader
 
-__all__ = ["ProducerStateManager", "SequenceCheck", "ProducerIdAllocator", "BATCHES_PER_PRODUCER"]
+__all__ = ["ProducerStateManager", "SequenceCheck", "ProducerIdAllocator", "BATCHES_PER_PRODUCER",
+           "producer_state_scan_start"]
 
 BATCHES_PER_PRODUCER = 5
 _MAX_SEQUENCE = (1 << 31) - 1
@@ -213,3 +215,17 @@ class ProducerIdAllocator:
         producer_id = self._next
         self._next += 1
         return producer_id
+
+
+def producer_state_scan_start(partition_log) -> int:
+    """Where the startup scan for producer state begins: the second-to-last segment.
+
+    Deduplication only needs the batches a retry can still refer to: the last five per producer, sent
+    moments before the restart. Kafka keeps producer-state snapshots for this; scanning the last two
+    segments' headers instead bounds startup to O(two segments) per partition rather than O(log) (a header
+    scan runs at roughly a million batches per second). A producer idle since before those segments restarts
+    with no state and may continue at any sequence, as Kafka allows once producer state expires.
+    """
+    bases = partition_log.segment_base_offsets()
+    start = bases[-2] if len(bases) >= 2 else partition_log.log_start_offset
+    return max(start, partition_log.log_start_offset)

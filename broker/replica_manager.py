@@ -451,7 +451,8 @@ class ReplicaManager:
     @staticmethod
     def _truncate_blocking(partition: Partition, cut) -> list:
         """Cut, then read the headers producer state is rebuilt from. Blocking (worker thread)."""
-        from copyless.broker.state import producer_state_scan_start, transaction_events
+        from copyless.broker.producer_state import producer_state_scan_start
+        from copyless.broker.txn_partition import transaction_events
 
         cut()
         headers = list(partition.log.batch_headers(producer_state_scan_start(partition.log)))

@@ -28,7 +28,8 @@ retry; an entry below the log start is dropped when read. What it costs: a heade
 transactional partition at start (about a million batches a second); non-transactional partitions pay
 nothing. Kafka's ``.txnindex`` files avoid the scan with snapshots; this keeps the log the one source.
 
-Pure (the loop thread owns it): storage reads happen in ``rebuild``'s caller.
+Pure (the loop thread owns it) but for ``transaction_events``, the log scan ``rebuild`` is fed from (start-up,
+truncation: worker threads).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from copyless.client.protocol.records import (
 )
 
 __all__ = ["AbortedTxn", "PartitionTxns", "TxnPartitions", "build_marker", "control_type_of", "ABORT", "COMMIT",
-           "TXN_MARKER_FILE"]
+           "TXN_MARKER_FILE", "transaction_events"]
 
 ABORT, COMMIT = 0, 1
 # Created in a partition's directory before its first transactional batch: loading scans that log for
@@ -160,6 +161,15 @@ class PartitionTxns:
     @property
     def has_transactions(self) -> bool:
         return bool(self.ongoing or self.aborted or self.completing)
+
+
+def transaction_events(partition_log) -> list | None:
+    """The ``(header, control type)`` of every batch of a log that has held transactional batches (its
+    directory has ``TXN_MARKER_FILE``), from the log start, or None for any other log (the module docstring
+    says why the whole log). The module's one blocking function (stat, pread), for start-up and truncation."""
+    if not (partition_log.directory / TXN_MARKER_FILE).exists():
+        return None
+    return list(partition_log.transaction_events(partition_log.log_start_offset))
 
 
 class TxnPartitions:

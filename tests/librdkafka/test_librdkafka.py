@@ -111,7 +111,7 @@ def test_librdkafka(tests_dir, targets, target_name, number):
         pytest.fail(comparison.describe(expected), pytrace=False)
     for outcome in comparison.unexpected_passes:
         warnings.warn(f"librdkafka {outcome.name} passed against {target_name} but expected.toml lists it as "
-                      f"failing ({expected[outcome.name].reason}): remove its entry")
+                      f"failing ({expected[outcome.name].reason}): remove its entry", stacklevel=1)
     failed = [o for o in comparison.as_expected if o.state == FAILED]
     if failed:
         pytest.xfail("; ".join(f"{o.name}: {expected[o.name].reason}" for o in failed))
