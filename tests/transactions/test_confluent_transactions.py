@@ -255,3 +255,31 @@ def test_read_committed_records_still_leave_by_sendfile(broker_factory):
     stats = wait_until(lambda: (lambda s: s if s and s.get("fetch_sendfile_bytes", 0) >= 200_000 else None)(
         broker.stats(since)), what="a stats line counting the fetches", timeout_s=15, interval_s=0.2)
     assert stats["fetch_copied_bytes"] == 0, stats
+
+
+def test_metrics_count_transactions_and_show_the_lso(broker_factory):
+    from tests.support.metrics import metrics_address, scrape, value
+
+    broker = broker_factory(extra_args=("--metrics-listen", "127.0.0.1:0"))
+    address = metrics_address(broker)
+    topic = unique_topic("txn-metrics")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(producer, topic, ["c0", "c1"], commit=True)
+    _produce_txn(producer, topic, ["a0", "a1"], commit=False)
+    producer.begin_transaction()
+    producer.produce(topic, b"open", partition=0)
+    producer.flush(30)
+    samples = wait_until(lambda: (s := scrape(address)) and value(s, "copyless_transactions_total",
+                                                                     outcome="aborted") == 1 and s,
+                         what="the abort counted", timeout_s=10)
+    assert value(samples, "copyless_transactions_total", outcome="committed") == 1
+    assert value(samples, "copyless_transaction_markers_total") == 4  # two partitions, two transactions
+    assert value(samples, "copyless_open_transactions") == 1
+    # Partition 0: c0, COMMIT, a0, ABORT, then the open transaction's first batch at offset 4.
+    assert value(samples, "copyless_partition_last_stable_offset", topic=topic, partition="0") == 4
+    assert value(samples, "copyless_partition_high_watermark", topic=topic, partition="0") == 5
+    producer.commit_transaction(30)
+    samples = wait_until(lambda: (s := scrape(address)) and value(s, "copyless_open_transactions") == 0 and s,
+                         what="the transaction closed", timeout_s=10)
+    assert value(samples, "copyless_partition_last_stable_offset", topic=topic, partition="0") == 6
