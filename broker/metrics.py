@@ -29,6 +29,17 @@ Metrics (all prefixed ``copyless_``; ``api`` is the Kafka API name, ``error`` Ka
     controller_active, controller_epoch         whether this broker is the controller, and the epoch
     controller_leader_elections_total, controller_isr_removals_total   what it did as controller (cluster)
     etcd_calls_total{method}                    etcd RPCs by method (cluster only)
+    log_cleaner_cleanings_total, log_cleaner_failures_total   cleanings finished (swapped in) and failed
+    log_cleaner_bytes_read_total, log_cleaner_bytes_written_total   segment bytes the cleaner read (the map's
+                                                pass and the copy's) and wrote (the cleaned segments)
+    log_cleaner_records_removed_total           records (tombstones included) cleaned away
+    log_cleaner_last_duration_seconds           the last cleaning's wall time (Kafka's max-clean-time-secs
+                                                is the max of its last cleanings' times; this is the last)
+    log_cleaner_busy_seconds_total              wall time the cleaner threads spent cleaning
+    log_cleaner_max_dirty_ratio                 the largest dirty ratio of the compacted logs, as of the
+                                                cleaner's last look (Kafka's max-dirty-percent, as a ratio)
+    partition_cleanings_total{topic,partition}  cleanings swapped into each hosted compacted log (a follower's
+                                                own too)
 
 Pure except for reading the broker's state; loop thread.
 """
@@ -174,6 +185,8 @@ def collect(broker: Any) -> list[Family]:
     family("isr_expands_total", "counter", "ISR expansions recorded by this broker as leader.").add(
         isr.get("isr_expands", 0))
 
+    _cleaner_families(family, broker, replicas)
+
     metadata = broker.metadata
     family("controller_active", "gauge", "1 when this broker is the controller.").add(
         1 if metadata.is_controller else 0)
@@ -207,6 +220,37 @@ def collect(broker: Any) -> list[Family]:
     if security is not None:
         security.metric_families(family)
     return families
+
+
+def _cleaner_families(family, broker: Any, replicas: Any) -> None:
+    """The log cleaner's counters (``LogCleaner.metrics``, written by its threads: each value is one int or
+    float read, and ``per_log`` is replaced whole, never mutated). Absent when the cleaner is disabled."""
+    log_manager = getattr(broker, "log_manager", None)
+    cleaner = getattr(log_manager, "cleaner", None)
+    if cleaner is None:
+        return
+    metrics = cleaner.metrics
+    family("log_cleaner_cleanings_total", "counter", "Log cleanings finished (swapped in).").add(metrics.cleanings)
+    family("log_cleaner_failures_total", "counter", "Log cleanings that failed (retried after the backoff).").add(
+        metrics.failures)
+    family("log_cleaner_bytes_read_total", "counter", "Segment bytes read by the log cleaner.").add(metrics.bytes_read)
+    family("log_cleaner_bytes_written_total", "counter", "Cleaned segment bytes written by the log cleaner.").add(
+        metrics.bytes_written)
+    family("log_cleaner_records_removed_total", "counter", "Records the log cleaner removed.").add(
+        metrics.records_dropped)
+    family("log_cleaner_last_duration_seconds", "gauge", "Wall time of the last log cleaning.").add(
+        round(metrics.last_seconds, 6))
+    family("log_cleaner_busy_seconds_total", "counter", "Wall time the cleaner threads spent cleaning.").add(
+        round(metrics.busy_seconds, 6))
+    ratios = metrics.per_log
+    family("log_cleaner_max_dirty_ratio", "gauge",
+           "The largest dirty ratio (dirty / cleanable bytes) of the compacted logs at the cleaner's last look.").add(
+        round(max(ratios.values(), default=0.0), 6))
+    cleanings = family("partition_cleanings_total", "counter", "Cleanings swapped into each hosted compacted log.")
+    for (topic, index), partition in sorted(replicas.partitions.items()):
+        partition_log = partition.log
+        if partition_log is not None and "compact" in partition_log.config.cleanup_policy:
+            cleanings.add(partition_log.stats.get("cleanings", 0), topic=topic, partition=str(index))
 
 
 def _escape(value: str) -> str:

@@ -94,26 +94,67 @@ class ParsedRecord:
 
 
 def parse_records(data, count: int) -> list[ParsedRecord]:
-    """The ``count`` records of a decompressed records blob. Raises InvalidBatchError when malformed."""
+    """The ``count`` records of a decompressed records blob. Raises InvalidBatchError when malformed.
+
+    Most varints of a record fit one byte (the timestamp delta, the key's length, the first 64 offset deltas)
+    or two (a record's or value's length up to 8 KiB, the offset deltas of a batch of up to 8,192 records):
+    those are decoded inline, the rest by ``read_varint``, whose call per varint was most of a cleaning's
+    profile. Over 16 KiB batches (run beside the code before, on one loaded machine): 1 KB records 171 ->
+    313 MB/s with one byte inline, 320-395 -> 495 with two; 100 B records 25 -> 27, then 29-39 -> 54-56."""
     records: list[ParsedRecord] = []
     cursor = 0
     size = len(data)
+    if not isinstance(data, bytes):
+        # Indexing bytes is cheaper than a memoryview's (the copy is one memcpy), and keys sliced from bytes
+        # are bytes, which the offset map can hash.
+        data = bytes(data)
     for _ in range(count):
         start = cursor
-        length, cursor = read_varint(data, cursor)
+        if cursor >= size:
+            raise InvalidBatchError("truncated record", f"varint at {cursor}")
+        byte = data[cursor]
+        if byte < 0x80:
+            length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+        elif cursor + 1 < size and data[cursor + 1] < 0x80:
+            raw = (byte & 0x7F) | (data[cursor + 1] << 7)
+            length, cursor = (raw >> 1) ^ -(raw & 1), cursor + 2
+        else:
+            length, cursor = read_varint(data, cursor)
         end = cursor + length
         if length < 0 or end > size:
             raise InvalidBatchError("truncated record", f"length {length} at {cursor}")
         cursor += 1  # attributes
-        timestamp_delta, cursor = read_varint(data, cursor)
+        byte = data[cursor] if cursor < end else 0x80
+        if byte < 0x80:
+            timestamp_delta, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+        else:
+            timestamp_delta, cursor = read_varint(data, cursor)
         timestamp_end = cursor
-        offset_delta, cursor = read_varint(data, cursor)
-        key_length, cursor = read_varint(data, cursor)
+        byte = data[cursor] if cursor < end else 0x80
+        if byte < 0x80:
+            offset_delta, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+        elif cursor + 1 < end and data[cursor + 1] < 0x80:
+            raw = (byte & 0x7F) | (data[cursor + 1] << 7)
+            offset_delta, cursor = (raw >> 1) ^ -(raw & 1), cursor + 2
+        else:
+            offset_delta, cursor = read_varint(data, cursor)
+        byte = data[cursor] if cursor < end else 0x80
+        if byte < 0x80:
+            key_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+        else:
+            key_length, cursor = read_varint(data, cursor)
         key = None
         if key_length >= 0:
-            key = bytes(data[cursor:cursor + key_length])
+            key = data[cursor:cursor + key_length]
             cursor += key_length
-        value_length, cursor = read_varint(data, cursor)
+        byte = data[cursor] if cursor < end else 0x80
+        if byte < 0x80:
+            value_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+        elif cursor + 1 < end and data[cursor + 1] < 0x80:
+            raw = (byte & 0x7F) | (data[cursor + 1] << 7)
+            value_length, cursor = (raw >> 1) ^ -(raw & 1), cursor + 2
+        else:
+            value_length, cursor = read_varint(data, cursor)
         if cursor > end or (value_length > 0 and cursor + value_length > end):
             raise InvalidBatchError("bad record", f"record ends at {end}, fields run past it")
         records.append(ParsedRecord(start, end, timestamp_end, timestamp_delta, offset_delta, key, value_length < 0))
