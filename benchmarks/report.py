@@ -33,7 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
-         "client", "connections", "throughput", "replication", "cluster_metadata")
+         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -48,6 +48,7 @@ TITLES = {
     "throughput": "End to end: copyless vs Apache Kafka",
     "replication": "Replication: three brokers each, copyless vs Apache Kafka",
     "cluster_metadata": "Cluster metadata in etcd",
+    "transactions": "Transactions: transactional produce, commit latency, read_committed consume",
 }
 
 
@@ -227,6 +228,14 @@ def _headline_compaction(d: dict) -> str:
     return f"one cleaning of a {_fmt(d.get('log_mb'))} MiB log (median) — " + "; ".join(parts)
 
 
+def _headline_transactions(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    return (f"copyless/Kafka: transactional produce {_fmt(ratios.get('copyless/kafka produce_mb_per_s'))}, "
+            f"commit p50 {_fmt(ratios.get('copyless/kafka commit_p50_ms'))}, "
+            f"p99 {_fmt(ratios.get('copyless/kafka commit_p99_ms'))} (below 1: faster), read_committed consume "
+            f"{_fmt(ratios.get('copyless/kafka consume_mb_per_s'))} (Kafka: {d.get('kafka', '?')})")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
@@ -239,6 +248,7 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "cluster_metadata": _headline_cluster_metadata,
     "security": _headline_security,
     "compaction": _headline_compaction,
+    "transactions": _headline_transactions,
 }
 
 

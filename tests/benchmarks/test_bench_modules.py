@@ -277,6 +277,18 @@ def _check_compaction(document: dict) -> None:
         assert f"mb_per_s_{record_bytes}B_{keys}keys" in document["ratios"]
 
 
+def _check_transactions(document: dict) -> None:
+    from benchmarks import transactions
+
+    rows = _rows_with(document, broker="copyless")
+    assert rows
+    for row in rows:
+        assert row["records"] == row["transactions"] * transactions.RECORDS_PER_TXN > 0, row
+        for key in transactions.METRICS:
+            assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+        assert row["commit_p99_ms"] >= row["commit_p50_ms"], row
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -289,6 +301,7 @@ CHECKS = {
     "cluster_metadata": _check_cluster_metadata,
     "security": _check_security,
     "compaction": _check_compaction,
+    "transactions": _check_transactions,
 }
 
 
