@@ -384,6 +384,7 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         failpoint("roll.before_rename")
         new = Segment.from_prepared(prepared, base_offset, self.config.index_interval_bytes)
         old.seal_begin()
+        old.sealing_holdings = old.block_holdings()  # charged until the seal is done (block_budget)
         with self._lock:
             if old.committed_position == 0:
                 # An empty segment (left read-only by a failed reopen) is replaced, not kept: the rename

@@ -96,9 +96,12 @@ class SegmentPreparation:
         segment, the prepared one, or NEXT_SEGMENT for one about to be created) left out. With no prepared
         segment, the first step it will be created with is held for it."""
         holdings = []
-        for segment in (*self._sealing, self._active):
-            if segment is not exclude:
-                holdings += segment.block_holdings()
+        for segment in self._sealing:
+            # As at the roll, until the seal is done: its trims free the blocks a moment after they drop the
+            # segment's own figures (the index's read-only map first, then its ftruncate).
+            holdings += segment.sealing_holdings or segment.block_holdings()
+        if self._active is not exclude:
+            holdings += self._active.block_holdings()
         prepared = self._prepared
         if prepared is None:
             if exclude is not NEXT_SEGMENT:

@@ -107,6 +107,7 @@ class Segment(SegmentRecovery):
         # The end of the last step queued (loop thread; block_budget charges it until the step is done).
         self.promised_bytes = size_bytes
         self.regrant_at = 0  # no step asked of the budget before the appends reach this (loop thread)
+        self.sealing_holdings: list[tuple[int, int]] | None = None  # block_holdings at its roll
         self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
@@ -219,7 +220,12 @@ class Segment(SegmentRecovery):
         """The end of the log's blocks, counting a queued step as done (loop thread: block_budget). The
         allocate thread publishes ``allocated_bytes`` before ``extension_done`` is set, so once it is set the
         prefix is final (and a failed step promises nothing)."""
-        if self.extension_done.is_set():
+        done = self.extension_done.is_set()  # first: what it announces was published before it
+        spare = self.prepared_from
+        if spare is not None and spare.allocated_bytes > self.allocated_bytes:
+            # A step the spare took before the roll, published on the spare (its Completion is ours now).
+            self.allocated_bytes = spare.allocated_bytes
+        if done:
             return self.allocated_bytes
         return max(self.allocated_bytes, self.promised_bytes)
 
