@@ -19,6 +19,8 @@ the append completes. So the bound holds between appends, which is when anyone c
 
 Charges, per file, for ``(data, promised)`` pairs (``held_past_data``):
 - a log: the end of its last queued step (or its allocated prefix, whichever is larger) less its written end;
+- a rolled segment: its log and indexes as they were at the roll, until its seal (unmap, trims, fdatasync) is
+  done: a trim drops the segment's own figures a moment before its ftruncate frees the blocks;
 - an index: its allocated entries past its used entries, or what its log's promised end will make the
   allocate thread give it (prepared_segment.index_allocation_bytes: at most index_ahead_bytes past its entries);
 - a partition with no prepared next segment: that segment's first step, not yet allocated but reserved, so
