@@ -245,9 +245,12 @@ class FetchPartitionResponse(NamedTuple):
     log_start_offset: int
     records_start: int  # position of the records bytes in the frame
     records_end: int
+    # read_committed: the aborted transactions the records overlap, ((producer_id, first_offset), ...)
+    aborted_transactions: tuple = ()
 
 
 _FETCH_PARTITION = struct.Struct(">ihqqq")
+_ABORTED = struct.Struct(">qq")
 
 
 def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartitionResponse]]:
@@ -275,7 +278,11 @@ def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartit
                 offset += _FETCH_PARTITION.size
                 (aborted_count,) = _I32.unpack_from(frame, offset)
                 offset += 4
+                aborted = ()
                 if aborted_count > 0:
+                    if offset + 16 * aborted_count > frame_length:
+                        raise ValueError("aborted transactions run past the end of the response")
+                    aborted = tuple(_ABORTED.iter_unpack(bytes(frame[offset : offset + 16 * aborted_count])))
                     offset += 16 * aborted_count  # producer_id int64, first_offset int64
                 offset += 4  # preferred_read_replica
                 (records_length,) = _I32.unpack_from(frame, offset)
@@ -294,6 +301,7 @@ def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartit
                         log_start,
                         offset,
                         offset + records_length,
+                        aborted,
                     )
                 )
                 offset += records_length
