@@ -313,7 +313,8 @@ class Sender:
             batch.attempts += 1
             self._in_flight_partitions[tp] += 1
             sent.append(batch)
-        body = encode_produce_request(self.acks, self.request_timeout_ms, topics)
+        transactional_id = self.txn.transactional_id if self.txn is not None else None
+        body = encode_produce_request(self.acks, self.request_timeout_ms, topics, transactional_id)
         try:
             if self.acks == 0:
                 connection.send(ApiKey.PRODUCE, body, expect_response=False)

@@ -142,15 +142,16 @@ def kio_decoder(response_cls, *, skip_tagged_header: bool = False):
 # --- Produce v7 ------------------------------------------------------------------------------------------
 
 
-def encode_produce_request(acks: int, timeout_ms: int, topics: dict) -> list:
+def encode_produce_request(acks: int, timeout_ms: int, topics: dict, transactional_id: str | None = None) -> list:
     """ProduceRequest v7 body as a list of buffers.
 
     Args:
         topics: ``{topic: [(partition, batch_buffers, batch_size_bytes), ...]}``; ``batch_buffers`` appear
             in the output unchanged (each batch is one RecordBatch, as Kafka requires for magic 2).
+        transactional_id: the transactional producer's id (Kafka rejects transactional batches without it).
     """
-    # transactional_id null, acks, timeout, topic count
-    head = bytearray(b"\xff\xff")
+    # transactional_id (null unless the batches are transactional), acks, timeout, topic count
+    head = bytearray(_string(transactional_id))
     head += struct.pack(">hii", acks, timeout_ms, len(topics))
     out: list = [head]
     for topic, partitions in topics.items():

@@ -77,6 +77,7 @@ async def _txn(producer: Producer, topic: str, values: list[str], *, commit: boo
     if commit:
         await producer.commit_transaction()
     else:
+        await producer.flush()  # in the log, so read_committed has something to skip
         await producer.abort_transaction()
 
 
