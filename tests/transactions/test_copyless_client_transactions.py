@@ -232,8 +232,14 @@ def test_cli_produces_one_transaction(broker_factory):
     _create(broker.bootstrap, topic)
     lines = "".join(f"line{i}\n" for i in range(5))
     result = subprocess.run(
-        [sys.executable, "-m", "copyless", "produce", "--bootstrap-server", broker.bootstrap, "--topic", topic,
+        [sys.executable, "-m", "copyless", "produce", topic, "-b", broker.bootstrap, "-p", "1",
          "--transactional-id", unique_topic("tid")],
         input=lines, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert asyncio.run(_read(broker.bootstrap, topic, "read_committed")) == sorted(f"line{i}" for i in range(5))
+
+    async def log_end() -> int:
+        async with Consumer(bootstrap_servers=broker.bootstrap) as consumer:
+            return (await consumer.end_offsets([(topic, 1)]))[(topic, 1)]
+
+    assert asyncio.run(log_end()) == 6  # five records and the COMMIT marker after them
