@@ -329,6 +329,10 @@ class TransactionManager:
         self._accumulator.fail_unsent(lambda tp: tp not in self.added,
                                       TransactionAbortableError("the transaction was aborted", None))
         await flush()
+        if self._adding is not None and not self._adding.done():
+            # An AddPartitionsToTxn in flight may add a partition at the coordinator: the EndTxn below must
+            # follow it (and know of it), or the coordinator keeps an open transaction that times out.
+            await self._adding
         self._raise_if_fatal()
         await self._end(False)
         if self.bump_epoch:
