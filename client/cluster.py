@@ -414,7 +414,8 @@ class Cluster:
                     self.metadata.brokers.setdefault(node_id, (response.host, int(response.port)))
                     return await self._open(("coordinator", node_id), response.host, int(response.port), node_id)
                 if code not in COORDINATOR_ERRORS or time.monotonic() > deadline:
-                    raise KafkaError(code, f"FindCoordinator for {'transactional id' if key_type else 'group'} {group_id!r}")
+                    what = "transactional id" if key_type else "group"
+                    raise KafkaError(code, f"FindCoordinator for {what} {group_id!r}")
             except (KafkaConnectionError, KafkaTimeoutError):
                 if time.monotonic() > deadline:
                     raise

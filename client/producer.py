@@ -39,9 +39,9 @@ from copyless.client.errors import (
 from copyless.client.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTES
 from copyless.client.protocol.messages import ApiKey
 from copyless.client.protocol.records import CODEC_ZSTD
+from copyless.client.security import resolve as resolve_security
 from copyless.client.sender import Sender
 from copyless.client.transactions import TransactionManager
-from copyless.client.security import resolve as resolve_security
 
 __all__ = ["Producer", "RecordMetadata", "DeliveryFuture", "NoMetadataError"]
 

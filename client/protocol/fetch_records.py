@@ -480,11 +480,10 @@ class PartitionRecords:
         fetch_position = self.next_fetch_offset
         next_offset = header.base_offset + header.last_offset_delta + 1
         out: list = []
-        if self._aborted or self._aborted_producers:
-            if self._skip_aborted(header, next_offset):
-                if next_offset > fetch_position:
-                    self.next_fetch_offset = next_offset
-                return out
+        if (self._aborted or self._aborted_producers) and self._skip_aborted(header, next_offset):
+            if next_offset > fetch_position:
+                self.next_fetch_offset = next_offset
+            return out
         if next_offset > fetch_position:
             self.next_fetch_offset = next_offset
             if not header.attributes & CONTROL_BIT:
