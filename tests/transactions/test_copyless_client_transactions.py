@@ -243,3 +243,23 @@ def test_cli_produces_one_transaction(broker_factory):
             return (await consumer.end_offsets([(topic, 1)]))[(topic, 1)]
 
     assert asyncio.run(log_end()) == 6  # five records and the COMMIT marker after them
+
+
+def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(broker_factory):
+    broker = broker_factory(config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": 200})
+    topic = unique_topic("late")
+    _create(broker.bootstrap, topic)
+
+    async def run():
+        async with _transactional(broker.bootstrap, unique_topic("tid"), transaction_timeout_ms=1000) as producer:
+            await producer.init_transactions()
+            producer.begin_transaction()
+            await producer.send(topic, b"late0", partition=0)
+            await producer.flush()
+            await asyncio.sleep(2.5)  # the coordinator aborts it at epoch + 1
+            with pytest.raises(ProducerFencedError):
+                await producer.commit_transaction()
+        assert await _read(broker.bootstrap, topic, "read_committed") == []
+        assert await _read(broker.bootstrap, topic, "read_uncommitted") == ["late0"]
+
+    asyncio.run(run())
