@@ -33,6 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
+         "compaction_offsets",
          "client", "connections", "throughput", "replication", "cluster_metadata")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
@@ -43,6 +44,7 @@ TITLES = {
     "storage": "Storage engine",
     "prefault": "The broker's pre-fault: zeros first, pwrite past it, neither",
     "compaction": "The log cleaner",
+    "compaction_offsets": "__consumer_offsets compacted: disk and load time",
     "client": "copyless client",
     "connections": "Many connections against the broker",
     "throughput": "End to end: copyless vs Apache Kafka",
@@ -227,7 +229,14 @@ def _headline_compaction(d: dict) -> str:
     return f"one cleaning of a {_fmt(d.get('log_mb'))} MiB log (median) — " + "; ".join(parts)
 
 
+def _headline_compaction_offsets(d: dict) -> str:
+    return (f"{_fmt(d.get('commits'))} commits of {_fmt(d.get('keys'))} keys: after one cleaning the log is "
+            f"{_fmt(_ratio(d, 'bytes_after_over_live'))}x and its load {_fmt(_ratio(d, 'load_cpu_after_over_live'))}x "
+            f"(CPU) a log of only the live keys; {_fmt(_ratio(d, 'bytes_before_over_after'))}x smaller than before")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
+    "compaction_offsets": _headline_compaction_offsets,
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
     "writev": _headline_writev,
