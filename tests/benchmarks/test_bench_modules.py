@@ -289,6 +289,13 @@ def _check_compaction_offsets(document: dict) -> None:
         assert document["ratios"][key] > 0, key
 
 
+def _check_compaction_produce(document: dict) -> None:
+    assert {row["policy"] for row in document["rows"]} == {"compact", "delete"}
+    for row in document["rows"]:
+        assert row["records"] == document["records_per_round"] and row["mb_per_s"] > 0, row
+    assert document["ratios"]["mb_per_s_compact_over_delete"] > 0
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -302,6 +309,7 @@ CHECKS = {
     "security": _check_security,
     "compaction": _check_compaction,
     "compaction_offsets": _check_compaction_offsets,
+    "compaction_produce": _check_compaction_produce,
 }
 
 
