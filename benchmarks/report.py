@@ -34,7 +34,7 @@ REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
          "compaction_offsets", "compaction_produce",
-         "client", "connections", "throughput", "replication", "cluster_metadata")
+         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -51,6 +51,7 @@ TITLES = {
     "throughput": "End to end: copyless vs Apache Kafka",
     "replication": "Replication: three brokers each, copyless vs Apache Kafka",
     "cluster_metadata": "Cluster metadata in etcd",
+    "transactions": "Transactions: transactional produce, commit latency, read_committed consume",
 }
 
 
@@ -241,6 +242,14 @@ def _headline_compaction_produce(d: dict) -> str:
             f"{_fmt(_ratio(d, 'cpu_s_per_gb_compact_over_delete'))}x the broker CPU per GB")
 
 
+def _headline_transactions(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    return (f"copyless/Kafka: transactional produce {_fmt(ratios.get('copyless/kafka produce_mb_per_s'))}, "
+            f"commit p50 {_fmt(ratios.get('copyless/kafka commit_p50_ms'))}, "
+            f"p99 {_fmt(ratios.get('copyless/kafka commit_p99_ms'))} (below 1: faster), read_committed consume "
+            f"{_fmt(ratios.get('copyless/kafka consume_mb_per_s'))} (Kafka: {d.get('kafka', '?')})")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "compaction_produce": _headline_compaction_produce,
     "compaction_offsets": _headline_compaction_offsets,
@@ -255,6 +264,7 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "cluster_metadata": _headline_cluster_metadata,
     "security": _headline_security,
     "compaction": _headline_compaction,
+    "transactions": _headline_transactions,
 }
 
 

@@ -18,6 +18,9 @@ Metrics (all prefixed ``copyless_``; ``api`` is the Kafka API name, ``error`` Ka
     produced_records_total, produced_batches_total, connections_open, connections_accepted_total,
     uptime_seconds, loop_lag_seconds (histogram: how late a 100 ms timer fires)
     partition_log_start_offset, partition_log_end_offset, partition_high_watermark {topic,partition}
+    partition_last_stable_offset{topic,partition}   for partitions led here (read_committed reads below it)
+    transactions_total{outcome}, transaction_markers_total   what this broker's transaction coordinator ended
+    open_transactions                           transactions open on the partitions hosted here
     partition_leader{topic,partition}           1 where this broker leads the partition
     under_replicated_partitions                 partitions led here with an ISR smaller than the replicas
     isr_shrinks_total, isr_expands_total        ISR changes this broker (as leader) had recorded: a follower
@@ -154,6 +157,9 @@ def collect(broker: Any) -> list[Family]:
     start = family("partition_log_start_offset", "gauge", "First offset of each hosted partition's log.")
     end = family("partition_log_end_offset", "gauge", "Log end offset of each hosted partition.")
     high = family("partition_high_watermark", "gauge", "High watermark of each hosted partition.")
+    stable = family("partition_last_stable_offset", "gauge",
+                    "Last stable offset of each partition led here: its first open transaction, or the high "
+                    "watermark.")
     leader = family("partition_leader", "gauge", "1 where this broker leads the partition, else 0.")
     lag = family("follower_lag_records", "gauge",
                  "For partitions led here: the leader's log end offset minus each follower's.")
@@ -165,6 +171,7 @@ def collect(broker: Any) -> list[Family]:
         high.add(partition.high_watermark, **labels)
         leader.add(1 if partition.is_leader else 0, **labels)
         if partition.is_leader:
+            stable.add(partition.last_stable_offset, **labels)
             under += partition.under_replicated
             for follower, view in sorted(partition.followers.items()):
                 behind = partition.log_end_offset - view.log_end_offset if view.log_end_offset >= 0 \
@@ -198,6 +205,17 @@ def collect(broker: Any) -> list[Family]:
         calls = family("etcd_calls_total", "counter", "etcd RPCs, by method.")
         for method, count in sorted(dict(client.calls).items()):
             calls.add(count, method=method)
+    transactions = getattr(broker, "transactions", None)
+    if transactions is not None:
+        ended = family("transactions_total", "counter",
+                       "Transactions this broker coordinated to their end, by outcome (timed_out: aborted by "
+                       "their timeout, also counted as aborted).")
+        for outcome in ("committed", "aborted", "timed_out"):
+            ended.add(transactions.stats[outcome], outcome=outcome)
+        family("transaction_markers_total", "counter", "COMMIT/ABORT markers this coordinator had written.").add(
+            transactions.stats["markers"])
+    family("open_transactions", "gauge", "Transactions open on the partitions hosted here.").add(
+        broker.txn_partitions.open_transactions())
     security = getattr(broker, "security", None)
     if security is not None:
         security.metric_families(family)

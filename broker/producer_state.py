@@ -137,9 +137,32 @@ class ProducerStateManager:
         """Replace a partition's state by replaying its batch headers in log order; returns producers seen."""
         self._partitions.pop((topic, partition), None)
         for header in headers:
-            if header.producer_id != NO_PRODUCER_ID and not header.is_control:
+            if header.producer_id == NO_PRODUCER_ID:
+                continue
+            if header.is_control:
+                self.update_marker(topic, partition, header.producer_id, header.producer_epoch)
+            else:
                 self.update(topic, partition, header, header.base_offset)
         return len(self._partitions.get((topic, partition), {}))
+
+    def check_marker(self, topic: str, partition: int, producer_id: int, epoch: int) -> SequenceCheck:
+        """A transaction marker (or a transactional offset commit) at ``epoch``: refused with
+        INVALID_PRODUCER_EPOCH when the partition has seen a newer epoch of the producer (Kafka's
+        ``ProducerAppendInfo.checkProducerEpoch``)."""
+        entry = self._partitions.get((topic, partition), {}).get(producer_id)
+        if entry is not None and epoch < entry.epoch:
+            return SequenceCheck(ErrorCode.invalid_producer_epoch,
+                                 message=f"Producer {producer_id}'s epoch {epoch} is older than the current epoch "
+                                         f"{entry.epoch}")
+        return _OK
+
+    def update_marker(self, topic: str, partition: int, producer_id: int, epoch: int) -> None:
+        """Record a marker's epoch: a newer one fences the producer's older epochs on this partition (a
+        zombie's batches then get INVALID_PRODUCER_EPOCH) and its next batch starts at sequence 0."""
+        producers = self._partitions.setdefault((topic, partition), {})
+        entry = producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            producers[producer_id] = ProducerEntry(epoch)
 
     def remove_partition(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)

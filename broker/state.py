@@ -43,6 +43,7 @@ from copyless.broker.handlers import HandlerTable, load_handlers
 from copyless.broker.meta_properties import META_FILE, ClusterMismatchError, read_meta
 from copyless.broker.notify import AppendNotifier
 from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
+from copyless.broker.txn_partition import TxnPartitions, transaction_events
 from copyless.broker.replica_manager import ReplicaManager
 from copyless.broker.security.manager import SecurityManager
 from copyless.broker.stats import BrokerStats
@@ -51,6 +52,7 @@ from copyless.broker.topics import parse_topic_configs
 
 if TYPE_CHECKING:  # pragma: no cover
     from copyless.broker.groups.service import GroupService
+    from copyless.broker.txn.service import TransactionService
 
 # META_FILE, ClusterMismatchError and producer_state_scan_start are re-exported: their modules are
 # meta_properties and producer_state.
@@ -77,6 +79,8 @@ class Broker:
         security: SecurityManager (TLS, SASL, ACLs: ``broker.security.manager``).
         handlers: HandlerTable (drives dispatch and ApiVersions).
         groups: set by the groups part's startup hook (None until then).
+        transactions: the transaction coordinator, set by the transactions handlers' startup hook.
+        txn_partitions: TxnPartitions (each partition's open and aborted transactions).
         closing: True once shutdown began.
     """
 
@@ -89,11 +93,13 @@ class Broker:
         self.data_dir = Path(config.data_dir)
         self.cluster_id: str = ""
         self.producers = ProducerStateManager()
+        self.txn_partitions = TxnPartitions()
         self.appends = AppendNotifier()
         self.stats = BrokerStats()
         self.handlers = handlers if handlers is not None else load_handlers()
         self.log_manager: LogManager | None = None  # set by startup()
         self.groups: GroupService | None = None  # set by the groups handler module's startup hook
+        self.transactions: TransactionService | None = None  # the transaction coordinator (``broker.txn.service``), set at startup
         self.closing = False
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}
@@ -188,18 +194,31 @@ class Broker:
             cleaner_config=self.cleaner_config(),
         )
         self.log_manager.startup()
-        producers = 0
+        producers = transactional = 0
         for (topic, partition), partition_log in self.log_manager.logs().items():
             producers += self.producers.rebuild(
                 topic, partition, partition_log.batch_headers(producer_state_scan_start(partition_log))
             )
+            events = transaction_events(partition_log)
+            if events is not None:
+                # Markers fence older epochs too: replayed from the whole log, after the last two segments'
+                # producer state, so an epoch bump older than those segments still fences.
+                for header, _control_type in events:
+                    if header.is_control and header.producer_id >= 0:
+                        self.producers.update_marker(topic, partition, header.producer_id, header.producer_epoch)
+                txns = self.txn_partitions.rebuild(topic, partition, events, partition_log.high_watermark)
+                transactional += 1
+                if txns.ongoing:
+                    log.info("%s-%d: %d open transaction(s), last stable offset %d", topic, partition,
+                             len(txns.ongoing), txns.lso(partition_log.high_watermark))
         self.replicas.load_topic_ids()
         load = getattr(self.metadata, "load_blocking", None)
         if load is not None:
             load()
         log.info(
-            "broker state loaded: node_id=%d logs=%d producers=%d in %.0f ms",
-            self.node_id, len(self.log_manager.logs()), producers, (time.monotonic() - started) * 1000,
+            "broker state loaded: node_id=%d logs=%d producers=%d transactional=%d in %.0f ms",
+            self.node_id, len(self.log_manager.logs()), producers, transactional,
+            (time.monotonic() - started) * 1000,
         )
 
     def _load_or_create_meta(self) -> str:

@@ -25,12 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Edges still known to close a circle, each with why it is still there. The check leaves them out, fails on
 # any other circle, and fails when one of them is gone (delete its entry then).
-KNOWN_EDGES: dict[tuple[str, str], str] = {
-    # ReplicaManager._truncate_blocking imports producer_state_scan_start from state (which builds the
-    # ReplicaManager). The function lives in producer_state now (state re-exports it); the import moves there
-    # with the replication work under way in replica_manager.py.
-    ("copyless.broker.replica_manager", "copyless.broker.state"): "producer_state_scan_start",
-}
+KNOWN_EDGES: dict[tuple[str, str], str] = {}
 
 
 def package_modules() -> dict[str, Path]:

@@ -26,7 +26,11 @@ Kafka's LogCleaner:
      empty batch (no records, same offsets and sequences) so the producer's idempotent retries still
      deduplicate after a restart;
    - a batch that loses nothing is returned as it came (no re-encoding: most of a well-compacted log);
-   - control batches are kept as they are (copyless writes none).
+   - control batches (transaction markers) and transactional batches are kept as they are, and the
+     records of transactional batches never enter the map: an aborted transaction's record must not
+     supersede the committed value before it, and which transactions aborted is the partition's state
+     (``broker.txn_partition``), not the batch's. Kafka's cleaner reads its aborted-transaction index for
+     this and cleans transactional records too; here they stay, uncompacted, which loses nothing.
 
 Record layout inside a batch's (decompressed) records blob, Kafka's::
 
@@ -210,7 +214,7 @@ class OffsetMap:
     def add_batch(self, batch, header: BatchHeader) -> bool:
         """Fold one batch's keys in. False (nothing folded in) when its new keys would overflow the map:
         the pass ends before this batch. Raises InvalidBatchError."""
-        if header.is_control or header.records_count == 0:
+        if header.is_control or header.records_count == 0 or header.is_transactional:
             self.end_offset = header.next_offset
             return True
         keys = [(offset, key_digest(key)) for offset, key in iter_record_keys(batch, header) if key is not None]
@@ -249,7 +253,7 @@ def filter_batch(batch, header: BatchHeader, offsets: OffsetMap, *, now_ms: int,
         InvalidBatchError: the records do not parse (the caller keeps the batch as it is).
     """
     count = header.records_count
-    if header.is_control or count == 0:
+    if header.is_control or count == 0 or header.is_transactional:
         return BatchOutcome(batch, count, 0, 0)
     data = _payload(batch, header)
     records = parse_records(data, count)

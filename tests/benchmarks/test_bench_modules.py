@@ -296,6 +296,18 @@ def _check_compaction_produce(document: dict) -> None:
     assert document["ratios"]["mb_per_s_compact_over_delete"] > 0
 
 
+def _check_transactions(document: dict) -> None:
+    from benchmarks import transactions
+
+    rows = _rows_with(document, broker="copyless")
+    assert rows
+    for row in rows:
+        assert row["records"] == row["transactions"] * transactions.RECORDS_PER_TXN > 0, row
+        for key in transactions.METRICS:
+            assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+        assert row["commit_p99_ms"] >= row["commit_p50_ms"], row
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -310,6 +322,7 @@ CHECKS = {
     "compaction": _check_compaction,
     "compaction_offsets": _check_compaction_offsets,
     "compaction_produce": _check_compaction_produce,
+    "transactions": _check_transactions,
 }
 
 

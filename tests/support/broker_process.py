@@ -33,10 +33,11 @@ STARTUP_TIMEOUT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 30.0
 # Kafka's defaults with two exceptions that keep a test broker light: segments are preallocated and
 # pre-faulted, and a module creates ~50 partitions, so 1 GiB segments would mean tens of GiB of page cache;
-# and the group-offsets topic gets 4 partitions instead of 50 for the same reason.
+# and the group-offsets and transaction-state topics get 4 partitions instead of 50 for the same reason.
 TEST_BROKER_CONFIG = {
     "log.segment.bytes": 8 * 1024 * 1024,
     "offsets.topic.num.partitions": 4,
+    "transaction.state.log.num.partitions": 4,
 }
 
 # Whether brokers started here run with --check-loop-blocking (a blocking storage call on the event loop's
