@@ -35,7 +35,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -393,7 +393,7 @@ def _horizon(header: BatchHeader) -> str:
     horizon = delete_horizon_of(header)
     if horizon is None:
         return "none"
-    return f"{horizon} ({datetime.fromtimestamp(horizon / 1000, timezone.utc):%Y-%m-%dT%H:%M:%S.%fZ})"
+    return f"{horizon} ({datetime.fromtimestamp(horizon / 1000, UTC):%Y-%m-%dT%H:%M:%S.%fZ})"
 
 
 def _print_segment(report: SegmentReport, indexes: bool, out) -> None:

@@ -91,7 +91,7 @@ class CompactedLogMachine(RuleBasedStateMachine):
             result = self.log.append_blocking(build_batch(values, keys=keys, codec=self.codec,
                                                           base_timestamp_ms=self.clock_ms))
             assert result.base_offset == self.log_end
-            for offset, key, value in zip(range(result.base_offset, result.last_offset + 1), keys, values):
+            for offset, key, value in zip(range(result.base_offset, result.last_offset + 1), keys, values, strict=True):
                 self.model[offset] = (key, value)
                 self.present.add(offset)
             self.log_end = result.last_offset + 1
@@ -230,14 +230,14 @@ class CompactedLogMachine(RuleBasedStateMachine):
         assert self.log.log_end_offset == self.log_end
         batches = self._scan()
         offsets = []
-        for header, records in batches:
+        for _, records in batches:
             for record in records:
                 assert self.model[record.offset] == (record.key, record.value), f"offset {record.offset} changed"
                 offsets.append(record.offset)
         assert offsets == sorted(set(offsets)), "offsets must strictly increase"
         assert set(offsets) == self.present
         bounds = [(header.base_offset, header.last_offset) for header, _ in batches]
-        assert all(a[1] < b[0] for a, b in zip(bounds, bounds[1:])), "batches overlap"
+        assert all(a[1] < b[0] for a, b in zip(bounds, bounds[1:], strict=False)), "batches overlap"
         latest = self._latest()
         by_key: dict[bytes, list[int]] = {}
         for offset in offsets:
