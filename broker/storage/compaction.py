@@ -59,7 +59,7 @@ from copyless.client.protocol.records import (
     read_varint,
 )
 
-__all__ = ["DELETE_HORIZON_BIT", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
+__all__ = ["DELETE_HORIZON_BIT", "count_tombstones", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
            "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
 
 # KIP-534: set when the batch's base timestamp holds the delete horizon of its tombstones.
@@ -177,6 +177,13 @@ def iter_record_keys(batch, header: BatchHeader):
     data = _payload(batch, header)
     for record in parse_records(data, header.records_count):
         yield header.base_offset + record.offset_delta, record.key
+
+
+def count_tombstones(batch, header: BatchHeader) -> int:
+    """How many records of one batch have a null value (``copyless inspect``). Raises InvalidBatchError."""
+    if header.is_control or header.records_count == 0:
+        return 0
+    return sum(record.is_tombstone for record in parse_records(_payload(batch, header), header.records_count))
 
 
 def first_keyless_offset_delta(batch, header: BatchHeader) -> int | None:
