@@ -8,8 +8,10 @@ the application; consume-transform-produce commits the consumed offsets with the
 round leaves both unseen; a second producer with the same transactional id fences the first, whose commit
 raises ``ProducerFencedError`` and whose records stay invisible; a batch that fails for good makes the
 transaction abortable, and the abort bumps the epoch (KIP-360) so the next transaction commits; the broker
-bumps the epoch of InitProducerId carrying the current producer id and epoch and rejects a stale one; and
-the ``copyless produce --transactional-id`` CLI commits its records as one transaction.
+bumps the epoch of InitProducerId carrying the current producer id and epoch and rejects a stale one; a
+transaction past its timeout is aborted and its producer fenced; the copyless consumer reads librdkafka's
+transactions as committed; and ``copyless produce --transactional-id`` commits its input as one
+transaction.
 """
 
 from __future__ import annotations
@@ -263,3 +265,19 @@ def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(broke
         assert await _read(broker.bootstrap, topic, "read_uncommitted") == ["late0"]
 
     asyncio.run(run())
+
+
+def test_the_copyless_consumer_reads_librdkafkas_transactions_committed(broker_factory):
+    from tests.transactions.test_confluent_transactions import _produce_txn, _producer
+
+    broker = broker_factory()
+    topic = unique_topic("rdk")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(producer, topic, [f"c{i}" for i in range(4)], commit=True)
+    _produce_txn(producer, topic, [f"a{i}" for i in range(4)], commit=False)
+    _produce_txn(producer, topic, ["d0", "d1"], commit=True)
+    committed = sorted([f"c{i}" for i in range(4)] + ["d0", "d1"])
+    assert asyncio.run(_read(broker.bootstrap, topic, "read_committed")) == committed
+    assert asyncio.run(_read(broker.bootstrap, topic, "read_uncommitted")) == sorted(
+        committed + [f"a{i}" for i in range(4)])
