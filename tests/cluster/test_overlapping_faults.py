@@ -1,0 +1,154 @@
+"""Faults that overlap: windows of the replication code that one fault at a time with calm in between never
+opens (issue: replication that survives overlapping faults). Real broker processes on a real etcd; where
+timing alone cannot open a window, a delay point (``broker.storage._failpoints``) widens it.
+
+- A follower still truncating is elected leader: the truncation was decided against a leader that died at
+  once, and must not cut the records the replica acknowledges as the next leader. Role changes wait for the
+  truncation in progress (``Partition.mutate_as_follower``), so it leads only the log the cut left.
+- A follower's fetch offset past the leader's log end is refused (OFFSET_OUT_OF_RANGE) before it is
+  credited: the high watermark does not move over records that replica does not have.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import signal
+import time
+
+from confluent_kafka import Producer
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11 import request as fetch_v11
+
+from tests.support.batches import build_batch, records_of
+from tests.support.kio_requests import KafkaWire, list_offsets, produce
+from tests.support.log_files import read_partition_log
+from tests.support.polling import wait_until
+from tests.support.topics import unique_topic
+
+# Long enough for the leader of the truncation's epoch to die, its lease (2 s) to run out and the
+# truncating replica to be elected, with a margin for a loaded machine.
+TRUNCATION_DELAY_S = 10.0
+
+
+def log_end(cluster, node_id: int, topic: str) -> int:
+    batches = read_partition_log(cluster.brokers[node_id].data_dir, topic, 0)
+    return batches[-1].last_offset + 1 if batches else 0
+
+
+def produce_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list[int]:
+    """An idempotent acks=all librdkafka producer; every value must be acknowledged. Returns the offsets."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "message.timeout.ms": 40000})
+    results: dict[int, object] = {}
+    for index, value in enumerate(values):
+        producer.produce(topic, value, partition=0,
+                         on_delivery=lambda err, msg, i=index: results.__setitem__(i, err or msg.offset()))
+    assert producer.flush(60) == 0, "acks=all records still undelivered after 60 s"
+    errors = {i: r for i, r in results.items() if not isinstance(r, int)}
+    assert not errors, f"{len(errors)} acks=all records not acknowledged, the first: {next(iter(errors.items()))}"
+    return [results[i] for i in range(len(values))]
+
+
+def test_a_replica_elected_while_it_truncates_never_cuts_what_it_acknowledged(cluster_factory):
+    cluster = cluster_factory(3, start=False)
+    first, second, third = 1, 2, 3
+    cluster.brokers[third].env = {"COPYLESS_DELAYPOINTS": f"truncate.before_cut={TRUNCATION_DELAY_S}"}
+    cluster.start()
+    topic = unique_topic("overlap")
+    # min.insync.replicas=1: the third replica, alone in the ISR once the other two are dead, acknowledges.
+    cluster.create_topic(topic, 1, 3, replica_assignment=[[first, second, third]],
+                         configs={"min.insync.replicas": "1"})
+    start = cluster.wait_for_isr(topic, 1, 3)[0]
+    assert start.leader == first
+    common = produce_acks_all(cluster.bootstrap, topic, [f"common-{i}".encode() for i in range(20)])
+    assert common == list(range(20))
+    wait_until(lambda: all(log_end(cluster, n, topic) == 20 for n in cluster.brokers),
+               what="every replica at 20", timeout_s=30)
+
+    # 1. The second replica pauses (well within its lease) while the leader takes acks=1 writes: the third
+    #    copies them, the second does not. Then the leader dies and the second resumes.
+    os.kill(cluster.brokers[second].pid, signal.SIGSTOP)
+    try:
+        wire = KafkaWire(cluster.brokers[first].port, host=cluster.brokers[first].host)
+        try:
+            answer = produce(wire, topic, {0: build_batch([f"tail-{i}".encode() for i in range(10)])},
+                             acks=1).responses[0].partition_responses[0]
+        finally:
+            wire.close()
+        assert answer.error_code == ErrorCode.none
+        wait_until(lambda: log_end(cluster, third, topic) == 30, what="the third replica at 30", timeout_s=5)
+        cluster.brokers[first].kill()
+    finally:
+        os.kill(cluster.brokers[second].pid, signal.SIGCONT)
+    assert log_end(cluster, second, topic) == 20
+
+    # 2. The second is elected (the first live ISR member in assignment order); the third follows it and
+    #    starts cutting its tail (20-29) on a worker thread, held there by the delay point.
+    third_broker = cluster.brokers[third]
+    wait_until(lambda: re.search(rf"{re.escape(topic)}-0: truncating from 30 to 20", third_broker.log_text()),
+               what="the third replica to start truncating to the second's log", timeout_s=30)
+    truncation_started = time.monotonic()
+
+    # 3. The second dies at once: the third, still truncating, is the only ISR member left and is elected.
+    cluster.brokers[second].kill()
+    acked_values = [f"acked-{i}".encode() for i in range(10)]
+    offsets = produce_acks_all(third_broker.bootstrap, topic, acked_values)
+    assert time.monotonic() - truncation_started < TRUNCATION_DELAY_S + 30
+
+    # 4. Once the truncation has ended, every record the third acknowledged is in its log at its offset.
+    wait_until(lambda: re.search(rf"{re.escape(topic)}-0: truncated from offset 30 to 20", third_broker.log_text()),
+               what="the third replica's truncation to end", timeout_s=TRUNCATION_DELAY_S + 20)
+    time.sleep(0.5)
+    stored = {r.offset: r.value for r in records_of(b"".join(
+        batch.data for batch in read_partition_log(third_broker.data_dir, topic, 0)))}
+    lost = [(offset, value) for offset, value in zip(offsets, acked_values) if stored.get(offset) != value]
+    assert not lost, (f"acknowledged records missing from the leader's log after its truncation ended: {lost} "
+                      f"(offsets acknowledged {offsets}, log end {max(stored, default=-1) + 1})")
+    assert [stored[o] for o in range(20)] == [f"common-{i}".encode() for i in range(20)]
+    assert offsets == list(range(20, 30)), "the new leader did not lead the log its truncation left"
+
+
+def forged_follower_fetch(wire: KafkaWire, topic: str, replica_id: int, offset: int):
+    request = fetch_v11.FetchRequest(
+        replica_id=replica_id, max_wait=datetime.timedelta(0), min_bytes=1, max_bytes=1 << 20,
+        isolation_level=0, session_id=0, session_epoch=-1,
+        topics=(fetch_v11.FetchTopic(topic=topic, partitions=(fetch_v11.FetchPartition(
+            partition=0, current_leader_epoch=-1, fetch_offset=offset, log_start_offset=-1,
+            partition_max_bytes=1 << 20),)),),
+        forgotten_topics_data=(), rack_id="")
+    return wire.request(request).responses[0].partitions[0]
+
+
+def test_a_follower_fetch_offset_past_the_leaders_log_end_is_refused_and_moves_no_high_watermark(cluster_factory):
+    cluster = cluster_factory(3)
+    leader_id, follower, lagging = 1, 2, 3
+    topic = unique_topic("pastend")
+    cluster.create_topic(topic, 1, 3, replica_assignment=[[leader_id, follower, lagging]],
+                         configs={"min.insync.replicas": "1"})
+    cluster.wait_for_isr(topic, 1, 3)
+    leader = cluster.brokers[leader_id]
+    # The third replica stops fetching (paused, still in the ISR for replica.lag.time.max.ms, 4 s): the high
+    # watermark waits for it.
+    os.kill(cluster.brokers[lagging].pid, signal.SIGSTOP)
+    wire = KafkaWire(leader.port, host=leader.host)
+    try:
+        answer = produce(wire, topic, {0: build_batch([f"r-{i}".encode() for i in range(10)])},
+                         acks=1).responses[0].partition_responses[0]
+        assert answer.error_code == ErrorCode.none and answer.base_offset == 0
+        wait_until(lambda: log_end(cluster, follower, topic) == 10, what="the follower at 10", timeout_s=3)
+        assert list_offsets(wire, topic, -1).offset == 0, "the high watermark passed the paused replica"
+        # A fetch in the paused replica's name claims records the leader does not have.
+        forged = forged_follower_fetch(wire, topic, lagging, 1_000)
+        assert forged.error_code == ErrorCode.offset_out_of_range, ErrorCode(forged.error_code)
+        assert list_offsets(wire, topic, -1).offset == 0, "a fetch offset past the log end moved the high watermark"
+    finally:
+        wire.close()
+        os.kill(cluster.brokers[lagging].pid, signal.SIGCONT)
+    # The paused replica catches up for real and the high watermark follows.
+    wire = KafkaWire(leader.port, host=leader.host)
+    try:
+        wait_until(lambda: list_offsets(wire, topic, -1).offset == 10, what="the high watermark at 10", timeout_s=30)
+    finally:
+        wire.close()
