@@ -104,7 +104,7 @@ def test_a_replica_elected_while_it_truncates_never_cuts_what_it_acknowledged(cl
     assert time.monotonic() - truncation_started < TRUNCATION_DELAY_S + 30
 
     # 4. Once the truncation has ended, every record the third acknowledged is in its log at its offset.
-    wait_until(lambda: re.search(rf"{re.escape(topic)}-0: truncated from offset 30 to {cut}", third_broker.log_text()),
+    wait_until(lambda: re.search(rf"{re.escape(topic)}-0: truncated from offset \d+ to {cut}", third_broker.log_text()),
                what="the third replica's truncation to end", timeout_s=TRUNCATION_DELAY_S + 20)
     time.sleep(0.5)
     stored = {r.offset: r.value for r in records_of(b"".join(
