@@ -135,6 +135,12 @@ def test_a_follower_fetch_offset_past_the_leaders_log_end_is_refused_and_moves_n
                          configs={"min.insync.replicas": "1"})
     cluster.wait_for_isr(topic, 1, 3)
     leader = cluster.brokers[leader_id]
+    wire = KafkaWire(leader.port, host=leader.host)
+    try:  # the metadata names the leader a moment before it has applied the state
+        wait_until(lambda: list_offsets(wire, topic, -1).error_code == ErrorCode.none,
+                   what="the leader to serve the partition", timeout_s=10)
+    finally:
+        wire.close()
     # The third replica stops fetching (paused, still in the ISR for replica.lag.time.max.ms, 4 s): the high
     # watermark waits for it.
     os.kill(cluster.brokers[lagging].pid, signal.SIGSTOP)
