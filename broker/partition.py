@@ -38,9 +38,28 @@ high watermark. The new leader stopped fetching from it when it learned of its e
 leader's high watermark can no longer pass what the new leader holds: whatever the old leader acknowledges
 after that is below that point, and therefore in the new leader's log, which a new leader never truncates.
 A broker also refuses writes once its metadata lease may have expired (``lease_valid``), which bounds how
-long a cut-off leader keeps answering at all.
+long a cut-off leader keeps answering at all. The ISR rule needs the leader to count a member being added
+until the store's answer is definite: a write that timed out may have committed, and then the controller
+may elect that member, so an unknown outcome keeps the maximal ISR (``end_isr_change`` is only called with a
+definite answer; a newer state of the same epoch is one, ``make_leader``). A follower's fetch offset is
+checked against the log before it is credited (``update_follower_fetch_state``): a position past the log end
+would count records that replica does not have.
 
-Loop thread only. Blocking work (log creation, truncation) is the caller's, on a worker thread.
+Serialization (docs/partition-serialization.md): every change of the partition's role and every mutation
+of its log goes through this object, one at a time, and every await re-checks the epoch it started under:
+
+- log mutations that await (an append waiting for storage, a follower's append, a truncation, a follower's
+  log start move) hold ``_log_lock``; the synchronous fast paths run only while it is free, so they never
+  interleave with one that awaits;
+- a follower's truncation and log start move run on a worker thread through ``mutate_as_follower``, only
+  if the replica is still a follower at the epoch the step was decided under; while one runs, role changes
+  wait (``defer_role_change``; the replica manager applies the latest when it ends), so a replica is never
+  made leader while a cut it started as a follower can still remove what it acknowledges as leader;
+- after each await an append checks again that the replica is leader (follower) at the epoch the request
+  (the fetch) started under: a leader's append that waited for storage is not written under a later
+  epoch, and records fetched from an old leader never land after the switch to a new one.
+
+Loop thread only, except the blocking callables given to ``mutate_as_follower`` (a worker thread).
 """
 
 from __future__ import annotations

@@ -20,6 +20,20 @@ from learning that it no longer leads. Deleting a log
 happens only on the word of a complete image (a backend publishes no other kind), so a broker never deletes
 data because its own view is stale.
 
+Role changes go through the partitions' serialization (``broker.partition``, "Serialization"): a state
+that arrives while a partition's truncation runs is applied when the truncation ends (the latest one).
+
+ISR changes (the leader's side of ``broker.partition``'s ISR rule): an ISR change is a conditional write
+(the state version it was made from). A refusal on the first attempt is definite (the state had moved, so
+the write cannot commit): the proposal is dropped and the next image brings the new state. A write that
+raised (a timeout, a lost connection) has an unknown outcome: it may have committed, and the controller may
+then elect a member the leader is about to stop counting, losing what the leader acknowledges meanwhile. So
+the partition keeps its maximal ISR (KIP-497) and the write is sent again with the same condition, backing
+off from ``ISR_RETRY_MIN_S`` to ``ISR_RETRY_MAX_S``: a success is definite; a refusal after an unknown
+attempt is answered by reading the key back (a version past the one the change was made from is definite,
+whatever it holds: either the change committed or it never can); an image showing such a version ends the
+wait as well. Until then the high watermark counts the proposed members too, so it can only lag.
+
 A leadership recorded before this broker registered (the state's version below this broker's epoch) is not
 taken: that state names the process this one replaced, whose followers' progress this process never saw;
 the controller elects anew and the new state arrives with the next image (Kafka's broker-epoch check,

@@ -8,15 +8,22 @@ endpoint), the set of partitions fetched from it, and the loop:
    OffsetForLeaderEpoch, where the follower's latest leader epoch ends on the leader, and truncates its log
    to ``min(that offset, where the same epoch ends in its own log)`` (KIP-101, KIP-279). Never to its high
    watermark: a high watermark can lag the records an old leader had acknowledged, and cutting there after
-   a quick double failover loses them (the bug KIP-101 fixed);
+   a quick double failover loses them (the bug KIP-101 fixed). When the leader's answer names an epoch this
+   log does not have (it skipped epochs the leader has), the log is cut where its largest epoch below that
+   ends and the exchange repeats for the epoch then latest, until the epochs agree (``truncation_step``);
+   each round removes at least one epoch, so it ends. The cut runs through the partition
+   (``Partition.mutate_as_follower``), at the epoch it was decided under, and a role change waits for it;
 2. fetch: Fetch v11 with ``replica_id`` = this broker and each partition's log end as its fetch offset
    (which tells the leader how far this follower is: its ISR and high watermark follow from it), and the
    leader epoch this broker knows (so a leader that has moved on fences the fetch);
 3. append: the leader's batches go into the log as they are (offsets, leader epochs, timestamps kept;
    CRC-32C checked by storage), producer state is rebuilt from their headers, and the follower's high
-   watermark becomes ``min(the leader's, its own log end)``. Under ``--flush-mode sync`` the round's
-   appends are fdatasynced before the next fetch reports the new log end, so the leader counts only
-   durable records towards its high watermark.
+   watermark becomes ``min(the leader's, its own log end)``. The append goes through the partition at the
+   epoch the fetch was sent under: if the role or epoch moved during any await, nothing more of that
+   answer is appended and its high watermark is ignored. Under ``--flush-mode sync`` the round's appends
+   are fdatasynced before the next fetch reports the new log end, so the leader counts only durable
+   records towards its high watermark; the wait is bounded (``FLUSH_WAIT_S``): a partition whose flush
+   outlasts it is not fetched again (its log end not reported) until the flush ends.
 
 The response's record bytes are received straight into a pooled buffer (``recv_into``) and copied once into
 the log: the leader sent them with sendfile, so replication costs the leader no copy through Python.
@@ -31,7 +38,7 @@ log at the leader's log start; above its end, the partition truncates again. A l
 with backoff. A partition whose role or leader changed while a fetch was in flight ignores that fetch's
 answer.
 
-Loop thread; truncation runs on a worker thread while that partition is not fetched.
+Loop thread; truncation runs on a worker thread, serialized by the partition.
 """
 
 from __future__ import annotations

@@ -7,12 +7,18 @@ timing alone cannot open a window, a delay point (``broker.storage._failpoints``
   truncation in progress (``Partition.mutate_as_follower``), so it leads only the log the cut left.
 - A follower's fetch offset past the leader's log end is refused (OFFSET_OUT_OF_RANGE) before it is
   credited: the high watermark does not move over records that replica does not have.
+- An ISR change whose etcd write timed out but committed: etcd lists the new member, which may be elected
+  next, so the leader keeps counting it (KIP-497's maximal ISR) until it knows the outcome. A gRPC proxy in
+  front of etcd drops the write's answer after etcd applied it and holds the brokers' watch streams, so no
+  image tells the leader meanwhile.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import threading
 import re
 import signal
 import time
@@ -164,3 +170,65 @@ def test_a_follower_fetch_offset_past_the_leaders_log_end_is_refused_and_moves_n
         wait_until(lambda: list_offsets(wire, topic, -1).offset == 10, what="the high watermark at 10", timeout_s=30)
     finally:
         wire.close()
+
+
+def stored_isr(cluster, topic: str) -> list[int]:
+    """The partition's ISR as etcd holds it now, read with etcdctl around the proxy."""
+    out = cluster.etcd_direct.etcdctl("get", "--prefix", f"/{cluster.root}/")
+    lines = out.splitlines()
+    for key, value in zip(lines[::2], lines[1::2]):
+        if key.endswith(f"/partitions/{topic}/0"):
+            return json.loads(value)["isr"]
+    raise AssertionError(f"no state key for {topic}-0 under /{cluster.root}/")
+
+
+def test_an_isr_write_whose_answer_was_lost_keeps_the_new_member_counted(etcd_server, tmp_path):
+    from tests.support.cluster import Cluster
+    from tests.support.etcd_proxy import TXN, EtcdFaultProxy
+
+    proxy = EtcdFaultProxy(etcd_server.endpoint).start()
+    cluster = Cluster(tmp_path / "cluster", proxy, 3, config={"min.insync.replicas": 1})
+    leader_id, steady, joining = 1, 2, 3
+    release = None
+    try:
+        cluster.etcd_direct = etcd_server
+        cluster.start()
+        topic = unique_topic("lostisr")
+        cluster.create_topic(topic, 1, 3, replica_assignment=[[leader_id, steady, joining]])
+        cluster.wait_for_isr(topic, 1, 3)
+        # The joining replica leaves the ISR (killed) and comes back: its leader proposes [1, 2, 3] once it has
+        # caught up, and that write's answer is lost after etcd applied it.
+        port = cluster.brokers[joining].port
+        cluster.brokers[joining].kill()
+        wait_until(lambda: cluster.metadata([topic], via=leader_id).topics[topic][0].isr == (leader_id, steady),
+                   what="the ISR without the killed replica", timeout_s=30)
+        lost = proxy.lose_answer(TXN, b'"isr":[1,2,3]')
+        cluster.brokers[joining].start(port=port)
+        wait_until(lambda: lost.lost, what="the leader's ISR write adding the replica back", timeout_s=30)
+        proxy.hold_watches()
+        # The write committed (etcd lists the replica); the replica stops before it gets any newer record.
+        os.kill(cluster.brokers[joining].pid, signal.SIGSTOP)
+        release = threading.Timer(4.0, proxy.release_watches)
+        release.start()
+        wire = KafkaWire(cluster.brokers[leader_id].port, host=cluster.brokers[leader_id].host)
+        try:
+            answer = produce(wire, topic, {0: build_batch([b"after-the-lost-answer"])}, acks=-1,
+                             timeout_ms=30000).responses[0].partition_responses[0]
+        finally:
+            wire.close()
+        assert answer.error_code == ErrorCode.none, ErrorCode(answer.error_code)
+        # Acknowledged: either every replica etcd lists in the ISR has the record, or the ISR no longer
+        # lists the one that lacks it (the ISR only shrinks while that replica is paused).
+        isr = stored_isr(cluster, topic)
+        assert joining not in isr or log_end(cluster, joining, topic) > answer.base_offset, (
+            f"offset {answer.base_offset} acknowledged while etcd lists node {joining} in the ISR {isr} and its "
+            f"log ends at {log_end(cluster, joining, topic)}: electing it loses the record")
+        assert "has no definite answer" in cluster.brokers[leader_id].log_text()
+    finally:
+        if release is not None:
+            release.cancel()
+            proxy.release_watches()
+        if cluster.brokers[joining].alive():
+            os.kill(cluster.brokers[joining].pid, signal.SIGCONT)
+        cluster.stop()
+        proxy.close()
