@@ -202,10 +202,9 @@ def test_an_isr_write_whose_answer_was_lost_keeps_the_new_member_counted(etcd_se
         cluster.brokers[joining].kill()
         wait_until(lambda: cluster.metadata([topic], via=leader_id).topics[topic][0].isr == (leader_id, steady),
                    what="the ISR without the killed replica", timeout_s=30)
-        lost = proxy.lose_answer(TXN, b'"isr":[1,2,3]')
+        lost = proxy.lose_answer(TXN, b'"isr":[1,2,3]', hold_watches=True)
         cluster.brokers[joining].start(port=port)
         wait_until(lambda: lost.lost, what="the leader's ISR write adding the replica back", timeout_s=30)
-        proxy.hold_watches()
         # The write committed (etcd lists the replica); the replica stops before it gets any newer record.
         os.kill(cluster.brokers[joining].pid, signal.SIGSTOP)
         release = threading.Timer(4.0, proxy.release_watches)

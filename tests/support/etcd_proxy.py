@@ -45,6 +45,9 @@ class LostAnswer:
     method: str
     needle: bytes
     count: int = 1
+    # Also hold every Watch stream from the moment the call is matched, before etcd sees it: no image can
+    # carry the applied change to the caller until ``release_watches``.
+    hold_watches: bool = False
     lost: list[bytes] = field(default_factory=list)  # the requests whose answers were dropped, applied
 
     def matches(self, method: str, request: bytes) -> bool:
@@ -85,8 +88,8 @@ class EtcdFaultProxy:
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
 
-    def lose_answer(self, method: str, needle: bytes, count: int = 1) -> LostAnswer:
-        rule = LostAnswer(method, needle, count)
+    def lose_answer(self, method: str, needle: bytes, count: int = 1, *, hold_watches: bool = False) -> LostAnswer:
+        rule = LostAnswer(method, needle, count, hold_watches=hold_watches)
         with self._lock:
             self.rules.append(rule)
         return rule
@@ -145,6 +148,8 @@ class _Handler(grpc.GenericRpcHandler):
                 # Claimed before the call goes out, so two racing calls never both count against one rule.
                 with proxy._lock:
                     rule.lost.append(request)
+                if rule.hold_watches:
+                    await proxy._set_watches(False)
             answer = await proxy._channel.unary_unary(method)(request, timeout=30)
             if rule is not None:
                 # etcd has applied it; the caller never learns so.
