@@ -139,6 +139,17 @@ class Broker:
         """The broker-wide LogConfig (topic configs override it: ``log_config_for``)."""
         return self.config.log_config()
 
+    def cleaner_config(self):
+        """The log cleaner's settings (``log.cleaner.*``)."""
+        from copyless.broker.storage.cleaner import CleanerConfig
+
+        config = self.config
+        rate = config.log_cleaner_io_max_bytes_per_second
+        return CleanerConfig(enable=config.log_cleaner_enable, threads=config.log_cleaner_threads,
+                             backoff_ms=config.log_cleaner_backoff_ms,
+                             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size,
+                             io_max_bytes_per_second=None if rate >= 1e300 else rate)
+
     def log_config_for(self, topic: TopicInfo | Any):
         """The topic's LogConfig: broker defaults with the topic's overrides."""
         overrides = parse_topic_configs(topic.configs)
@@ -199,6 +210,7 @@ class Broker:
             topic_configs={name: self.log_config_for(topic) for name, topic in topic_configs.items()},
             retention_check_interval_ms=self.config.retention_check_interval_ms,
             offsets_checkpoint_interval_ms=self.config.replica_high_watermark_checkpoint_interval_ms,
+            cleaner_config=self.cleaner_config(),
         )
         self.log_manager.startup()
         producers = 0

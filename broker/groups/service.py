@@ -71,14 +71,19 @@ __all__ = ["GroupService", "now_ms"]
 
 log = logging.getLogger("copyless.groups")
 
-# __consumer_offsets segments: Kafka's offsets.topic.segment.bytes is 100 MiB; a commit record is ~80 bytes,
-# so 16 MiB holds ~200,000 commits while keeping each partition's active segment small.
-OFFSETS_SEGMENT_BYTES = 16 * 1024 * 1024
+# __consumer_offsets segments: offsets.topic.segment.bytes (broker/config.py, 16 MiB: ~200,000 commits).
 # Startup replay reads the log in slices of this size (whole batches; the first one whole even if larger).
 LOAD_READ_BYTES = 1024 * 1024
 # How long an offset commit waits for its records to reach the ISR (Kafka: offsets.commit.timeout.ms).
 COMMIT_TIMEOUT_S = 5.0
-OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(OFFSETS_SEGMENT_BYTES)}
+# Compacted, as Kafka's: each commit key (group, topic, partition) and group key keeps its latest record, so a
+# coordinator's load replays the live keys (plus the active segment), not the history.
+OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+
+
+def offsets_topic_configs(config: Any) -> dict[str, str]:
+    """The configs ``__consumer_offsets`` is created with."""
+    return {**OFFSETS_TOPIC_CONFIGS, "segment.bytes": str(config.offsets_topic_segment_bytes)}
 
 
 def now_ms() -> int:
@@ -151,9 +156,8 @@ class GroupService:
         self._started = True
         self.broker.replicas.leadership_listeners.append(self.on_leadership)
         if not self.broker.config.clustered and self.broker.topic(OFFSETS_TOPIC) is None:
-            # cleanup.policy stays "delete" with retention off: the log is never truncated under live offsets
-            # (copyless has no compaction; see the README).
-            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions, dict(OFFSETS_TOPIC_CONFIGS),
+            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions,
+                                           offsets_topic_configs(self.broker.config),
                                            internal=True)
         for partition in list(self.broker.replicas.leading()):
             if partition.topic == OFFSETS_TOPIC:
@@ -276,7 +280,8 @@ class GroupService:
     async def _create_topic(self) -> None:
         config = self.broker.config
         try:
-            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions, dict(OFFSETS_TOPIC_CONFIGS),
+            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions,
+                                           offsets_topic_configs(self.broker.config),
                                            replication_factor=config.offsets_topic_replication_factor,
                                            internal=True)
         except Exception as exc:

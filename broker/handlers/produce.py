@@ -44,6 +44,7 @@ from kio.schema.errors import ErrorCode
 from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 from copyless.broker.record_conversion import convert_message_set, is_message_set, recompress_batch, target_codec
+from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.wire.produce_response import encode_produce_response
@@ -119,6 +120,18 @@ def validate_produce_records(records, *, api_version: int, max_message_bytes: in
     return header
 
 
+def check_keys(records, header: BatchHeader, topic: str, partition: int) -> None:
+    """A compacted topic takes only records with a key (Kafka's LogValidator, INVALID_RECORD since KIP-467).
+    Decodes (and decompresses) the batch: the cost Kafka pays there too. Raises ProduceError."""
+    try:
+        delta = first_keyless_offset_delta(records, header)
+    except InvalidBatchError as exc:
+        raise ProduceError(ErrorCode.corrupt_message, f"Invalid record batch: {exc}") from None
+    if delta is not None:
+        raise ProduceError(ErrorCode.invalid_record, f"Compacted topic cannot accept message without key in topic "
+                           f"partition {topic}-{partition} (record {delta} of the batch).")
+
+
 async def handle(ctx: RequestContext, request):
     broker = ctx.broker
     version = ctx.api_version
@@ -166,6 +179,8 @@ async def handle(ctx: RequestContext, request):
                             ErrorCode.message_too_large,
                             f"The record batch size {header.size} after recompression exceeds the topic's "
                             f"max.message.bytes {config.max_message_bytes}")
+                if config.compact:
+                    check_keys(records, header, name, index)
                 if header.size > config.segment_bytes:
                     # A batch never straddles segments (Kafka: RecordBatchTooLargeException).
                     raise ProduceError(

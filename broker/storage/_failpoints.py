@@ -44,6 +44,16 @@ TRUNCATION_POINTS = (
     "truncate.after_epoch_checkpoint",  # the leader epoch file cut, the data dir's checkpoints not yet
 )
 
+# The steps of a cleaning's swap (cleaner.py), in protocol order; a test crashes at each of them.
+COMPACTION_POINTS = (
+    "clean.after_cleaned_written",  # every .cleaned file written and synced, no manifest yet
+    "clean.after_swap_manifest",  # the manifest (the commit point) durable, no file renamed
+    "clean.after_old_renamed",  # one more old segment renamed .deleted
+    "clean.after_cleaned_renamed",  # one group's cleaned files carry the segment names
+    "clean.before_manifest_removed",  # every group swapped on disk and in memory, the manifest still there
+    "clean.after_checkpoint",  # the cleaner checkpoint written: the cleaning is over
+)
+
 
 # Points that sleep when armed (worker threads only: a sleep on the event loop would stall the broker).
 DELAY_POINTS = (
@@ -76,7 +86,7 @@ def delaypoint(name: str) -> None:
 def arm(name: str | None, skip: int = 0) -> None:
     """SIGKILL this process at the ``skip``+1-th hit of failpoint ``name`` (None disarms)."""
     global _ARMED, _skip
-    if name is not None and name not in POINTS + TRUNCATION_POINTS:
+    if name is not None and name not in POINTS + TRUNCATION_POINTS + COMPACTION_POINTS:
         raise ValueError(f"unknown failpoint {name!r}")
     _ARMED, _skip = name, skip
 

@@ -27,6 +27,13 @@ class LogConfig:
     max_message_bytes: int = 1048588  # max.message.bytes (the broker enforces; storage asserts)
     message_timestamp_type: str = "CreateTime"  # or "LogAppendTime" (the broker applies it)
     compression_type: str = "producer"  # compression.type (the broker applies it: broker.record_conversion)
+    # Compaction (cleaner.py): "delete" alone deletes old segments (retention), "compact" cleans them, both do
+    # both; the rest are Kafka's topic configs of the same names.
+    cleanup_policy: tuple[str, ...] = ("delete",)  # cleanup.policy
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    delete_retention_ms: int = 86_400_000  # delete.retention.ms
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = (1 << 63) - 1  # max.compaction.lag.ms (Kafka's Long.MAX_VALUE: never)
     # Disk blocks (posix_fallocate) follow the data: a segment file has its full logical size (one map) but
     # blocks only for a prefix that grows in steps ahead of the writer, so an idle partition holds its
     # data plus a few MiB, not a whole segment (27 small partitions held 28 GB with whole 1 GiB segments).
@@ -68,6 +75,16 @@ class LogConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0 or None")
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy includes compact: the cleaner cleans the log, producers must give every record a key."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete: retention.ms and retention.bytes delete old segments."""
+        return "delete" in self.cleanup_policy
 
     @property
     def log_ahead_bytes(self) -> int:

@@ -265,13 +265,15 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
 
         Every batch is checked first (framing, magic, CRC-32C, count), so a corrupt fetch appends nothing. A
         trailing partial batch is left out (the next fetch starts at the new log end), as Kafka's follower
-        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset.
+        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset. A
+        leader's compacted log has offset gaps: a first batch past the log end moves the log end over the gap,
+        and a gap between two batches ends what is appended now (the rest comes with the next fetch).
 
         Returns:
             FollowerAppend: the offsets appended and each batch's header (producer state is rebuilt from them).
         Raises:
-            UnexpectedAppendOffsetError: the first batch does not start at ``log_end_offset``.
-            InvalidBatchError: a batch is corrupt, or the batches' offsets do not follow on one another.
+            UnexpectedAppendOffsetError: the first batch starts below ``log_end_offset``.
+            InvalidBatchError: a batch is corrupt, or the batches' offsets go back.
             AppendNotReady: as ``append``; ``follower_headers`` lists the batches already in (if any).
             StorageError: as ``append`` (nothing appended, the log stays consistent).
         """
@@ -286,21 +288,28 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         next_offset = self.log_end_offset
         while position < total:
             try:
-                header = validate_batch(view, position, limit=total)
+                header = validate_batch(view, position, limit=total, cleaned=True)
             except InvalidBatchError as exc:
                 if exc.reason in ("truncated header", "truncated batch"):
                     break  # a fetch cut at its byte limit: the rest comes with the next one
                 raise
-            if not headers and header.base_offset != next_offset:
+            if not headers and header.base_offset < next_offset:
                 raise UnexpectedAppendOffsetError(header.base_offset, next_offset, f"{self.topic}-{self.partition}")
-            if header.base_offset != next_offset:
+            if header.base_offset < next_offset:
                 raise InvalidBatchError("bad offsets", f"batch at {header.base_offset} after offset {next_offset - 1}")
+            if headers and header.base_offset > next_offset:
+                # A gap the leader's cleaner left: this run ends here, the next fetch starts at the gap.
+                break
             headers.append((header.base_offset, header))
             next_offset = header.next_offset
             position += header.size
-        first_offset = self.log_end_offset
         if not headers:
-            return FollowerAppend(first_offset, first_offset - 1, headers)
+            return FollowerAppend(self.log_end_offset, self.log_end_offset - 1, headers)
+        if headers[0][0] > self.log_end_offset:
+            # The leader compacted away the offsets between our log end and this batch (cleaner.py): the
+            # log end moves over the gap, as Kafka's follower takes the leader's batches at their offsets.
+            self.log_end_offset = headers[0][0]
+        first_offset = self.log_end_offset
         try:
             result = self.append(view[:position], leader_epoch=None)
         except AppendNotReady as exc:

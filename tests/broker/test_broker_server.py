@@ -298,7 +298,7 @@ def test_topics_persist_create_delete(inproc_factory):
     assert create_topic(client, "keep").error_code == ErrorCode.topic_already_exists
     assert create_topic(client, "ke_ep").error_code == ErrorCode.none
     assert create_topic(client, "ke.ep").error_code == ErrorCode.invalid_topic_exception
-    assert create_topic(client, "bad", configs=[("cleanup.policy", "compact")]).error_code == ErrorCode.invalid_config
+    assert create_topic(client, "bad", configs=[("cleanup.policy", "shred")]).error_code == ErrorCode.invalid_config
     assert create_topic(client, "zero", 0).error_code == ErrorCode.invalid_partitions
     produce(client, "keep", {2: build_batch([b"persisted"])})
     deleted = client.request(DeleteTopicsRequest(topic_names=("ke_ep", "never"), timeout=1000 * MS))

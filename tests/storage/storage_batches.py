@@ -24,3 +24,12 @@ def records_of(data: bytes) -> list:
     for position, _ in iter_batches(data):
         out.extend(decode_records(data, position))
     return out
+
+
+def build_keyed_batch(keys, values, timestamp_ms: int, *, codec: int = 0) -> bytes:
+    """One v2 batch of ``(key, value)`` records (a None value is a tombstone), baseOffset 0."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 30)
+    for offset_delta, (key, value) in enumerate(zip(keys, values)):
+        builder.append(offset_delta, timestamp=timestamp_ms, key=key, value=value, headers=[])
+    return bytes(builder.build())
