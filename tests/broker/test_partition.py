@@ -22,7 +22,7 @@ from copyless.broker.errors import (
     UnknownLeaderEpoch,
 )
 from copyless.broker.partition import Partition, PartitionState, Role
-from copyless.broker.storage.errors import OffsetOutOfRangeError
+from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
 
 LEADER, F1, F2 = 1, 2, 3
 
@@ -219,15 +219,17 @@ def test_an_isr_change_whose_write_timed_out_keeps_the_maximal_isr_until_a_defin
         manager = ReplicaManager(SimpleNamespace(node_id=LEADER, metadata=store))
         partition.update_follower_fetch_state(F1, 0)
         manager._change_isr(partition, (LEADER, F1), "caught up", {F1: 1})
-        while len(store.calls) < 2:
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):  # the write is sent again after its unknown outcome
+            while len(store.calls) < 2:
+                await asyncio.sleep(0.01)
         assert manager.stats["isr_changes_unknown"] == 1
         await append_async(partition, 5, acks=1)
         assert partition.maximal_isr == (LEADER, F1)
         assert partition.high_watermark == 0, "records F1 lacks counted as replicated while etcd lists F1"
         store.release.set()
-        while partition.pending_isr is not None:
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):
+            while partition.pending_isr is not None:
+                await asyncio.sleep(0.01)
         return manager
 
     manager = asyncio.run(scenario())
@@ -366,3 +368,79 @@ class HighWatermarkMachine(RuleBasedStateMachine):
 
 TestHighWatermark = HighWatermarkMachine.TestCase
 TestHighWatermark.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class StallingLog(FakeLog):
+    """A log whose next append must wait for a worker thread (a segment being prepared): AppendNotReady
+    with a concurrent future the test resolves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import concurrent.futures
+        self.ready = concurrent.futures.Future()
+        self.follower_appends: list = []
+
+    def append(self, records, *, leader_epoch: int, log_append_time_ms=None):
+        if not self.ready.done():
+            raise AppendNotReady("a segment", self.ready)
+        return super().append(records, leader_epoch=leader_epoch)
+
+    def append_as_follower(self, records):
+        if not self.ready.done():
+            raise AppendNotReady("a segment", self.ready)
+        self.follower_appends.append(records)
+        self.log_end_offset += records
+        return SimpleNamespace(headers=())
+
+
+def stalling_partition():
+    partition = Partition("t", 0, StallingLog(), node_id=F1, producers=FakeProducers(), notifier=Notifier())
+    partition.make_follower(PartitionState(LEADER, 3, (LEADER, F1), (LEADER, F1, F2), version=10))
+    return partition
+
+
+def test_a_follower_append_that_waited_for_storage_lands_nothing_after_the_epoch_moved():
+    """Records fetched from the old leader at epoch 3 must not land once this replica follows (or leads) at
+    a later epoch: the append re-checks its epoch after the await."""
+    partition = stalling_partition()
+
+    async def scenario():
+        append = asyncio.ensure_future(partition.append_as_follower(5, 3))
+        await asyncio.sleep(0.01)
+        assert not append.done()
+        partition.make_leader(PartitionState(F1, 4, (F1,), (LEADER, F1, F2), version=11))
+        partition.log.ready.set_result(None)
+        return await append
+
+    assert asyncio.run(scenario()) is None
+    assert partition.log.follower_appends == [] and partition.log_end_offset == 0
+
+
+def test_a_follower_append_at_its_epoch_lands_after_the_wait():
+    partition = stalling_partition()
+
+    async def scenario():
+        append = asyncio.ensure_future(partition.append_as_follower(5, 3))
+        await asyncio.sleep(0.01)
+        partition.log.ready.set_result(None)
+        return await append
+
+    assert asyncio.run(scenario()) == 5
+    assert partition.log.follower_appends == [5]
+
+
+def test_a_leader_append_that_waited_for_storage_is_not_written_under_a_later_epoch():
+    partition = stalling_partition()
+    partition.make_leader(PartitionState(F1, 4, (F1,), (LEADER, F1, F2), version=11))
+
+    async def scenario():
+        append = asyncio.ensure_future(partition.append_as_leader(5, SimpleNamespace(), acks=1))
+        await asyncio.sleep(0.01)
+        partition.make_follower(PartitionState(LEADER, 5, (LEADER, F1), (LEADER, F1, F2), version=12))
+        partition.make_leader(PartitionState(F1, 6, (F1,), (LEADER, F1, F2), version=13))
+        partition.log.ready.set_result(None)
+        await append
+
+    with pytest.raises(NotLeaderOrFollower):
+        asyncio.run(scenario())
+    assert partition.log_end_offset == 0
