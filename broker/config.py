@@ -149,6 +149,11 @@ class BrokerConfig:
     offsets_topic_num_partitions: int | None = None
     offsets_topic_replication_factor: int = 3
     offsets_topic_segment_bytes: int = 16 * 1024 * 1024
+    transaction_max_timeout_ms: int = 900000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
+    # None: the mode's default (1 single node, 50 in a cluster; see ``transaction_partitions``).
+    transaction_state_log_num_partitions: int | None = None
+    transaction_state_log_replication_factor: int = 3
     # TLS, SASL and ACL settings by Kafka's names, as given, resolved per listener (broker.security.settings).
     security: SecuritySettings = SecuritySettings()
 
@@ -196,6 +201,13 @@ class BrokerConfig:
         """``offsets.topic.num.partitions``, or its default for this mode."""
         if self.offsets_topic_num_partitions is not None:
             return self.offsets_topic_num_partitions
+        return 50 if self.clustered else 1
+
+    @property
+    def transaction_partitions(self) -> int:
+        """``transaction.state.log.num.partitions``, or its default for this mode."""
+        if self.transaction_state_log_num_partitions is not None:
+            return self.transaction_state_log_num_partitions
         return 50 if self.clustered else 1
 
     def with_bound_port(self, port: int) -> BrokerConfig:
@@ -540,6 +552,19 @@ _define("offsets.topic.segment.bytes", T.INT, "segment.bytes of __consumer_offse
         field="offsets_topic_segment_bytes", validator=AtLeast(1))
 _define("offsets.topic.replication.factor", T.SHORT, "Replicas of __consumer_offsets' partitions (at most the "
         "brokers there are).", field="offsets_topic_replication_factor", validator=AtLeast(1))
+
+# Transactions.
+_define("transaction.max.timeout.ms", T.INT, "The longest transaction timeout a producer may ask for "
+        "(InitProducerId answers INVALID_TRANSACTION_TIMEOUT above it).", field="transaction_max_timeout_ms",
+        validator=AtLeast(1))
+_define("transaction.abort.timed.out.transaction.cleanup.interval.ms", T.INT, "How often the transaction "
+        "coordinator looks for transactions past their timeout, which it aborts (fencing their producer).",
+        field="transaction_abort_timed_out_transaction_cleanup_interval_ms", validator=AtLeast(1))
+_define("transaction.state.log.num.partitions", T.INT, "Partitions of __transaction_state (default: 1 on a "
+        "single node; Kafka's 50 in a cluster).", field="transaction_state_log_num_partitions",
+        validator=AtLeast(1), read=lambda c: c.transaction_partitions)
+_define("transaction.state.log.replication.factor", T.SHORT, "Replicas of __transaction_state's partitions (at "
+        "most the brokers there are).", field="transaction_state_log_replication_factor", validator=AtLeast(1))
 
 
 # Security: TLS, SASL and ACLs (their entries live with the code that reads them, broker/security/settings.py).

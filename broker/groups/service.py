@@ -61,6 +61,7 @@ from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
     CommittedOffset,
     OffsetStore,
+    build_batch,
     build_batches,
     offset_commit_key,
     partition_for,
@@ -507,6 +508,38 @@ class GroupService:
         await self._wait_stored(partition, info)
         if self.shards.get(shard.partition) is shard:
             shard.store.apply(records)
+
+    # --- transactional offset commits (TxnOffsetCommit) -----------------------------------------------------------
+
+    async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int,
+                                 commits: dict[tuple[str, int], CommittedOffset]) -> None:
+        """Append the commits as a transactional batch of the producer to the group's partition (fenced by
+        the producer's epoch there) and hold them until the transaction's marker reaches that partition
+        (``complete_txn``): OffsetFetch shows them only once committed. Raises BrokerError / StorageError."""
+        if not commits:
+            return
+        shard, error = self.shard_for(group_id)
+        if shard is None:
+            from copyless.broker.errors import BrokerError
+
+            raise BrokerError(error, error.name)
+        records = shard.store.commit_records(group_id, commits)
+        data = build_batch(records, now_ms(), producer_id=producer_id, producer_epoch=producer_epoch)
+        partition = self.broker.replicas.leader(OFFSETS_TOPIC, shard.partition)
+        await partition.ensure_transactional()
+        info = await partition.append_as_leader(data, batch_header(data), acks=-1)
+        await self._wait_stored(partition, info)
+        if self.shards.get(shard.partition) is shard:
+            shard.store.add_pending(producer_id, records)
+
+    def complete_txn(self, partition_index: int, producer_id: int, commit: bool) -> None:
+        """The transaction coordinator wrote a marker for ``producer_id`` to this offsets partition."""
+        shard = self.shards.get(partition_index)
+        if shard is not None:
+            count = shard.store.complete_txn(producer_id, commit)
+            if count:
+                log.debug("%s-%d: %d offset(s) of producer %d %s", OFFSETS_TOPIC, partition_index, count,
+                          producer_id, "committed" if commit else "dropped")
 
     # --- deleting groups and offsets (DeleteGroups, OffsetDelete) ------------------------------------------------
 

@@ -7,6 +7,9 @@ Validation is Kafka's header-only pass (``UnifiedLog.analyzeAndValidateRecords``
     framing / CRC-32C .................................................. CORRUPT_MESSAGE (2)
     lastOffsetDelta + 1 == recordsCount > 0, baseOffset 0,
     no control batches, producerId >= 0 => baseSequence >= 0 ............ INVALID_RECORD (87)
+    transactional batch without the request's transactional id ......... INVALID_RECORD (87)
+    transactional batch outside its Ongoing transaction ................ INVALID_TXN_STATE (48), or
+                                                                          INVALID_PRODUCER_EPOCH (47)
     batch size <= the topic's max.message.bytes ........................ MESSAGE_TOO_LARGE (10)
     batch size <= the topic's segment.bytes ............................. RECORD_LIST_TOO_LARGE (18)
     zstd only from Produce v7 ........................................... UNSUPPORTED_COMPRESSION_TYPE (76)
@@ -115,8 +118,6 @@ def validate_produce_records(records, *, api_version: int, max_message_bytes: in
         raise ProduceError(
             ErrorCode.unsupported_compression_type, "Produce requests with zstd compression need version 7 or later"
         )
-    if header.is_transactional:
-        raise ProduceError(ErrorCode.invalid_record, "Transactional batches are not supported by this broker")
     return header
 
 
@@ -132,6 +133,25 @@ def check_keys(records, header: BatchHeader, topic: str, partition: int) -> None
                            f"partition {topic}-{partition} (record {delta} of the batch).")
 
 
+async def _check_transactional(broker, transactional_id, header: BatchHeader, partition) -> None:
+    """A transactional batch needs the request's transactional id, and, where this broker coordinates that
+    id, an Ongoing transaction of the same producer and epoch that holds the partition (Kafka 3.9's
+    partition verification: a stray batch would open a transaction no marker closes, holding the last
+    stable offset back for good). Then the partition is made transactional (``ensure_transactional``).
+    Raises ProduceError."""
+    if transactional_id is None:
+        raise ProduceError(ErrorCode.invalid_record, "Transactional batches need the request's transactional id")
+    service = getattr(broker, "transactions", None)
+    if service is not None:
+        code = service.verify(transactional_id, header.producer_id, header.producer_epoch, partition.topic,
+                              partition.partition)
+        if code != ErrorCode.none:
+            raise ProduceError(code, f"The batch of producer {header.producer_id} (epoch {header.producer_epoch}) is "
+                                     f"not part of an ongoing transaction of {transactional_id!r} holding "
+                                     f"{partition.topic}-{partition.partition}")
+    await partition.ensure_transactional()
+
+
 async def handle(ctx: RequestContext, request):
     broker = ctx.broker
     version = ctx.api_version
@@ -141,6 +161,8 @@ async def handle(ctx: RequestContext, request):
     waits: list = []  # (entry, partition, required offset): acks=all, and the sync flush mode
     first_error: str | None = None
     denied = checks.denied_topics(ctx, Operation.WRITE, (t.name for t in request.topic_data))
+    txn_allowed = request.transactional_id is None or checks.transactional_id(ctx, Operation.WRITE,
+                                                                              request.transactional_id)
 
     for topic_data in request.topic_data:
         name = topic_data.name
@@ -155,10 +177,9 @@ async def handle(ctx: RequestContext, request):
                     raise ProduceError(ErrorCode.invalid_required_acks, f"Invalid required acks {acks}")
                 if name in denied:
                     raise ProduceError(ErrorCode.topic_authorization_failed, f"Not authorized to write to topic {name}")
-                if request.transactional_id is not None:
-                    raise ProduceError(
-                        ErrorCode.transactional_id_authorization_failed, "Transactions are not supported by this broker"
-                    )
+                if request.transactional_id is not None and not txn_allowed:
+                    raise ProduceError(ErrorCode.transactional_id_authorization_failed,
+                                       f"Not authorized to write as transactional id {request.transactional_id}")
                 partition = broker.replicas.leader(name, index)
                 config = partition.config
                 records = partition_data.records
@@ -187,6 +208,8 @@ async def handle(ctx: RequestContext, request):
                         ErrorCode.record_list_too_large,
                         f"The record batch size {header.size} exceeds the topic's segment.bytes {config.segment_bytes}",
                     )
+                if header.is_transactional:
+                    await _check_transactional(broker, request.transactional_id, header, partition)
                 append_time = int(time.time() * 1000) if config.message_timestamp_type == "LogAppendTime" else None
                 info = await partition.append_as_leader(records, header, acks=acks, log_append_time_ms=append_time)
                 base_offset, log_start = info.base_offset, info.log_start_offset

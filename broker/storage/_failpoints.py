@@ -83,10 +83,18 @@ def delaypoint(name: str) -> None:
         time.sleep(seconds)
 
 
+# The transaction coordinator's steps (broker.txn.service): the broker process arms one from the environment
+# (``COPYLESS_FAILPOINT``) for the transaction crash tests.
+TXN_POINTS = (
+    "txn.after_prepare",  # PrepareCommit/PrepareAbort replicated, no marker written yet
+    "txn.after_markers",  # every marker written, Complete* not yet stored
+)
+
+
 def arm(name: str | None, skip: int = 0) -> None:
     """SIGKILL this process at the ``skip``+1-th hit of failpoint ``name`` (None disarms)."""
     global _ARMED, _skip
-    if name is not None and name not in POINTS + TRUNCATION_POINTS + COMPACTION_POINTS:
+    if name is not None and name not in POINTS + TRUNCATION_POINTS + COMPACTION_POINTS + TXN_POINTS:
         raise ValueError(f"unknown failpoint {name!r}")
     _ARMED, _skip = name, skip
 

@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from copyless.client.protocol.records import (
-    LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     InvalidBatchError,
     batch_size_at,
@@ -484,6 +483,7 @@ def clean_log(partition_log, *, max_map_entries: int = 5_000_000, now: int | Non
         raise
     failpoint("clean.after_cleaned_written")
     result.segments_before, result.segments_after = len(segments), len(cleaned)
+    result.bytes_written = sum(new.committed_position for _, new, _ in cleaned)
     aborted = _swap(partition_log, cleaned, truncations, now)
     if aborted is not None:
         result.aborted = aborted
@@ -598,16 +598,23 @@ class LogCleaner:
     def _pick(self, now: int):
         best = None
         best_ratio = -1.0
+        ratios = {}
         for partition_log in list(self._logs()):
-            if "compact" not in partition_log.config.cleanup_policy or partition_log in self._busy:
+            if "compact" not in partition_log.config.cleanup_policy:
+                continue
+            key = (partition_log.topic, partition_log.partition)
+            if partition_log in self._busy:
+                ratios[key] = self.metrics.per_log.get(key, 0.0)
                 continue
             section = cleanable_section(partition_log, now)
-            self.metrics.per_log[(partition_log.topic, partition_log.partition)] = 0.0 if section is None \
-                else section.ratio
+            ratios[key] = 0.0 if section is None else section.ratio
             if section is None or not _should_clean(partition_log, section, now):
                 continue
             if section.ratio > best_ratio:
                 best, best_ratio = partition_log, section.ratio
+        # Replaced whole (never mutated), so a scrape on the loop thread reads one consistent dict and logs
+        # deleted meanwhile drop out.
+        self.metrics.per_log = ratios
         return best
 
     def run_once(self) -> CleanResult | None:

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Self
 
 from . import filenames
 from ._fileops import sync_data
@@ -27,9 +27,6 @@ from .errors import StorageError, storage_error_from
 from .prepared_segment import PreparedSegment
 from .segment import Segment
 from .segment_recovery import RecoveryOutcome
-
-if TYPE_CHECKING:
-    from .partition_log import PartitionLog
 
 __all__ = ["LogLoader", "LoadStats"]
 
@@ -50,7 +47,7 @@ class LogLoader:
 
     @classmethod
     def create_new(cls, topic: str, partition: int, directory: Path, config: LogConfig,
-                   background: Background, base_offset: int = 0) -> "PartitionLog":
+                   background: Background, base_offset: int = 0) -> Self:
         """A new, empty log with one segment at ``base_offset`` (blocking: allocates its first step)."""
         directory.mkdir(parents=True, exist_ok=True)
         prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config)
@@ -71,7 +68,7 @@ class LogLoader:
     @classmethod
     def load(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background, *,
              clean: bool, recovery_point: int, high_watermark: int | None = None,
-             log_start_offset: int | None = None) -> tuple["PartitionLog", LoadStats]:
+             log_start_offset: int | None = None) -> tuple[Self, LoadStats]:
         """Open an existing log directory (blocking, start-up).
 
         Clean: trust files and indexes (cheap sanity checks; a segment failing them is recovered). Unclean:
@@ -110,7 +107,7 @@ class LogLoader:
 
     @classmethod
     def _load_segments(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
-                       *, clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
+                       *, clean: bool, recovery_point: int) -> tuple[Self, LoadStats]:
         started = time.perf_counter()
         bases = cls._clean_directory(directory)
         if not bases:

@@ -22,6 +22,7 @@ from copyless.broker.errors import (
     UnknownLeaderEpoch,
 )
 from copyless.broker.partition import Partition, PartitionState, Role
+from tests.support.batches import build_batch
 from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
 
 LEADER, F1, F2 = 1, 2, 3
@@ -90,7 +91,8 @@ def make(isr=(LEADER, F1, F2), epoch=3, lease=lambda: True):
 
 
 async def append_async(partition: Partition, count: int = 1, acks: int = -1):
-    return await partition.append_as_leader(count, SimpleNamespace(), acks=acks)
+    return await partition.append_as_leader(count, SimpleNamespace(is_control=False, is_transactional=False,
+                                                                   base_sequence=0), acks=acks)
 
 
 def append(partition: Partition, count: int = 1, acks: int = -1):
@@ -388,9 +390,13 @@ class StallingLog(FakeLog):
     def append_as_follower(self, records):
         if not self.ready.done():
             raise AppendNotReady("a segment", self.ready)
-        self.follower_appends.append(records)
-        self.log_end_offset += records
+        self.follower_appends.append(bytes(records))
+        self.log_end_offset += FIVE_RECORDS_COUNT
         return SimpleNamespace(headers=())
+
+
+FIVE_RECORDS_COUNT = 5
+FIVE_RECORDS = build_batch([b"fetched"] * FIVE_RECORDS_COUNT)
 
 
 def stalling_partition():
@@ -405,7 +411,7 @@ def test_a_follower_append_that_waited_for_storage_lands_nothing_after_the_epoch
     partition = stalling_partition()
 
     async def scenario():
-        append = asyncio.ensure_future(partition.append_as_follower(5, 3))
+        append = asyncio.ensure_future(partition.append_as_follower(FIVE_RECORDS, 3))
         await asyncio.sleep(0.01)
         assert not append.done()
         partition.make_leader(PartitionState(F1, 4, (F1,), (LEADER, F1, F2), version=11))
@@ -420,13 +426,13 @@ def test_a_follower_append_at_its_epoch_lands_after_the_wait():
     partition = stalling_partition()
 
     async def scenario():
-        append = asyncio.ensure_future(partition.append_as_follower(5, 3))
+        append = asyncio.ensure_future(partition.append_as_follower(FIVE_RECORDS, 3))
         await asyncio.sleep(0.01)
         partition.log.ready.set_result(None)
         return await append
 
     assert asyncio.run(scenario()) == 5
-    assert partition.log.follower_appends == [5]
+    assert partition.log.follower_appends == [FIVE_RECORDS]
 
 
 def test_a_leader_append_that_waited_for_storage_is_not_written_under_a_later_epoch():
@@ -434,7 +440,7 @@ def test_a_leader_append_that_waited_for_storage_is_not_written_under_a_later_ep
     partition.make_leader(PartitionState(F1, 4, (F1,), (LEADER, F1, F2), version=11))
 
     async def scenario():
-        append = asyncio.ensure_future(partition.append_as_leader(5, SimpleNamespace(), acks=1))
+        append = asyncio.ensure_future(append_async(partition, 5, acks=1))
         await asyncio.sleep(0.01)
         partition.make_follower(PartitionState(LEADER, 5, (LEADER, F1), (LEADER, F1, F2), version=12))
         partition.make_leader(PartitionState(F1, 6, (F1,), (LEADER, F1, F2), version=13))

@@ -13,6 +13,7 @@ import sys
 
 from copyless.broker.storage import LogConfig, LogManager, _failpoints
 from copyless.broker.storage.cleaner import clean_log
+from tests.support.batches import build_batch
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0, cleanup_policy=("compact",), min_cleanable_dirty_ratio=0.0,
@@ -25,12 +26,10 @@ NOW_MS = 1_800_000_000_000
 def batch_for(number: int) -> bytes:
     """Batch ``number``: three records of keys (3n, 3n+1, 3n+2) mod KEYS; every 7th key of batch 100-140 a
     tombstone."""
-    from storage_batches import build_keyed_batch
-
     keys = [b"key-%03d" % ((3 * number + i) % KEYS) for i in range(3)]
     values = [None if 100 <= number < 140 and (3 * number + i) % 7 == 0 else b"%d:%d:" % (number, i) + b"v" * 60
               for i in range(3)]
-    return build_keyed_batch(keys, values, 1_700_000_000_000 + number, codec=number % 2)
+    return build_batch(values, [1_700_000_000_000 + number] * len(values), keys=keys, codec=number % 2)
 
 
 def main() -> None:

@@ -202,3 +202,31 @@ def test_a_pass_whose_map_fills_stops_there_and_the_next_one_goes_on(manager_fac
         check_against_model(read_all(log_), model)
         assert passes < 50
     assert passes >= 2 and dirty_ratio(log_) == 0.0
+
+
+def test_transactional_records_neither_supersede_nor_go(manager_factory):
+    """A key written in a transaction (which may have aborted: the batch cannot tell) must not remove the
+    committed value before it, and a transactional batch stays whole even when later plain records supersede
+    its keys: transactions lose nothing to the cleaner (its module docstring)."""
+    manager = manager_factory(COMPACT)
+    log_ = manager.create_log("table", 0)
+    keys = [b"k%02d" % number for number in range(5)]
+    model = {}
+    append_round(log_, model, keys, 0)  # the committed values
+    plain = sorted(model)
+    values = [b"%s=txn" % key for key in keys]
+    txn = log_.append_blocking(build_batch(values, keys=list(keys), producer_id=9, producer_epoch=0, base_sequence=0,
+                                           attributes_extra=0x10))
+    log_.set_high_watermark(log_.log_end_offset)
+    for round_number in range(1, 12):  # fill segments so the transactional batch is below the active one
+        append_round(log_, model, [b"other%02d" % n for n in range(20)], round_number)
+    manager.wait_for_background()
+    assert log_.segments[-1].base_offset > txn.last_offset
+    result = clean_log(log_, force=True)
+    assert result is not None and result.aborted is None and result.records_dropped > 0
+    present = {offset: (key, value) for offset, key, value, _header in read_all(log_)}
+    for offset in plain:  # not superseded by the transaction's records
+        assert present[offset] == model[offset]
+    for offset, key, value in zip(range(txn.base_offset, txn.last_offset + 1), keys, values):
+        assert present[offset] == (key, value)
+    manager.shutdown()

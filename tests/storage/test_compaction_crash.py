@@ -16,19 +16,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from storage_compaction_scenario import BATCHES, CONFIG, batch_for
 
 from copyless.broker.storage import LogManager
 from copyless.broker.storage._failpoints import COMPACTION_POINTS
 from copyless.broker.storage.cleaner import clean_log
 from copyless.client.protocol.records import decode_records, iter_batches, validate_batch
+from tests.storage.storage_compaction_scenario import BATCHES, CONFIG, batch_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
 def run(data_dir: Path, failpoint: str | None, skip: int = 0) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("COPYLESS_FAILPOINT", None)
     if failpoint is not None:
         env["COPYLESS_FAILPOINT"] = failpoint

@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 import time
 
-from storage_batches import build_batch
-
 from copyless.broker.storage import LogConfig
+from tests.support.batches import build_batch
 
 MIB = 1 << 20
 AHEAD = 64 * MIB

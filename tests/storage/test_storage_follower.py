@@ -8,10 +8,10 @@ bytes a replica fetch sends with sendfile), cut into fetch-sized pieces.
 from __future__ import annotations
 
 import pytest
-from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, UnexpectedAppendOffsetError
 from copyless.client.protocol.records import InvalidBatchError, iter_batches, set_base_offset
+from tests.support.batches import build_batch, records_of
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None)
 

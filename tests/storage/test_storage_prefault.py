@@ -22,13 +22,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from storage_batches import build_batch
 
 from copyless.broker.storage import LogConfig
-from copyless.broker.storage import preparation as preparation_module
 from copyless.broker.storage import prefault as prefault_module
+from copyless.broker.storage import preparation as preparation_module
 from copyless.broker.storage._fileops import map_address, preallocate
 from copyless.client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
+from tests.support.batches import build_batch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KIB, MIB = 1 << 10, 1 << 20
