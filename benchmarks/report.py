@@ -284,12 +284,19 @@ def machine_section(machine: dict) -> str:
     return "\n".join(lines)
 
 
+def _where(machine: dict) -> str:
+    """The CPU and kernel a result was measured on: results kept from earlier runs may come from another
+    machine of the same size than the one the report is generated on."""
+    return f"{machine.get('cpu_model', '?')} (kernel {machine.get('kernel', '?')})"
+
+
 def benchmark_section(document: dict, results_dir_link: str) -> str:
     name = document["name"]
     parts = [f"## {TITLES.get(name, name)}", "",
              f"`python -m benchmarks.{name}{' --quick' if document.get('quick') else ''} --out DIR` — "
              f"{document.get('description', '')}. Mode: {document.get('mode', '?')}, run "
-             f"{document.get('started_at', '?')}, {_fmt(document.get('duration_s'))} s, load average at start "
+             f"{document.get('started_at', '?')} on {_where(document.get('machine', {}))}, "
+             f"{_fmt(document.get('duration_s'))} s, load average at start "
              f"{document.get('machine', {}).get('loadavg_at_start')}.", ""]
     parts += [f"**Headline:** {headline(document)}", ""]
     for table in document.get("tables", []):
@@ -327,7 +334,8 @@ def render(out: Path, results_path: Path, failures: dict[str, int], command: str
     if documents:
         lines += ["## Machine", "", machine_section(documents[-1]["machine"]), "",
                   "The machine is shared and has 2 cores: treat single figures as rough and read ratios "
-                  "measured within one run.", "",
+                  "measured within one run. The table above is the machine this report was generated on; each "
+                  "section names the CPU and kernel its own run had.", "",
                   "## Headlines", "", "| benchmark | mode | headline |", "|---|---|---|"]
         for document in documents:
             lines.append(f"| [{document['name']}](#{_anchor(TITLES.get(document['name'], document['name']))}) | "

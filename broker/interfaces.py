@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from copyless.broker.partition import Partition
     from copyless.broker.security.manager import SecurityManager
     from copyless.broker.stats import BrokerStats
+    from copyless.broker.txn.service import TransactionService
 
 __all__ = ["BrokerServices", "Metadata", "Replicas", "ServedApis"]
 
@@ -134,6 +135,11 @@ class BrokerServices(Protocol):
     @property
     def groups(self) -> GroupService | None:
         """The group coordinator, once its startup hook ran."""
+        ...
+
+    @property
+    def transactions(self) -> TransactionService | None:
+        """The transaction coordinator, once its startup hook ran."""
         ...
 
     @property

@@ -52,6 +52,7 @@ from copyless.broker.topics import parse_topic_configs
 
 if TYPE_CHECKING:  # pragma: no cover
     from copyless.broker.groups.service import GroupService
+    from copyless.broker.txn.service import TransactionService
 
 # META_FILE, ClusterMismatchError and producer_state_scan_start are re-exported: their modules are
 # meta_properties and producer_state.
@@ -98,7 +99,7 @@ class Broker:
         self.handlers = handlers if handlers is not None else load_handlers()
         self.log_manager: LogManager | None = None  # set by startup()
         self.groups: GroupService | None = None  # set by the groups handler module's startup hook
-        self.transactions: Any = None  # the transaction coordinator (``broker.txn.service``), set at startup
+        self.transactions: TransactionService | None = None  # the transaction coordinator (``broker.txn.service``), set at startup
         self.closing = False
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}

@@ -32,6 +32,7 @@ from copyless.broker.handlers.context import RequestContext
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.txn.service import TransactionService, now_ms
+from copyless.broker.txn.metadata import TxnState
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 __all__ = ["HANDLERS", "startup", "shutdown", "init_producer_id", "find_coordinator"]
@@ -270,23 +271,23 @@ async def describe_transactions(ctx: RequestContext, request):
     service = _service(ctx)
     states = []
     for transactional_id in request.transactional_ids:
-        metadata = None
+        txn = None
         if not checks.transactional_id(ctx, Operation.DESCRIBE, transactional_id):
             code = ErrorCode.transactional_id_authorization_failed
         elif service is None:
             code = ErrorCode.coordinator_not_available
         else:
-            code, metadata = service.describe(transactional_id)
+            code, txn = service.describe(transactional_id)
         by_topic: dict[str, list[int]] = {}
-        for topic, index in sorted(metadata.partitions if metadata is not None else ()):
+        for topic, index in sorted(txn.partitions if txn is not None else ()):
             by_topic.setdefault(topic, []).append(index)
         states.append(module.TransactionState(
             error_code=code, transactional_id=transactional_id,
-            transaction_state=metadata.state.kafka_name if metadata is not None else "",
-            transaction_timeout=datetime.timedelta(milliseconds=metadata.timeout_ms if metadata else 0),
-            transaction_start_time=_timestamp(metadata.start_ms if metadata is not None else -1),
-            producer_id=metadata.producer_id if metadata is not None else -1,
-            producer_epoch=metadata.producer_epoch if metadata is not None else -1,
+            transaction_state=txn.state.kafka_name if txn is not None else "",
+            transaction_timeout=datetime.timedelta(milliseconds=txn.timeout_ms if txn else 0),
+            transaction_start_time=_timestamp(txn.start_ms if txn is not None else -1),
+            producer_id=txn.producer_id if txn is not None else -1,
+            producer_epoch=txn.producer_epoch if txn is not None else -1,
             topics=tuple(module.TopicData(topic=t, partitions=tuple(p)) for t, p in by_topic.items())))
     return build(module.DescribeTransactionsResponse, throttle_time=NO_THROTTLE, transaction_states=tuple(states))
 
@@ -299,7 +300,6 @@ def _timestamp(ms: int):
 
 async def list_transactions(ctx: RequestContext, request):
     module = response_module(LIST_TRANSACTIONS, ctx.api_version)
-    from copyless.broker.txn.metadata import TxnState
 
     service = _service(ctx)
     known = {state.kafka_name for state in TxnState}
@@ -308,16 +308,16 @@ async def list_transactions(ctx: RequestContext, request):
     wanted_ids = set(request.producer_id_filters)
     listed = []
     code = ErrorCode.none if service is not None else ErrorCode.coordinator_not_available
-    for metadata in (service.list_transactions() if service is not None else ()):
-        if request.state_filters and metadata.state.kafka_name not in wanted_states:
+    for txn in (service.list_transactions() if service is not None else ()):
+        if request.state_filters and txn.state.kafka_name not in wanted_states:
             continue
-        if wanted_ids and metadata.producer_id not in wanted_ids:
+        if wanted_ids and txn.producer_id not in wanted_ids:
             continue
-        if not checks.transactional_id(ctx, Operation.DESCRIBE, metadata.transactional_id):
+        if not checks.transactional_id(ctx, Operation.DESCRIBE, txn.transactional_id):
             continue
-        listed.append(module.TransactionState(transactional_id=metadata.transactional_id,
-                                              producer_id=metadata.producer_id,
-                                              transaction_state=metadata.state.kafka_name))
+        listed.append(module.TransactionState(transactional_id=txn.transactional_id,
+                                              producer_id=txn.producer_id,
+                                              transaction_state=txn.state.kafka_name))
     return build(module.ListTransactionsResponse, throttle_time=NO_THROTTLE, error_code=code,
                  unknown_state_filters=unknown, transaction_states=tuple(listed))
 

@@ -40,7 +40,8 @@ class LogConfig:
     # preallocate (Kafka's topic config): blocks for the whole segment at creation instead (RocketMQ's way).
     preallocate: bool = False  # preallocate
     # The most blocks a partition reserves past its data: the active segment's steps, the next segment's
-    # first step and the indexes' steps together.
+    # (or the first step held for it), a rolled segment's until it is trimmed and every index's steps
+    # together, each counted from when its step is queued (block_budget.py).
     preallocate_ahead_bytes: int = 64 << 20
     # The first step of a new segment; later steps are sized from the append rate (a second of it, at least
     # twice the previous step) up to preallocate_ahead_bytes, so a burst into a new partition gets large
@@ -85,15 +86,6 @@ class LogConfig:
     def delete(self) -> bool:
         """cleanup.policy includes delete: retention.ms and retention.bytes delete old segments."""
         return "delete" in self.cleanup_policy
-
-    @property
-    def log_ahead_bytes(self) -> int:
-        """The most blocks of ``.log`` reserved past the data: the whole segment with ``preallocate``, else
-        seven eighths of preallocate_ahead_bytes less a first step (a next segment's first step may come on
-        top); the indexes' steps take at most a sixteenth each (``index_ahead_bytes``)."""
-        if self.preallocate:
-            return self.segment_bytes
-        return max(4096, self.preallocate_ahead_bytes * 7 // 8 - self.preallocate_first_bytes)
 
     @property
     def first_step_bytes(self) -> int:

@@ -236,15 +236,12 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         self._commit_point = (next_offset, active, active.committed_position)
         self.stats["appends"] += 1
         rate = self._append_rate(active, now)
-        if active.allocated_bytes < active.capacity_bytes:
-            ahead = self._ahead_bytes(rate)
+        if active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set():
             # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
-            if active.allocated_bytes - active.written_position < ahead // 2 and (
+            if active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2 and (
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
-                    or active.extension_failed_s < 0) and active.start_extension():
-                self.stats["extensions"] += 1
-                self._background.submit_allocate(active.extension_done, active.extend_ahead,
-                                                 active.written_position + ahead)
+                    or active.extension_failed_s < 0):
+                self._extend_active(active, rate)
         prepared = self._prepared
         if prepared is None:
             if self._should_prepare(active, now, rate):
@@ -387,6 +384,7 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         failpoint("roll.before_rename")
         new = Segment.from_prepared(prepared, base_offset, self.config.index_interval_bytes)
         old.seal_begin()
+        old.sealing_holdings = old.block_holdings()  # charged until the seal is done (block_budget)
         with self._lock:
             if old.committed_position == 0:
                 # An empty segment (left read-only by a failed reopen) is replaced, not kept: the rename
