@@ -43,7 +43,9 @@ class RunResult:
 
     def report(self, limit: int = 20) -> str:
         lines = [f"seed {self.seed}: {len(self.stream.sends)} sent, {len(self.stream.acks)} acknowledged, "
-                 f"{len(self.stream.failed)} failed, {len(self.stream.fatal)} fatal producer errors"]
+                 f"{len(self.stream.failed)} failed, {len(self.stream.fatal)} fatal producer errors; "
+                 f"{len(self.history.polls)} records polled, {len(self.history.ownership)} group assignments; "
+                 f"faults {self.injected}"]
         lines += [f"  anomaly {a}" for a in self.anomalies[:limit]]
         if len(self.anomalies) > limit:
             lines.append(f"  ... {len(self.anomalies) - limit} more")

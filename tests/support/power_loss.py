@@ -29,7 +29,8 @@ UNSHARE = shutil.which("unshare")
 
 def lose_unflushed(data_dir: Path) -> int:
     """Every log of ``data_dir`` loses what lies past its last flushed offset (the recovery point
-    checkpoint), its pages zeroed. Returns the number of bytes zeroed. The broker must be stopped."""
+    checkpoint), its pages zeroed. Returns the number of bytes of whole batches lost (the zeroed tail of a
+    preallocated segment was zeros already). The broker must be stopped."""
     recovery_points = read_checkpoint(data_dir / "recovery-point-offset-checkpoint")
     zeroed = 0
     for directory in sorted(p for p in data_dir.iterdir() if p.is_dir() and "-" in p.name):
@@ -47,11 +48,20 @@ def lose_unflushed(data_dir: Path) -> int:
                     if length <= 0 or last_offset >= flushed:
                         break
                     position += length + 12
+                end = position
+                while end + 61 <= len(data):
+                    length = struct.unpack_from(">i", data, end + 8)[0]
+                    if length <= 0:
+                        break
+                    end += length + 12
+                # Past the last batch the file reads as zeros already (never written, or sparse): zeroing
+                # only the batches keeps a sparse segment sparse on a small disk.
+                end = min(end, len(data))
                 file.seek(position)
-                file.write(bytes(len(data) - position))
+                file.write(bytes(end - position))
                 file.flush()
                 os.fsync(file.fileno())
-                zeroed += len(data) - position
+                zeroed += end - position
     return zeroed
 
 
