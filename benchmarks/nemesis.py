@@ -12,13 +12,15 @@ faults from every kind of ``tests.support.nemesis.KINDS`` (less ``--without``) f
 Output: a table of faults injected by kind, records sent / acknowledged / failed, and anomalies by kind
 (every kind, 0 included), printed and written to ``DIR/nemesis.json`` (DIR: ``benchmarks/results`` unless
 ``--out``), with the first anomalies, the notes and the nemesis' timeline in the JSON. Needs root (network
-namespaces, tmpfs mounts, a mount namespace for a power loss's new boot id). ``--quick`` runs 2 minutes,
+namespaces, tmpfs mounts, a mount namespace for a power loss's new boot id). The work dir (the brokers'
+logs) is kept, and named, when the run found an anomaly or did not recover. ``--quick`` runs 2 minutes,
 tiny runs (the suite) one step. Exit status 1 when an anomaly was found.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -53,13 +55,16 @@ def main(argv: list[str] | None = None) -> dict:
     minutes = bench.pick(full=args.minutes, quick=min(args.minutes, 2.0), tiny=0.2)
     max_steps = 1 if bench.mode == "tiny" else None
     bench.log(f"nemesis seed {seed}, {minutes:g} min of {', '.join(kinds)}")
-    with tempfile.TemporaryDirectory(prefix="copyless-nemesis-") as scratch:
-        workdir = Path(scratch)
-        with stage(workdir, unique_topic("soak"), 3, seed=seed) as st:
-            def progress(nemesis) -> None:
-                bench.log(f"  {sum(nemesis.injected.values())} faults injected: {nemesis.injected}")
-            result = run(st, schedule(seed, kinds, 3), minutes * 60, seed=seed, workdir=workdir,
-                         max_steps=max_steps, progress=progress)
+    workdir = Path(tempfile.mkdtemp(prefix="copyless-nemesis-"))
+    with stage(workdir, unique_topic("soak"), 3, seed=seed) as st:
+        def progress(nemesis) -> None:
+            bench.log(f"  {sum(nemesis.injected.values())} faults injected: {nemesis.injected}")
+        result = run(st, schedule(seed, kinds, 3), minutes * 60, seed=seed, workdir=workdir,
+                     max_steps=max_steps, progress=progress)
+    if result.anomalies or result.notes:
+        bench.note(f"the brokers' logs are kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     for kind in KINDS:
         bench.row(table="faults", kind=kind, count=result.injected.get(kind, 0) if kind in kinds else None)
     stream = result.stream

@@ -462,12 +462,15 @@ class ControllerAndLeader(Fault):
         controller = stage.controller()
         view = stage.view()
         leaders = [part.leader for _p, part in sorted(view.topics.get(stage.topic, {}).items())] if view else []
-        leader = next((n for n in [stage.leader(self.partition), *leaders] if n > 0 and n != controller), None)
+        leader = next((n for n in [stage.leader(self.partition), *leaders]
+                       if n > 0 and n != controller and stage.cluster.brokers[n].alive()), None)
         if leader is None:
             leader = next(n for n in stage.cluster.brokers if n != controller)
         self.nodes = (controller, leader)
-        for node in self.nodes:
-            os.kill(stage.cluster.brokers[node].pid, signal.SIGKILL)
+        for node in self.nodes:  # both signals first, then the reaping: the two die together
+            with contextlib.suppress(ProcessLookupError):
+                if stage.cluster.brokers[node].alive():
+                    os.kill(stage.cluster.brokers[node].pid, signal.SIGKILL)
         for node in self.nodes:
             stage.kill(node)
         return f"kill -9 the controller {controller} and broker {leader} (a partition leader) together"
@@ -579,11 +582,17 @@ class Nemesis:
                 except NoTarget as exc:
                     self.note(f"{fault.kind}: not started ({exc})")
                     continue
+                except Exception as exc:  # noqa: BLE001 - a target that died under another fault: go on
+                    self.note(f"{fault.kind}: start failed: {exc!r}")
+                    continue
                 started.add(id(fault))
                 self.active.append(fault)
                 self.injected[fault.kind] = self.injected.get(fault.kind, 0) + 1
             elif id(fault) in started:
-                self.note(f"{fault.kind}: " + fault.heal(self.stage))
+                try:
+                    self.note(f"{fault.kind}: " + fault.heal(self.stage))
+                except Exception as exc:  # noqa: BLE001 - heal_everything at the end is the backstop
+                    self.note(f"{fault.kind}: heal failed: {exc!r}")
                 self.active = [f for f in self.active if f is not fault]
         self.settle()
         time.sleep(step.quiet_s)
