@@ -265,6 +265,19 @@ def _check_security(document: dict) -> None:
     assert any(key.startswith("copyless SASL_SSL/PLAINTEXT consume_mb_per_s") for key in document["ratios"])
 
 
+def _check_nemesis(document: dict) -> None:
+    from tests.support.checker import KINDS as ANOMALY_KINDS
+    from tests.support.nemesis import KINDS
+
+    assert [r["kind"] for r in _rows_with(document, table="faults")] == list(KINDS)
+    assert sum(document["faults"].values()) >= 1, "the tiny run injected no fault"
+    assert [r["kind"] for r in _rows_with(document, table="anomalies")] == list(ANOMALY_KINDS)
+    assert document["anomaly_counts"] == dict.fromkeys(ANOMALY_KINDS, 0), document["anomalies"]
+    acknowledged = _rows_with(document, table="records", kind="records acknowledged")
+    assert acknowledged and acknowledged[0]["count"] > 0
+    assert document["timeline"] and isinstance(document["seed"], int)
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -276,6 +289,7 @@ CHECKS = {
     "replication": _check_replication,
     "cluster_metadata": _check_cluster_metadata,
     "security": _check_security,
+    "nemesis": _check_nemesis,
 }
 
 
