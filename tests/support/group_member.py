@@ -65,7 +65,12 @@ def run_kafka_python() -> None:
                              client_id="member-kafka-python")
     consumer.subscribe([topic], listener=Listener())
     while not stop:
-        batch = consumer.poll(timeout_ms=200)
+        try:
+            batch = consumer.poll(timeout_ms=200)
+        except KafkaError as exc:  # a broker down or restarting: a consumer application retries
+            emit("poll_failed", error=repr(exc))
+            time.sleep(0.2)
+            continue
         if not batch:
             continue
         offsets = {}

@@ -18,7 +18,8 @@ happens only where the process is dead).
     etcd-cut-leader   a leader cut off from etcd (its lease runs out; its followers still reach it)
     peers-cut-leader  a leader that reaches etcd but not its followers
     follower-cut      a follower cut off from etcd and both peers
-    slow-etcd         every etcd call and stream message delayed 0.2-1.2 s (the proxy)
+    slow-etcd         every etcd call and stream message delayed 0.05-0.6 s (the proxy); a broker's
+                      etcd deadline is a third of its lease, 0.67 s: slower than that is a cut
     stall-etcd        etcd SIGSTOPped
     disk-full         a follower's disk filled to the last byte
     power-loss        kill -9, every log cut to its last flushed offset, and a restart in another boot
@@ -37,6 +38,7 @@ import contextlib
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,7 @@ class Stage:
     _cuts: dict[tuple, int] = field(default_factory=dict)  # link -> active faults cutting it
     _delays: list[float] = field(default_factory=list)
     _etcd_stops: int = 0
+    _starting: dict[int, threading.Thread] = field(default_factory=dict)
     _base_wrappers: dict[int, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -138,15 +141,31 @@ class Stage:
             broker.kill()
         self._pauses.pop(node, None)
 
-    def revive(self, node: int) -> bool:
-        """Start ``node`` again if it is dead; False (noted) if it would not start."""
+    def revive(self, node: int, *, wait: bool = False) -> bool:
+        """Start ``node`` again if it is dead. In the background unless ``wait``: a broker does not listen
+        before it reaches etcd, and the heal that lets it (an etcd SIGCONT, a cut healed) may be the next
+        event of the schedule. With ``wait``, False (noted) if it would not start."""
         broker = self.cluster.brokers[node]
+        starting = self._starting.get(node)
+        if starting is not None and starting.is_alive():
+            if not wait:
+                return True
+            starting.join()
         if broker.alive():
             return True
+        if not wait:
+            thread = threading.Thread(target=self._start, args=(node,), name=f"start-broker-{node}", daemon=True)
+            self._starting[node] = thread
+            thread.start()
+            return True
+        return self._start(node)
+
+    def _start(self, node: int) -> bool:
+        broker = self.cluster.brokers[node]
         try:
             broker.start(port=broker.port)
             return True
-        except (BrokerStartError, OSError) as exc:
+        except (BrokerStartError, OSError, RuntimeError) as exc:
             self.note(f"broker {node} did not start: {str(exc)[-300:]}")
             return False
 
@@ -244,8 +263,8 @@ class Stage:
             if broker.alive():
                 os.kill(broker.pid, signal.SIGCONT)
         self._pauses.clear()
-        for attempt in range(3):
-            if all(self.revive(node) for node in self.cluster.brokers):
+        for _attempt in range(3):
+            if all(self.revive(node, wait=True) for node in self.cluster.brokers):
                 return
             time.sleep(2)
 
@@ -496,7 +515,7 @@ def _draw(kind: str, rng: random.Random, partitions: int) -> Fault:
     if kind == "follower-cut":
         return FollowerCut(p, rng.uniform(1.0, 6.0))
     if kind == "slow-etcd":
-        return SlowEtcd(p, rng.uniform(2.0, 6.0), delay_s=rng.uniform(0.2, 1.2))
+        return SlowEtcd(p, rng.uniform(2.0, 6.0), delay_s=rng.uniform(0.05, 0.6))
     if kind == "stall-etcd":
         return StallEtcd(p, rng.uniform(0.5, 4.0))
     if kind == "disk-full":
@@ -551,9 +570,8 @@ class Nemesis:
 
     def note(self, text: str) -> None:
         self.timeline.append(f"{time.monotonic() - self._t0:7.2f}s {text}")
-        for extra in self.stage.notes:
-            self.timeline.append(f"{time.monotonic() - self._t0:7.2f}s   {extra}")
-        self.stage.notes.clear()
+        while self.stage.notes:  # notes of background restarts too: taken one by one, none lost
+            self.timeline.append(f"{time.monotonic() - self._t0:7.2f}s   {self.stage.notes.pop(0)}")
 
     def run(self, steps: Iterator[Step], seconds: float, *, max_steps: int | None = None) -> None:
         deadline = time.monotonic() + seconds
