@@ -11,6 +11,7 @@ replica that never caught up is a ``replica-divergence``, not a hang.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +132,15 @@ def run(stage: Stage, steps: Iterator[Step], seconds: float, *, seed: int, workd
         for member in members:
             if member.process.poll() is not None:
                 notes.append(f"group member {member.client} died: {member.log_text()[-500:]}")
-            else:
+                continue
+            try:
                 member.leave()
+            except subprocess.TimeoutExpired:
+                # librdkafka's synchronous commit has no deadline: a member whose coordinator never
+                # answers stays in it. Noted (a liveness finding), and the member is killed.
+                notes.append(f"group member {member.client} did not leave within 30 s of SIGTERM: "
+                             f"{member.log_text()[-400:]}")
+                member.kill()
         history = history_of(cluster, topic, partitions, stream, poller, final,
                              member_events=[m.events for m in members])
         anomalies = check(history)
