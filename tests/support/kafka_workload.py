@@ -195,7 +195,8 @@ def read_partition(bootstrap: str, topic: str, partition: int, timeout_s: float 
             try:
                 return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
             except KafkaException as exc:
-                if not exc.args[0].retriable():
+                # A partition without a leader reads as unknown to librdkafka until one is elected.
+                if not exc.args[0].retriable() and exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
                     raise
                 return None
         _low, high = wait_until(high_watermark, what=f"partition {partition}'s high watermark", timeout_s=timeout_s)

@@ -241,7 +241,20 @@ class Stage:
                     pass
         return filler
 
+    def require_redundancy(self, node: int) -> None:
+        """A power loss of the last in-sync replica of a partition leaves it offline for good (its data may
+        be incomplete, and nobody else has it: ``broker.cluster.incarnation``), which ends the run's
+        usefulness, not its safety: such a power loss is not started."""
+        view = self.view()
+        parts = view.topics.get(self.topic, {}) if view else {}
+        if len(parts) != self.partitions:
+            raise NoTarget("the partitions' ISRs are unknown")
+        for p, part in sorted(parts.items()):
+            if not set(part.isr) - {node}:
+                raise NoTarget(f"broker {node} is the only in-sync replica of p{p}")
+
     def power_loss(self, node: int) -> int:
+        self.require_redundancy(node)
         self.kill(node)
         broker = self.cluster.brokers[node]
         zeroed = lose_unflushed(broker.data_dir)
