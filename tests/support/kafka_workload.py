@@ -194,10 +194,9 @@ def read_partition(bootstrap: str, topic: str, partition: int, timeout_s: float 
         def high_watermark():
             try:
                 return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            except KafkaException as exc:
-                # A partition without a leader reads as unknown to librdkafka until one is elected.
-                if not exc.args[0].retriable() and exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
-                    raise
+            except KafkaException:
+                # Leadership still moving after the faults (not leader, unknown partition while leaderless):
+                # asked again until the deadline, which then names what was awaited.
                 return None
         _low, high = wait_until(high_watermark, what=f"partition {partition}'s high watermark", timeout_s=timeout_s)
         consumer.assign([TopicPartition(topic, partition, 0)])
