@@ -32,7 +32,6 @@ import contextlib
 import statistics
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, percentile
@@ -202,7 +201,8 @@ def etcd_section(bench: Benchmark, cluster: CopylessCluster, records: int) -> No
         for i in range(records):
             while True:
                 try:
-                    producer.produce(topic, value, on_delivery=lambda err, _m: err and failed.append(err))
+                    producer.produce(topic, value,
+                                     on_delivery=lambda err, _m, failed=failed: err and failed.append(err))
                     break
                 except BufferError:
                     producer.poll(0.01)

@@ -32,8 +32,9 @@ from benchmarks._harness import format_bytes, format_table, format_value
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
-ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "client",
-         "connections", "throughput", "replication", "cluster_metadata", "nemesis")
+ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
+         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions",
+         "nemesis")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -42,12 +43,14 @@ TITLES = {
     "mmap_warmup": "Warming an mmap'd segment (RocketMQ, seed 001)",
     "storage": "Storage engine",
     "prefault": "The broker's pre-fault: zeros first, pwrite past it, neither",
+    "compaction": "The log cleaner",
     "client": "copyless client",
     "connections": "Many connections against the broker",
     "throughput": "End to end: copyless vs Apache Kafka",
     "replication": "Replication: three brokers each, copyless vs Apache Kafka",
     "cluster_metadata": "Cluster metadata in etcd",
     "nemesis": "Overlapping faults: the nemesis soak and the checker",
+    "transactions": "Transactions: transactional produce, commit latency, read_committed consume",
 }
 
 
@@ -229,6 +232,21 @@ def _headline_security(d: dict) -> str:
     return "; ".join(parts) + f" (TLS path: {d.get('tls_path', '?')}; Kafka: {d.get('kafka', '?')})"
 
 
+def _headline_compaction(d: dict) -> str:
+    parts = [f"{record_bytes} B records, {keys:,} keys: {_fmt(_ratio(d, f'mb_per_s_{record_bytes}B_{keys}keys'))} MB/s, "
+             f"{_fmt(_ratio(d, f'cpu_s_per_gb_{record_bytes}B_{keys}keys'))} CPU s/GB"
+             for record_bytes, keys in d.get("cases", [])]
+    return f"one cleaning of a {_fmt(d.get('log_mb'))} MiB log (median) — " + "; ".join(parts)
+
+
+def _headline_transactions(d: dict) -> str:
+    ratios = d.get("ratios", {})
+    return (f"copyless/Kafka: transactional produce {_fmt(ratios.get('copyless/kafka produce_mb_per_s'))}, "
+            f"commit p50 {_fmt(ratios.get('copyless/kafka commit_p50_ms'))}, "
+            f"p99 {_fmt(ratios.get('copyless/kafka commit_p99_ms'))} (below 1: faster), read_committed consume "
+            f"{_fmt(ratios.get('copyless/kafka consume_mb_per_s'))} (Kafka: {d.get('kafka', '?')})")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
@@ -241,6 +259,8 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "cluster_metadata": _headline_cluster_metadata,
     "nemesis": _headline_nemesis,
     "security": _headline_security,
+    "compaction": _headline_compaction,
+    "transactions": _headline_transactions,
 }
 
 
@@ -276,12 +296,19 @@ def machine_section(machine: dict) -> str:
     return "\n".join(lines)
 
 
+def _where(machine: dict) -> str:
+    """The CPU and kernel a result was measured on: results kept from earlier runs may come from another
+    machine of the same size than the one the report is generated on."""
+    return f"{machine.get('cpu_model', '?')} (kernel {machine.get('kernel', '?')})"
+
+
 def benchmark_section(document: dict, results_dir_link: str) -> str:
     name = document["name"]
     parts = [f"## {TITLES.get(name, name)}", "",
              f"`python -m benchmarks.{name}{' --quick' if document.get('quick') else ''} --out DIR` — "
              f"{document.get('description', '')}. Mode: {document.get('mode', '?')}, run "
-             f"{document.get('started_at', '?')}, {_fmt(document.get('duration_s'))} s, load average at start "
+             f"{document.get('started_at', '?')} on {_where(document.get('machine', {}))}, "
+             f"{_fmt(document.get('duration_s'))} s, load average at start "
              f"{document.get('machine', {}).get('loadavg_at_start')}.", ""]
     parts += [f"**Headline:** {headline(document)}", ""]
     for table in document.get("tables", []):
@@ -319,7 +346,8 @@ def render(out: Path, results_path: Path, failures: dict[str, int], command: str
     if documents:
         lines += ["## Machine", "", machine_section(documents[-1]["machine"]), "",
                   "The machine is shared and has 2 cores: treat single figures as rough and read ratios "
-                  "measured within one run.", "",
+                  "measured within one run. The table above is the machine this report was generated on; each "
+                  "section names the CPU and kernel its own run had.", "",
                   "## Headlines", "", "| benchmark | mode | headline |", "|---|---|---|"]
         for document in documents:
             lines.append(f"| [{document['name']}](#{_anchor(TITLES.get(document['name'], document['name']))}) | "

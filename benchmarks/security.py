@@ -125,11 +125,11 @@ file.delete.delay.ms=0
     subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
                     str(properties), "--add-scram", f"SCRAM-SHA-512=[name=bench,password={PASSWORD}]"],
                    check=True, capture_output=True, timeout=120)
-    log = open(data / "kafka.out", "ab")
-    process = subprocess.Popen(["java", "-Xmx1g", f"-Dlog4j.configuration=file:{kafka_home / 'log4j.properties'}",
-                                "-cp", classpath, "kafka.Kafka", str(properties)],
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    log.close()
+    with open(data / "kafka.out", "ab") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(["java", "-Xmx1g", f"-Dlog4j.configuration=file:{kafka_home / 'log4j.properties'}",
+                                    "-cp", classpath, "kafka.Kafka", str(properties)],
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
     handle = BrokerHandle("kafka", f"127.0.0.1:{plain}", process=process, log_path=data / "kafka.out")
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
@@ -139,7 +139,7 @@ file.delete.delay.ms=0
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 handle.stop()
-                raise RuntimeError(f"Kafka did not start; see {data / 'kafka.out'}")
+                raise RuntimeError(f"Kafka did not start; see {data / 'kafka.out'}") from None
             time.sleep(0.5)
     return handle, {"PLAINTEXT": f"127.0.0.1:{plain}", "SASL_SSL": f"127.0.0.1:{secure}"}
 
@@ -285,8 +285,8 @@ def _tables(bench: Benchmark, sizes, names, rounds) -> dict:
     bench.table("Medians over rounds", medians)
     ratios: dict = {}
     comparisons = []
-    pairs = [(f"{name} SASL_SSL/PLAINTEXT", dict(broker=name, protocol="SASL_SSL"), dict(broker=name, protocol="PLAINTEXT"))
-             for name in names]
+    pairs = [(f"{name} SASL_SSL/PLAINTEXT", dict(broker=name, protocol="SASL_SSL"),
+              dict(broker=name, protocol="PLAINTEXT")) for name in names]
     if "kafka" in names:
         pairs += [(f"copyless/kafka {protocol}", dict(broker="copyless", protocol=protocol),
                    dict(broker="kafka", protocol=protocol)) for protocol in PROTOCOLS]
@@ -304,7 +304,8 @@ def _tables(bench: Benchmark, sizes, names, rounds) -> dict:
                 ratios[f"{label} {metric} {size}B"] = None if median is None else round(median, 3)
                 comparisons.append({"comparison": label, "record_bytes": size, "metric": metric,
                                     "median_ratio": None if median is None else round(median, 3),
-                                    "interval": None if interval is None else [round(interval.low, 3), round(interval.high, 3)],
+                                    "interval": None if interval is None else [round(interval.low, 3),
+                                                                               round(interval.high, 3)],
                                     "verdict": None if interval is None else interval.verdict(),
                                     "per_round": [round(x, 3) for x in per_round]})
     bench.table("Ratios within rounds (CPU ratios below 1 mean less CPU per GB)", comparisons)
@@ -313,7 +314,7 @@ def _tables(bench: Benchmark, sizes, names, rounds) -> dict:
 
 def _chart(fig, rows, sizes, names) -> None:
     axes = fig.subplots(1, 2)
-    for ax, metric in zip(axes, ("produce_mb_per_s", "consume_mb_per_s")):
+    for ax, metric in zip(axes, ("produce_mb_per_s", "consume_mb_per_s"), strict=True):
         labels, values = [], []
         for size in sizes:
             for name in names:

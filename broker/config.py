@@ -39,6 +39,7 @@ from copyless.broker.config_def import (
     Between,
     ConfigDef,
     ConfigError,
+    ListOf,
     OneOf,
     Scope,
     Supported,
@@ -115,6 +116,16 @@ class BrokerConfig:
     flush_ms: int | None = None
     flush_mode: str = "async"
     message_timestamp_type: str = "CreateTime"
+    cleanup_policy: tuple[str, ...] = ("delete",)
+    min_cleanable_dirty_ratio: float = 0.5
+    delete_retention_ms: int = 86_400_000
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = _LONG_MAX
+    log_cleaner_enable: bool = True
+    log_cleaner_threads: int = 1
+    log_cleaner_backoff_ms: int = 15_000
+    log_cleaner_dedupe_buffer_size: int = 128 << 20
+    log_cleaner_io_max_bytes_per_second: float = 1.7976931348623157e308  # Kafka's Double.MAX_VALUE: unthrottled
     preallocate: bool = False
     prefault_zeros: bool = True
     outrun_pwrite: bool = True
@@ -137,6 +148,12 @@ class BrokerConfig:
     # None: the mode's default (1 single node, 50 in a cluster; see ``offsets_partitions``).
     offsets_topic_num_partitions: int | None = None
     offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 16 * 1024 * 1024
+    transaction_max_timeout_ms: int = 900000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
+    # None: the mode's default (1 single node, 50 in a cluster; see ``transaction_partitions``).
+    transaction_state_log_num_partitions: int | None = None
+    transaction_state_log_replication_factor: int = 3
     # TLS, SASL and ACL settings by Kafka's names, as given, resolved per listener (broker.security.settings).
     security: SecuritySettings = SecuritySettings()
 
@@ -184,6 +201,13 @@ class BrokerConfig:
         """``offsets.topic.num.partitions``, or its default for this mode."""
         if self.offsets_topic_num_partitions is not None:
             return self.offsets_topic_num_partitions
+        return 50 if self.clustered else 1
+
+    @property
+    def transaction_partitions(self) -> int:
+        """``transaction.state.log.num.partitions``, or its default for this mode."""
+        if self.transaction_state_log_num_partitions is not None:
+            return self.transaction_state_log_num_partitions
         return 50 if self.clustered else 1
 
     def with_bound_port(self, port: int) -> BrokerConfig:
@@ -403,8 +427,10 @@ _define("auto.create.topics.enable", T.BOOLEAN, "Create a topic a client asks fo
         field="auto_create_topics")
 _define("num.partitions", T.INT, "Partitions of an auto-created topic.", field="num_partitions",
         validator=AtLeast(1))
-_define("cleanup.policy", T.LIST, "What happens to old segments: delete (compaction is not there yet).",
-        scope=Scope.TOPIC, default=("delete",), validator=Supported(("delete",)))
+_define("cleanup.policy", T.LIST, "What happens to old segments: delete (retention deletes them), compact (the "
+        "log cleaner keeps each key's latest record; records need a key), or compact,delete (both).",
+        scope=Scope.BOTH, broker_name="log.cleanup.policy", field="cleanup_policy", log_field="cleanup_policy",
+        validator=ListOf(("delete", "compact")), dynamic=True)
 _define("compression.type", T.STRING, "The codec batches are stored with: producer keeps the producer's, any "
         "other recompresses them (broker/record_conversion.py).", scope=Scope.TOPIC, default="producer",
         log_field="compression_type", parse=_compression_type)
@@ -451,6 +477,31 @@ _define("log.prefault.zeros", T.BOOLEAN, "Pre-fault pages by writing zeros befor
         "MADV_POPULATE_WRITE alone).", field="prefault_zeros", log_field="prefault_zeros")
 _define("log.prefault.outrun.pwrite", T.BOOLEAN, "An append past the pre-faulted pages writes them with "
         "pwrite(2) (false: faults them in through the map).", field="outrun_pwrite", log_field="outrun_pwrite")
+# Compaction (broker/storage/cleaner.py).
+_define("delete.retention.ms", T.LONG, "How long a compacted log keeps a tombstone after the cleaning that first "
+        "kept it (the horizon is stored in its batch).", scope=Scope.BOTH, broker_name="log.cleaner.delete.retention.ms",
+        field="delete_retention_ms", log_field="delete_retention_ms", validator=AtLeast(0), dynamic=True)
+_define("min.compaction.lag.ms", T.LONG, "The least age of a segment's newest record before the cleaner may "
+        "clean it.", scope=Scope.BOTH, broker_name="log.cleaner.min.compaction.lag.ms", field="min_compaction_lag_ms",
+        log_field="min_compaction_lag_ms", validator=AtLeast(0), dynamic=True)
+_define("max.compaction.lag.ms", T.LONG, "Clean a log whose first uncleaned segment is this old, whatever its "
+        "dirty ratio.", scope=Scope.BOTH, broker_name="log.cleaner.max.compaction.lag.ms",
+        field="max_compaction_lag_ms", log_field="max_compaction_lag_ms", validator=AtLeast(1), dynamic=True)
+_define("min.cleanable.dirty.ratio", T.DOUBLE, "Clean a log once this share of its cleanable bytes has not been "
+        "cleaned yet.", scope=Scope.BOTH, broker_name="log.cleaner.min.cleanable.ratio",
+        field="min_cleanable_dirty_ratio", log_field="min_cleanable_dirty_ratio", validator=Between(0, 1),
+        dynamic=True)
+_define("log.cleaner.enable", T.BOOLEAN, "Run the log cleaner (compacted topics are not cleaned without it).",
+        field="log_cleaner_enable")
+_define("log.cleaner.threads", T.INT, "Threads cleaning logs (each takes the dirtiest due log).",
+        field="log_cleaner_threads", validator=AtLeast(0))
+_define("log.cleaner.backoff.ms", T.LONG, "How long a cleaner thread sleeps when no log is due.",
+        field="log_cleaner_backoff_ms", validator=AtLeast(0))
+_define("log.cleaner.dedupe.buffer.size", T.LONG, "Memory for the cleaners' key maps, shared by the threads "
+        "(24 bytes a key; a dirty section with more keys is cleaned in several passes).",
+        field="log_cleaner_dedupe_buffer_size", validator=AtLeast(1 << 20))
+_define("log.cleaner.io.max.bytes.per.second", T.DOUBLE, "The most bytes a second the cleaners read and write.",
+        field="log_cleaner_io_max_bytes_per_second", validator=AtLeast(1))
 _define("log.retention.check.interval.ms", T.LONG, "How often retention looks for segments to delete.",
         field="retention_check_interval_ms", validator=AtLeast(1))
 # Topic configs accepted and kept, with no effect yet: Kafka's validators, so a value Kafka refuses is refused.
@@ -459,14 +510,6 @@ _define("message.downconversion.enable", T.BOOLEAN, "Down-convert batches for ol
         scope=Scope.TOPIC, default=True)
 _define("remote.storage.enable", T.BOOLEAN, "Tiered storage (not there yet).", scope=Scope.TOPIC, default=False,
         validator=Supported((False,)))
-_define("delete.retention.ms", T.LONG, "How long a compacted topic keeps tombstones." + _NO_EFFECT,
-        scope=Scope.TOPIC, default=86_400_000, validator=AtLeast(0))
-_define("min.compaction.lag.ms", T.LONG, "The least age of a record compaction may remove." + _NO_EFFECT,
-        scope=Scope.TOPIC, default=0, validator=AtLeast(0))
-_define("max.compaction.lag.ms", T.LONG, "The most a record may wait to be compacted." + _NO_EFFECT,
-        scope=Scope.TOPIC, default=_LONG_MAX, validator=AtLeast(1))
-_define("min.cleanable.dirty.ratio", T.DOUBLE, "The dirty share of a log that makes it compactable." + _NO_EFFECT,
-        scope=Scope.TOPIC, default=0.5, validator=Between(0, 1))
 _define("segment.jitter.ms", T.LONG, "Random jitter taken off segment.ms." + _NO_EFFECT, scope=Scope.TOPIC,
         default=0, validator=AtLeast(0))
 _define("message.timestamp.difference.max.ms", T.LONG, "The most a record's timestamp may differ from the "
@@ -504,8 +547,24 @@ _define("offsets.retention.check.interval.ms", T.LONG, "How often expired commit
 _define("offsets.topic.num.partitions", T.INT, "Partitions of __consumer_offsets (default: 1 on a single node, "
         "which coordinates every group itself; Kafka's 50 in a cluster).", field="offsets_topic_num_partitions",
         validator=AtLeast(1), read=lambda c: c.offsets_partitions)
+_define("offsets.topic.segment.bytes", T.INT, "segment.bytes of __consumer_offsets (16 MiB here, ~200,000 "
+        "commits; Kafka's 100 MiB): its active segment is what a coordinator replays beyond the compacted keys.",
+        field="offsets_topic_segment_bytes", validator=AtLeast(1))
 _define("offsets.topic.replication.factor", T.SHORT, "Replicas of __consumer_offsets' partitions (at most the "
         "brokers there are).", field="offsets_topic_replication_factor", validator=AtLeast(1))
+
+# Transactions.
+_define("transaction.max.timeout.ms", T.INT, "The longest transaction timeout a producer may ask for "
+        "(InitProducerId answers INVALID_TRANSACTION_TIMEOUT above it).", field="transaction_max_timeout_ms",
+        validator=AtLeast(1))
+_define("transaction.abort.timed.out.transaction.cleanup.interval.ms", T.INT, "How often the transaction "
+        "coordinator looks for transactions past their timeout, which it aborts (fencing their producer).",
+        field="transaction_abort_timed_out_transaction_cleanup_interval_ms", validator=AtLeast(1))
+_define("transaction.state.log.num.partitions", T.INT, "Partitions of __transaction_state (default: 1 on a "
+        "single node; Kafka's 50 in a cluster).", field="transaction_state_log_num_partitions",
+        validator=AtLeast(1), read=lambda c: c.transaction_partitions)
+_define("transaction.state.log.replication.factor", T.SHORT, "Replicas of __transaction_state's partitions (at "
+        "most the brokers there are).", field="transaction_state_log_replication_factor", validator=AtLeast(1))
 
 
 # Security: TLS, SASL and ACLs (their entries live with the code that reads them, broker/security/settings.py).

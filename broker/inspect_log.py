@@ -39,6 +39,7 @@ from typing import Callable, Iterator
 
 from copyless.broker.storage import filenames, index_search
 from copyless.broker.storage.checkpoint import read_checkpoint, read_entries
+from copyless.broker.storage.cleaner import read_cleaner_checkpoint
 from copyless.broker.storage.segment import scan_headers
 from copyless.client.protocol.records import BatchHeader, InvalidBatchError, validate_batch
 
@@ -140,7 +141,7 @@ def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
             data = os.pread(fd, header.size, position)
             problem = None
             try:
-                validate_batch(data)
+                validate_batch(data, cleaned=True)
             except InvalidBatchError as exc:
                 problem = str(exc)
             crc_ok = problem is None or not problem.startswith("bad crc")
@@ -148,7 +149,8 @@ def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
             if problem is not None:
                 report.error(f"batch at position {position} (offsets {header.base_offset}..{header.last_offset}): "
                              f"{problem}")
-            if expected is not None and header.base_offset != expected:
+            # Forward gaps are compaction's (offsets are kept, records dropped); a batch going back is not.
+            if expected is not None and header.base_offset < expected:
                 what = "the segment's base offset" if position == 0 else "the previous batch's next offset"
                 report.error(f"batch at position {position} starts at offset {header.base_offset}, not at "
                              f"{expected} ({what})")
@@ -274,12 +276,16 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
         text = metadata.read_text(errors="replace")
         if "topic_id:" not in text:
             report.findings.append(Finding(ERROR, str(metadata), "no topic_id line"))
+    cleaned_to = read_cleaner_checkpoint(directory) or -1
     previous: SegmentReport | None = None
     for path in segments:
         segment = inspect_segment(path, indexes=True)
         report.segments.append(segment)
         report.findings.extend(segment.findings)
-        if previous is not None and previous.next_offset != segment.base_offset:
+        # A gap below the cleaner's checkpointed offset is compaction's (a cleaned segment's last records
+        # removed); any other gap, or an overlap, is a broken chain.
+        if previous is not None and previous.next_offset != segment.base_offset and not (
+                previous.next_offset < segment.base_offset <= cleaned_to):
             report.findings.append(Finding(ERROR, str(path), f"starts at offset {segment.base_offset}, but the "
                                            f"previous segment ends before offset {previous.next_offset}"))
         previous = segment

@@ -18,6 +18,9 @@ Metrics (all prefixed ``copyless_``; ``api`` is the Kafka API name, ``error`` Ka
     produced_records_total, produced_batches_total, connections_open, connections_accepted_total,
     uptime_seconds, loop_lag_seconds (histogram: how late a 100 ms timer fires)
     partition_log_start_offset, partition_log_end_offset, partition_high_watermark {topic,partition}
+    partition_last_stable_offset{topic,partition}   for partitions led here (read_committed reads below it)
+    transactions_total{outcome}, transaction_markers_total   what this broker's transaction coordinator ended
+    open_transactions                           transactions open on the partitions hosted here
     partition_leader{topic,partition}           1 where this broker leads the partition
     under_replicated_partitions                 partitions led here with an ISR smaller than the replicas
     isr_shrinks_total, isr_expands_total        ISR changes this broker (as leader) had recorded: a follower
@@ -26,6 +29,17 @@ Metrics (all prefixed ``copyless_``; ``api`` is the Kafka API name, ``error`` Ka
     controller_active, controller_epoch         whether this broker is the controller, and the epoch
     controller_leader_elections_total, controller_isr_removals_total   what it did as controller (cluster)
     etcd_calls_total{method}                    etcd RPCs by method (cluster only)
+    log_cleaner_cleanings_total, log_cleaner_failures_total   cleanings finished (swapped in) and failed
+    log_cleaner_bytes_read_total, log_cleaner_bytes_written_total   segment bytes the cleaner read (the map's
+                                                pass and the copy's) and wrote (the cleaned segments)
+    log_cleaner_records_removed_total           records (tombstones included) cleaned away
+    log_cleaner_last_duration_seconds           the last cleaning's wall time (Kafka's max-clean-time-secs
+                                                is the max of its last cleanings' times; this is the last)
+    log_cleaner_busy_seconds_total              wall time the cleaner threads spent cleaning
+    log_cleaner_max_dirty_ratio                 the largest dirty ratio of the compacted logs, as of the
+                                                cleaner's last look (Kafka's max-dirty-percent, as a ratio)
+    partition_cleanings_total{topic,partition}  cleanings swapped into each hosted compacted log (a follower's
+                                                own too)
 
 Pure except for reading the broker's state; loop thread.
 """
@@ -143,6 +157,9 @@ def collect(broker: Any) -> list[Family]:
     start = family("partition_log_start_offset", "gauge", "First offset of each hosted partition's log.")
     end = family("partition_log_end_offset", "gauge", "Log end offset of each hosted partition.")
     high = family("partition_high_watermark", "gauge", "High watermark of each hosted partition.")
+    stable = family("partition_last_stable_offset", "gauge",
+                    "Last stable offset of each partition led here: its first open transaction, or the high "
+                    "watermark.")
     leader = family("partition_leader", "gauge", "1 where this broker leads the partition, else 0.")
     lag = family("follower_lag_records", "gauge",
                  "For partitions led here: the leader's log end offset minus each follower's.")
@@ -154,6 +171,7 @@ def collect(broker: Any) -> list[Family]:
         high.add(partition.high_watermark, **labels)
         leader.add(1 if partition.is_leader else 0, **labels)
         if partition.is_leader:
+            stable.add(partition.last_stable_offset, **labels)
             under += partition.under_replicated
             for follower, view in sorted(partition.followers.items()):
                 behind = partition.log_end_offset - view.log_end_offset if view.log_end_offset >= 0 \
@@ -166,6 +184,8 @@ def collect(broker: Any) -> list[Family]:
         isr.get("isr_shrinks", 0))
     family("isr_expands_total", "counter", "ISR expansions recorded by this broker as leader.").add(
         isr.get("isr_expands", 0))
+
+    _cleaner_families(family, broker, replicas)
 
     metadata = broker.metadata
     family("controller_active", "gauge", "1 when this broker is the controller.").add(
@@ -185,10 +205,52 @@ def collect(broker: Any) -> list[Family]:
         calls = family("etcd_calls_total", "counter", "etcd RPCs, by method.")
         for method, count in sorted(dict(client.calls).items()):
             calls.add(count, method=method)
+    transactions = getattr(broker, "transactions", None)
+    if transactions is not None:
+        ended = family("transactions_total", "counter",
+                       "Transactions this broker coordinated to their end, by outcome (timed_out: aborted by "
+                       "their timeout, also counted as aborted).")
+        for outcome in ("committed", "aborted", "timed_out"):
+            ended.add(transactions.stats[outcome], outcome=outcome)
+        family("transaction_markers_total", "counter", "COMMIT/ABORT markers this coordinator had written.").add(
+            transactions.stats["markers"])
+    family("open_transactions", "gauge", "Transactions open on the partitions hosted here.").add(
+        broker.txn_partitions.open_transactions())
     security = getattr(broker, "security", None)
     if security is not None:
         security.metric_families(family)
     return families
+
+
+def _cleaner_families(family, broker: Any, replicas: Any) -> None:
+    """The log cleaner's counters (``LogCleaner.metrics``, written by its threads: each value is one int or
+    float read, and ``per_log`` is replaced whole, never mutated). Absent when the cleaner is disabled."""
+    log_manager = getattr(broker, "log_manager", None)
+    cleaner = getattr(log_manager, "cleaner", None)
+    if cleaner is None:
+        return
+    metrics = cleaner.metrics
+    family("log_cleaner_cleanings_total", "counter", "Log cleanings finished (swapped in).").add(metrics.cleanings)
+    family("log_cleaner_failures_total", "counter", "Log cleanings that failed (retried after the backoff).").add(
+        metrics.failures)
+    family("log_cleaner_bytes_read_total", "counter", "Segment bytes read by the log cleaner.").add(metrics.bytes_read)
+    family("log_cleaner_bytes_written_total", "counter", "Cleaned segment bytes written by the log cleaner.").add(
+        metrics.bytes_written)
+    family("log_cleaner_records_removed_total", "counter", "Records the log cleaner removed.").add(
+        metrics.records_dropped)
+    family("log_cleaner_last_duration_seconds", "gauge", "Wall time of the last log cleaning.").add(
+        round(metrics.last_seconds, 6))
+    family("log_cleaner_busy_seconds_total", "counter", "Wall time the cleaner threads spent cleaning.").add(
+        round(metrics.busy_seconds, 6))
+    ratios = metrics.per_log
+    family("log_cleaner_max_dirty_ratio", "gauge",
+           "The largest dirty ratio (dirty / cleanable bytes) of the compacted logs at the cleaner's last look.").add(
+        round(max(ratios.values(), default=0.0), 6))
+    cleanings = family("partition_cleanings_total", "counter", "Cleanings swapped into each hosted compacted log.")
+    for (topic, index), partition in sorted(replicas.partitions.items()):
+        partition_log = partition.log
+        if partition_log is not None and "compact" in partition_log.config.cleanup_policy:
+            cleanings.add(partition_log.stats.get("cleanings", 0), topic=topic, partition=str(index))
 
 
 def _escape(value: str) -> str:

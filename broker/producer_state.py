@@ -27,16 +27,18 @@ Pure except for ``ProducerIdAllocator.reserve_block`` (blocking file write).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
 from copyless.client.protocol.records import NO_PRODUCER_ID, BatchHeader
 
-__all__ = ["ProducerStateManager", "SequenceCheck", "ProducerIdAllocator", "BATCHES_PER_PRODUCER"]
+__all__ = ["ProducerStateManager", "SequenceCheck", "ProducerIdAllocator", "BATCHES_PER_PRODUCER",
+           "producer_state_scan_start"]
 
 BATCHES_PER_PRODUCER = 5
 _MAX_SEQUENCE = (1 << 31) - 1
@@ -135,9 +137,32 @@ class ProducerStateManager:
         """Replace a partition's state by replaying its batch headers in log order; returns producers seen."""
         self._partitions.pop((topic, partition), None)
         for header in headers:
-            if header.producer_id != NO_PRODUCER_ID and not header.is_control:
+            if header.producer_id == NO_PRODUCER_ID:
+                continue
+            if header.is_control:
+                self.update_marker(topic, partition, header.producer_id, header.producer_epoch)
+            else:
                 self.update(topic, partition, header, header.base_offset)
         return len(self._partitions.get((topic, partition), {}))
+
+    def check_marker(self, topic: str, partition: int, producer_id: int, epoch: int) -> SequenceCheck:
+        """A transaction marker (or a transactional offset commit) at ``epoch``: refused with
+        INVALID_PRODUCER_EPOCH when the partition has seen a newer epoch of the producer (Kafka's
+        ``ProducerAppendInfo.checkProducerEpoch``)."""
+        entry = self._partitions.get((topic, partition), {}).get(producer_id)
+        if entry is not None and epoch < entry.epoch:
+            return SequenceCheck(ErrorCode.invalid_producer_epoch,
+                                 message=f"Producer {producer_id}'s epoch {epoch} is older than the current epoch "
+                                         f"{entry.epoch}")
+        return _OK
+
+    def update_marker(self, topic: str, partition: int, producer_id: int, epoch: int) -> None:
+        """Record a marker's epoch: a newer one fences the producer's older epochs on this partition (a
+        zombie's batches then get INVALID_PRODUCER_EPOCH) and its next batch starts at sequence 0."""
+        producers = self._partitions.setdefault((topic, partition), {})
+        entry = producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            producers[producer_id] = ProducerEntry(epoch)
 
     def remove_partition(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)
@@ -190,3 +215,17 @@ class ProducerIdAllocator:
         producer_id = self._next
         self._next += 1
         return producer_id
+
+
+def producer_state_scan_start(partition_log) -> int:
+    """Where the startup scan for producer state begins: the second-to-last segment.
+
+    Deduplication only needs the batches a retry can still refer to: the last five per producer, sent
+    moments before the restart. Kafka keeps producer-state snapshots for this; scanning the last two
+    segments' headers instead bounds startup to O(two segments) per partition rather than O(log) (a header
+    scan runs at roughly a million batches per second). A producer idle since before those segments restarts
+    with no state and may continue at any sequence, as Kafka allows once producer state expires.
+    """
+    bases = partition_log.segment_base_offsets()
+    start = bases[-2] if len(bases) >= 2 else partition_log.log_start_offset
+    return max(start, partition_log.log_start_offset)

@@ -245,6 +245,7 @@ class ReplicaManager:
                         self._notify_leadership(partition, False)
                     self.on_follower(partition, None)
                 self.broker.producers.remove_partition(*key)
+                self.broker.txn_partitions.remove_partition(*key)
                 self._topic_ids.pop(key, None)
                 log.info("deleting the local log of %s-%d (%s)", key[0], key[1],
                          "topic deleted" if key[0] not in image.topics else
@@ -289,7 +290,8 @@ class ReplicaManager:
             if partition is None:
                 partition = Partition(key[0], key[1], partition_log, node_id=node_id,
                                       producers=self.broker.producers, notifier=self.broker.appends,
-                                      lease_valid=self._lease_valid)
+                                      lease_valid=self._lease_valid,
+                                      txns=self.broker.txn_partitions.get(*key))
                 self.partitions[key] = partition
             try:
                 self._configure(partition, info)
@@ -449,14 +451,25 @@ class ReplicaManager:
     @staticmethod
     def _truncate_blocking(partition: Partition, cut) -> list:
         """Cut, then read the headers producer state is rebuilt from. Blocking (worker thread)."""
-        from copyless.broker.state import producer_state_scan_start
+        from copyless.broker.producer_state import producer_state_scan_start
+        from copyless.broker.txn_partition import transaction_events
 
         cut()
-        return list(partition.log.batch_headers(producer_state_scan_start(partition.log)))
+        headers = list(partition.log.batch_headers(producer_state_scan_start(partition.log)))
+        events = transaction_events(partition.log)
+        return headers, events
 
-    def _after_truncation(self, partition: Partition, headers: list) -> None:
+    def _after_truncation(self, partition: Partition, headers_and_events) -> None:
+        headers, events = headers_and_events
         self.stats["truncations"] += 1
         self.broker.producers.rebuild(partition.topic, partition.partition, headers)
+        if events is not None:
+            for header, _control_type in events:
+                if header.is_control and header.producer_id >= 0:
+                    self.broker.producers.update_marker(partition.topic, partition.partition, header.producer_id,
+                                                        header.producer_epoch)
+            partition.txns = self.broker.txn_partitions.rebuild(partition.topic, partition.partition, events,
+                                                                partition.log.high_watermark)
         # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).
         partition.high_watermark = partition.log.high_watermark
 

@@ -23,64 +23,50 @@ LogManager.shutdown) runs in worker threads.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from copyless.broker._files import write_atomically
-from copyless.broker.cluster.backend import NewTopic
+from copyless.broker.cluster.backend import MetadataBackend, NewTopic
+from copyless.broker.cluster.embedded import EmbeddedMetadata
 from copyless.broker.cluster.image import TopicInfo
+from copyless.broker.cluster.replica_fetcher import FetcherManager
 from copyless.broker.config import BrokerConfig
+from copyless.broker.config_sources import effective_config
 from copyless.broker.handlers import HandlerTable, load_handlers
+from copyless.broker.meta_properties import META_FILE, ClusterMismatchError, read_meta
 from copyless.broker.notify import AppendNotifier
-from copyless.broker.producer_state import ProducerStateManager
+from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
+from copyless.broker.txn_partition import TxnPartitions, transaction_events
 from copyless.broker.replica_manager import ReplicaManager
+from copyless.broker.security.manager import SecurityManager
 from copyless.broker.stats import BrokerStats
+from copyless.broker.storage import LogManager
 from copyless.broker.topics import parse_topic_configs
 
-__all__ = ["Broker", "META_FILE", "ClusterMismatchError"]
+if TYPE_CHECKING:  # pragma: no cover
+    from copyless.broker.groups.service import GroupService
+    from copyless.broker.txn.service import TransactionService
+
+# META_FILE, ClusterMismatchError and producer_state_scan_start are re-exported: their modules are
+# meta_properties and producer_state.
+__all__ = ["Broker", "META_FILE", "ClusterMismatchError", "producer_state_scan_start"]
 
 log = logging.getLogger("copyless.broker")
-
-META_FILE = "meta.properties"
-
-
-class ClusterMismatchError(ValueError):
-    """The data dir belongs to another cluster (its ``meta.properties`` names another cluster id)."""
-
-
-def producer_state_scan_start(partition_log) -> int:
-    """Where the startup scan for producer state begins: the second-to-last segment.
-
-    Deduplication only needs the batches a retry can still refer to: the last five per producer, sent
-    moments before the restart. Kafka keeps producer-state snapshots for this; scanning the last two
-    segments' headers instead bounds startup to O(two segments) per partition rather than O(log) (a header
-    scan runs at roughly a million batches per second). A producer idle since before those segments restarts
-    with no state and may continue at any sequence, as Kafka allows once producer state expires.
-    """
-    bases = partition_log.segment_base_offsets()
-    start = bases[-2] if len(bases) >= 2 else partition_log.log_start_offset
-    return max(start, partition_log.log_start_offset)
-
-
-def read_meta(path: Path) -> dict[str, str]:
-    """``meta.properties`` as a dict ({} when missing). Blocking."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    return {key.strip(): value.strip() for key, _, value in
-            (line.partition("=") for line in text.splitlines() if "=" in line and not line.startswith("#"))}
 
 
 class Broker:
     """Shared state of one broker process.
 
-    Attributes (the handler contract):
+    It satisfies ``interfaces.BrokerServices``, the part of it a request handler may reach.
+
+    Attributes:
         config: BrokerConfig.
         node_id, cluster_id: identity for Metadata / FindCoordinator.
         metadata: the MetadataBackend (``metadata.image`` is the current ClusterImage).
@@ -93,6 +79,8 @@ class Broker:
         security: SecurityManager (TLS, SASL, ACLs: ``broker.security.manager``).
         handlers: HandlerTable (drives dispatch and ApiVersions).
         groups: set by the groups part's startup hook (None until then).
+        transactions: the transaction coordinator, set by the transactions handlers' startup hook.
+        txn_partitions: TxnPartitions (each partition's open and aborted transactions).
         closing: True once shutdown began.
     """
 
@@ -105,30 +93,27 @@ class Broker:
         self.data_dir = Path(config.data_dir)
         self.cluster_id: str = ""
         self.producers = ProducerStateManager()
+        self.txn_partitions = TxnPartitions()
         self.appends = AppendNotifier()
         self.stats = BrokerStats()
         self.handlers = handlers if handlers is not None else load_handlers()
-        self.log_manager: Any = None
-        self.groups: Any = None
+        self.log_manager: LogManager | None = None  # set by startup()
+        self.groups: GroupService | None = None  # set by the groups handler module's startup hook
+        self.transactions: TransactionService | None = None  # the transaction coordinator (``broker.txn.service``), set at startup
         self.closing = False
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}
-        self.metadata: Any = self._make_backend()
-        from copyless.broker.security.manager import SecurityManager
-
+        self.metadata: MetadataBackend = self._make_backend()
         self.security = SecurityManager(self)
         self.replicas = ReplicaManager(self, lease_valid=self.metadata.lease_valid)
-        from copyless.broker.cluster.replica_fetcher import FetcherManager
-
         self.fetchers = FetcherManager(self)
         self.replicas.on_follower = self.fetchers.follow
         self._cluster_tasks: list = []
 
-    def _make_backend(self):
+    def _make_backend(self) -> MetadataBackend:
         if self.config.metadata is None:
-            from copyless.broker.cluster.embedded import EmbeddedMetadata
-
             return EmbeddedMetadata(self)
+        # The etcd backend brings grpc and aetcd: imported here only when one is configured.
         from copyless.broker.cluster.etcd_metadata import EtcdMetadata
 
         return EtcdMetadata(self)
@@ -138,6 +123,17 @@ class Broker:
     def default_log_config(self):
         """The broker-wide LogConfig (topic configs override it: ``log_config_for``)."""
         return self.config.log_config()
+
+    def cleaner_config(self):
+        """The log cleaner's settings (``log.cleaner.*``)."""
+        from copyless.broker.storage.cleaner import CleanerConfig
+
+        config = self.config
+        rate = config.log_cleaner_io_max_bytes_per_second
+        return CleanerConfig(enable=config.log_cleaner_enable, threads=config.log_cleaner_threads,
+                             backoff_ms=config.log_cleaner_backoff_ms,
+                             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size,
+                             io_max_bytes_per_second=None if rate >= 1e300 else rate)
 
     def log_config_for(self, topic: TopicInfo | Any):
         """The topic's LogConfig: broker defaults with the topic's overrides."""
@@ -149,8 +145,6 @@ class Broker:
         settings with them layered over. Returns True when they changed (the caller re-applies every
         partition's log settings). A map that does not check out keeps the previous settings (logged): one
         bad etcd key must not stop a broker. Loop thread (or start-up)."""
-        from copyless.broker.config_sources import effective_config
-
         wanted = {str(key): dict(values) for key, values in dict(dynamic).items()}
         if wanted == self.dynamic_configs:
             return False
@@ -186,33 +180,45 @@ class Broker:
         if self.config.metadata is None:
             self.cluster_id = self._load_or_create_meta()
         self.security.prepare()
-        from copyless.broker import storage
-
         # Logs found at start-up load with their topic's settings where the backend knows them before
         # connecting (the embedded registry); otherwise with the defaults until the first image applies them.
         load_registry = getattr(self.metadata, "load_registry", None)
         topic_configs = load_registry() if load_registry is not None else {}
         # The storage's own housekeeping thread applies flush.ms, retention and recovery-point checkpoints.
-        self.log_manager = storage.LogManager(
+        self.log_manager = LogManager(
             self.data_dir,
             default_config=self.default_log_config(),
             topic_configs={name: self.log_config_for(topic) for name, topic in topic_configs.items()},
             retention_check_interval_ms=self.config.retention_check_interval_ms,
             offsets_checkpoint_interval_ms=self.config.replica_high_watermark_checkpoint_interval_ms,
+            cleaner_config=self.cleaner_config(),
         )
         self.log_manager.startup()
-        producers = 0
+        producers = transactional = 0
         for (topic, partition), partition_log in self.log_manager.logs().items():
             producers += self.producers.rebuild(
                 topic, partition, partition_log.batch_headers(producer_state_scan_start(partition_log))
             )
+            events = transaction_events(partition_log)
+            if events is not None:
+                # Markers fence older epochs too: replayed from the whole log, after the last two segments'
+                # producer state, so an epoch bump older than those segments still fences.
+                for header, _control_type in events:
+                    if header.is_control and header.producer_id >= 0:
+                        self.producers.update_marker(topic, partition, header.producer_id, header.producer_epoch)
+                txns = self.txn_partitions.rebuild(topic, partition, events, partition_log.high_watermark)
+                transactional += 1
+                if txns.ongoing:
+                    log.info("%s-%d: %d open transaction(s), last stable offset %d", topic, partition,
+                             len(txns.ongoing), txns.lso(partition_log.high_watermark))
         self.replicas.load_topic_ids()
         load = getattr(self.metadata, "load_blocking", None)
         if load is not None:
             load()
         log.info(
-            "broker state loaded: node_id=%d logs=%d producers=%d in %.0f ms",
-            self.node_id, len(self.log_manager.logs()), producers, (time.monotonic() - started) * 1000,
+            "broker state loaded: node_id=%d logs=%d producers=%d transactional=%d in %.0f ms",
+            self.node_id, len(self.log_manager.logs()), producers, transactional,
+            (time.monotonic() - started) * 1000,
         )
 
     def _load_or_create_meta(self) -> str:
@@ -252,8 +258,6 @@ class Broker:
 
     async def start_cluster(self) -> None:
         """Join (or load) the cluster and apply its first image. Loop thread, once the listeners are bound."""
-        import asyncio
-
         refresh = getattr(self.metadata, "refresh_endpoints", None)
         if refresh is not None:
             refresh()
@@ -300,7 +304,7 @@ class Broker:
         snapshot = self.stats.snapshot()
         snapshot["security"] = self.security.snapshot()
         if self.config.clustered:
-            metadata = self.metadata
+            metadata: Any = self.metadata  # the etcd backend: its own counters, beyond MetadataBackend's
             snapshot["cluster"] = {
                 "broker_epoch": metadata.broker_epoch,
                 "lease_valid": metadata.lease_valid(),

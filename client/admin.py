@@ -26,8 +26,10 @@ from kio.schema.delete_records.v1 import request as dr_rq, response as dr_rs
 from kio.schema.describe_cluster.v0 import request as dcl_rq, response as dcl_rs
 from kio.schema.describe_configs.v1 import request as dc_rq, response as dc_rs
 from kio.schema.describe_groups.v4 import request as dg_rq, response as dg_rs
+from kio.schema.describe_transactions.v0 import request as dt_rq
 from kio.schema.incremental_alter_configs.v0 import request as ia_rq, response as ia_rs
 from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
+from kio.schema.list_transactions.v0 import request as lt_rq, response as lt_rs
 from kio.schema.offset_commit.v3 import request as oc_rq, response as oc_rs
 from kio.schema.offset_delete.v0 import request as od_rq, response as od_rs
 from kio.schema.offset_fetch.v5 import request as of5_rq, response as of5_rs
@@ -53,6 +55,26 @@ _CONFIG_SOURCES = {
     -1: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG", 3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
     4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG",
 }
+
+
+@dataclass(frozen=True, order=True)
+class TransactionListing:
+    transactional_id: str
+    producer_id: int
+    state: str
+    coordinator: int
+
+
+@dataclass(frozen=True)
+class TransactionDescription:
+    transactional_id: str
+    coordinator: int
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    start_ms: int  # -1: no transaction started
+    partitions: tuple
 
 
 @dataclass(frozen=True)
@@ -382,6 +404,46 @@ class Admin(SecurityAdmin):
         brokers = tuple(sorted((node, host, port, None) for node, (host, port) in metadata.brokers.items()))
         return ClusterDescription(metadata.cluster_id, metadata.controller_id, brokers)
 
+    # --- transactions -----------------------------------------------------------------------------------------
+
+    async def list_transactions(self) -> list[TransactionListing]:
+        """Every transactional id of the cluster with its producer id and state, asking every broker (each
+        lists the ids it coordinates; ListTransactions v0)."""
+        await self._cluster.refresh_metadata([])
+        found = []
+        for node_id in sorted(self._cluster.metadata.brokers):
+            connection = await self._cluster.connection(node_id)
+            response = await connection.request_kio(
+                lt_rq.ListTransactionsRequest(state_filters=(), producer_id_filters=()), lt_rs.ListTransactionsResponse)
+            if int(response.error_code):
+                raise KafkaError(int(response.error_code), f"list transactions on broker {node_id}")
+            found += [TransactionListing(t.transactional_id, t.producer_id, t.transaction_state, node_id)
+                      for t in response.transaction_states]
+        return sorted(found)
+
+    async def describe_transaction(self, transactional_id: str) -> TransactionDescription:
+        """The id's state from its coordinator (DescribeTransactions v0 to every broker until the one that
+        coordinates it answers). Raises KafkaError (TRANSACTIONAL_ID_NOT_FOUND, ...)."""
+        await self._cluster.refresh_metadata([])
+        last = None
+        for node_id in sorted(self._cluster.metadata.brokers):
+            connection = await self._cluster.connection(node_id)
+            from copyless.client.protocol.messages import encode_kio
+
+            request = dt_rq.DescribeTransactionsRequest(transactional_ids=(transactional_id,))
+            # Decoded by hand: the start time is -1 for an id with no transaction started, as Kafka sends
+            # it, which kio's timestamp reader refuses.
+            state = await connection.send(int(request.__api_key__), [b"\x00" + encode_kio(request)],
+                                          _decode_describe_transactions, version=int(request.__version__))
+            code = state[0]
+            if code in COORDINATOR_ERRORS:
+                last = code
+                continue
+            if code:
+                raise KafkaError(code, f"describe transactional id {transactional_id!r}")
+            return TransactionDescription(transactional_id, node_id, *state[1:])
+        raise KafkaError(last if last is not None else 15, f"no coordinator for {transactional_id!r}")
+
     # --- groups -----------------------------------------------------------------------------------------------
 
     def _group(self, group_id: str) -> GroupCoordinator:
@@ -527,3 +589,41 @@ def decode_assignment_lenient(data: bytes) -> list[TopicPartition]:
         return sorted(decode_assignment(data))
     except Exception:
         return []
+
+
+def _decode_describe_transactions(frame, offset: int = 0):
+    """The first state of a DescribeTransactionsResponse v0 (flexible; response header v1): (error code,
+    state, producer id, epoch, timeout ms, start ms, partitions). Pure."""
+    import struct
+
+    def uvarint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = frame[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value, at
+            shift += 7
+
+    def compact_string(at: int) -> tuple[str, int]:
+        length, at = uvarint(at)
+        return bytes(frame[at:at + length - 1]).decode(), at + max(length - 1, 0)
+
+    at = offset + 1 + 4  # the header's tagged fields, throttle_time_ms
+    _count, at = uvarint(at)
+    (code,) = struct.unpack_from(">h", frame, at)
+    _transactional_id, at = compact_string(at + 2)
+    state, at = compact_string(at)
+    timeout_ms, start_ms, producer_id, epoch = struct.unpack_from(">iqqh", frame, at)
+    at += 22
+    topics, at = uvarint(at)
+    partitions = []
+    for _ in range(max(topics - 1, 0)):
+        topic, at = compact_string(at)
+        count, at = uvarint(at)
+        for _ in range(max(count - 1, 0)):
+            partitions.append(TopicPartition(topic, struct.unpack_from(">i", frame, at)[0]))
+            at += 4
+        _tags, at = uvarint(at)
+    return code, state, producer_id, epoch, timeout_ms, start_ms, tuple(partitions)

@@ -91,6 +91,18 @@ def add_parsers(subparsers) -> None:
     for parser in (glist, gdescribe, reset, gdelete):
         parser.set_defaults(func=_run_groups, command_name=f"copyless groups {parser.prog.split()[-1]}")
 
+    # --- transactions
+    transactions = subparsers.add_parser("transactions", help="list and describe transactional ids")
+    txn_commands = transactions.add_subparsers(dest="transactions_command", metavar="ACTION")
+    txn_commands.required = True
+    tlist = txn_commands.add_parser("list", help="every transactional id of the cluster, its producer and state")
+    add_common(tlist)
+    tdescribe = txn_commands.add_parser("describe", help="a transactional id's state, epoch and partitions")
+    tdescribe.add_argument("transactional_id", metavar="TRANSACTIONAL-ID", help="the transactional id")
+    add_common(tdescribe)
+    for parser in (tlist, tdescribe):
+        parser.set_defaults(func=_run_transactions, command_name=f"copyless transactions {parser.prog.split()[-1]}")
+
     # --- cluster
     cluster = subparsers.add_parser("cluster", help="the cluster's id, controller and brokers")
     cluster_actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
@@ -206,6 +218,40 @@ def _report(args, verb: str, results: dict) -> None:
     else:
         for name, code in results.items():
             print(f"{verb} {name}" if code == 0 else f"{name}: {error_name(code)}")
+
+
+# --- transactions -------------------------------------------------------------------------------------------
+
+
+def _run_transactions(args) -> int:
+    return run(args, _transactions(args))
+
+
+async def _transactions(args) -> int:
+    from copyless.client.admin import Admin
+
+    async with Admin(args.bootstrap, client_id="copyless-cli", security=client_security(args)) as admin:
+        if args.transactions_command == "list":
+            listed = await admin.list_transactions()
+            if args.json:
+                print(json.dumps([{"transactional_id": t.transactional_id, "producer_id": t.producer_id,
+                                   "state": t.state, "coordinator": t.coordinator} for t in listed]))
+            else:
+                print(_table([["TRANSACTIONAL-ID", "PRODUCER-ID", "STATE", "COORDINATOR"]] +
+                             [[t.transactional_id, str(t.producer_id), t.state, str(t.coordinator)] for t in listed]))
+        else:
+            t = await admin.describe_transaction(args.transactional_id)
+            partitions = [f"{tp.topic}-{tp.partition}" for tp in t.partitions]
+            if args.json:
+                print(json.dumps({"transactional_id": t.transactional_id, "coordinator": t.coordinator,
+                                  "state": t.state, "producer_id": t.producer_id, "producer_epoch": t.producer_epoch,
+                                  "timeout_ms": t.timeout_ms, "start_ms": t.start_ms, "partitions": partitions}))
+            else:
+                print(f"transactional id {t.transactional_id}: state {t.state}, producer {t.producer_id} epoch "
+                      f"{t.producer_epoch}, timeout {t.timeout_ms} ms, coordinator node {t.coordinator}")
+                if partitions:
+                    print("partitions: " + ", ".join(partitions))
+    return 0
 
 
 # --- groups -------------------------------------------------------------------------------------------------

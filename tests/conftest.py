@@ -9,6 +9,8 @@ collide. Code shared by the test folders lives in ``tests/support``; this file h
                      the rest under uvloop only; ``COPYLESS_TEST_LOOPS=uvloop,asyncio`` runs everything under
                      both.
     broker           one broker per test module and loop, shared by the tests that do not restart it.
+    etcd_server      a real ``EtcdProcess`` shared by the session (each cluster works under its own root; skips,
+                     saying why, where etcd is not installed). The suite's one etcd fixture.
     broker_factory   ``broker_factory(loop=..., sendfile=True, extra_args=(), data_dir=None, config=None)``
                      -> a fresh BrokerProcess owned by one test (stopped at teardown); for restarts and
                      counters. ``config`` is merged over TEST_BROKER_CONFIG and passed as ``--config`` TOML
@@ -37,6 +39,7 @@ from tests.support.broker_process import (
     check_loop_blocking,
     external_bootstrap,
 )
+from tests.support.etcd import EtcdProcess, require_etcd
 
 blocking.enable()
 check_loop_blocking()
@@ -72,6 +75,14 @@ def _check_survived(broker: BrokerProcess) -> None:
     if not broker.external and broker.process is not None and broker.process.poll() is not None:
         code = broker.process.returncode
         pytest.fail(f"broker died during the tests (exit code {code}):\n{broker.log_tail()}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory):
+    require_etcd()
+    server = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -56,12 +56,14 @@ import logging
 import math
 import time
 import uuid
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster import etcd_client as etcd
+from copyless.broker.cluster import incarnation
 from copyless.broker.cluster.backend import MetadataBackend, NewTopic, inter_broker_client_id
 from copyless.broker.cluster.controller import Controller
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
@@ -74,6 +76,7 @@ from copyless.broker.cluster.keys import (
     encode_state,
     encode_topic,
 )
+from copyless.broker.meta_properties import META_FILE, ClusterMismatchError, read_meta
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError
 
@@ -226,16 +229,12 @@ class EtcdMetadata(MetadataBackend):
         else:
             cluster_id = current.value.decode()
         if configured and configured != cluster_id:
-            from copyless.broker.state import ClusterMismatchError
-
             raise ClusterMismatchError(f"cluster.id is {configured} but the cluster in etcd under /{self.layout.root} "
                                        f"is {cluster_id}; refusing to start")
         return cluster_id
 
     def _check_data_dir(self, cluster_id: str) -> None:
         """Blocking: meta.properties must name this cluster (or be new); it also keeps the directory id."""
-        from copyless.broker.state import META_FILE, read_meta
-
         self.broker.check_or_write_meta(cluster_id)
         path = self.broker.data_dir / META_FILE
         properties = read_meta(path)
@@ -245,8 +244,6 @@ class EtcdMetadata(MetadataBackend):
             properties["directory.id"] = directory_id
             write_atomically(path, "".join(f"{k}={v}\n" for k, v in properties.items()).encode())
         self.directory_id = directory_id
-        from copyless.broker.cluster import incarnation
-
         self._boot_id = incarnation.boot_id()
         record = incarnation.read_record(self.broker.data_dir)
         storage = getattr(self.broker.log_manager, "startup_stats", {}) or {}
@@ -306,8 +303,6 @@ class EtcdMetadata(MetadataBackend):
             return
 
     async def _record_incarnation(self) -> None:
-        from copyless.broker.cluster import incarnation
-
         try:
             await asyncio.to_thread(incarnation.write_record, self.broker.data_dir,
                                     incarnation.Incarnation(self.broker_epoch, self._boot_id))
@@ -498,6 +493,8 @@ class EtcdMetadata(MetadataBackend):
         return self.image.topics.get(info.name, info)
 
     async def _forward_create(self, new: NewTopic, validate_only: bool) -> TopicInfo:
+        import datetime
+
         from kio.schema.create_topics.v4.request import (
             CreatableReplicaAssignment,
             CreatableTopic,
@@ -506,10 +503,10 @@ class EtcdMetadata(MetadataBackend):
         )
         from kio.schema.create_topics.v4.response import CreateTopicsResponse
         from kio.schema.types import BrokerId, TopicName
-        import datetime
 
-        assignments = tuple(CreatableReplicaAssignment(partition_index=index, broker_ids=tuple(BrokerId(b) for b in replicas))
-                            for index, replicas in sorted((new.assignments or {}).items()))
+        assignments = tuple(
+            CreatableReplicaAssignment(partition_index=index, broker_ids=tuple(BrokerId(b) for b in replicas))
+            for index, replicas in sorted((new.assignments or {}).items()))
         topic = CreatableTopic(
             name=TopicName(new.name), num_partitions=new.partitions if not assignments else -1,
             replication_factor=new.replication_factor if not assignments else -1, assignments=assignments,
@@ -538,10 +535,11 @@ class EtcdMetadata(MetadataBackend):
             with _etcd_trouble_answered():
                 await self.controller.delete_topic(name)
         else:
+            import datetime
+
             from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
             from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
             from kio.schema.types import TopicName
-            import datetime
 
             try:
                 response = await self._controller_request(
@@ -610,10 +608,11 @@ class EtcdMetadata(MetadataBackend):
         if self.controller.active:
             with _etcd_trouble_answered():
                 return await self.controller.elect_preferred(partitions)
+        import datetime
+
         from kio.schema.elect_leaders.v1.request import ElectLeadersRequest, TopicPartitions
         from kio.schema.elect_leaders.v1.response import ElectLeadersResponse
         from kio.schema.types import TopicName
-        import datetime
 
         by_topic: dict[str, list[int]] = {}
         for topic, index in partitions or ():
@@ -661,6 +660,8 @@ class EtcdMetadata(MetadataBackend):
         return self.image.topics.get(name, info)
 
     async def _forward_create_partitions(self, name, count, assignments, validate_only) -> TopicInfo:
+        import datetime
+
         from kio.schema.create_partitions.v1.request import (
             CreatePartitionsAssignment,
             CreatePartitionsRequest,
@@ -668,12 +669,12 @@ class EtcdMetadata(MetadataBackend):
         )
         from kio.schema.create_partitions.v1.response import CreatePartitionsResponse
         from kio.schema.types import BrokerId, TopicName
-        import datetime
 
         topic = CreatePartitionsTopic(
             name=TopicName(name), count=count,
             assignments=None if assignments is None else tuple(
-                CreatePartitionsAssignment(broker_ids=tuple(BrokerId(b) for b in replicas)) for replicas in assignments))
+                CreatePartitionsAssignment(broker_ids=tuple(BrokerId(b) for b in replicas))
+                for replicas in assignments))
         request = CreatePartitionsRequest(topics=(topic,), timeout=datetime.timedelta(seconds=30),
                                           validate_only=validate_only)
         try:

@@ -38,6 +38,7 @@ from copyless.client.protocol.records import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     RECORD_BATCH_OVERHEAD,
+    TRANSACTIONAL_BIT,
     crc32c,
     decode_records,
     encode_varint,
@@ -269,12 +270,15 @@ def _record(offset_delta: int, key: bytes, value: bytes | None) -> bytes:
 _HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount
 
 
-def build_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """One uncompressed RecordBatch v2 (base offset 0: storage assigns offsets) of ``(key, value)`` records."""
+def build_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int, *, producer_id: int = NO_PRODUCER_ID,
+                producer_epoch: int = -1) -> bytes:
+    """One uncompressed RecordBatch v2 (base offset 0: storage assigns offsets) of ``(key, value)`` records;
+    with a ``producer_id``, a transactional batch of that producer (a TxnOffsetCommit: no sequence)."""
     assert records, "a batch holds at least one record"
     body = b"".join(_record(i, key, value) for i, (key, value) in enumerate(records))
-    after_crc = _HEADER_AFTER_CRC.pack(0, len(records) - 1, timestamp_ms, timestamp_ms, NO_PRODUCER_ID, -1,
-                                       NO_SEQUENCE, len(records)) + body
+    attributes = 0 if producer_id == NO_PRODUCER_ID else TRANSACTIONAL_BIT
+    after_crc = _HEADER_AFTER_CRC.pack(attributes, len(records) - 1, timestamp_ms, timestamp_ms, producer_id,
+                                       producer_epoch, NO_SEQUENCE, len(records)) + body
     batch_length = RECORD_BATCH_OVERHEAD - 12 + len(body)
     return struct.pack(">qiibI", 0, batch_length, 0, 2, crc32c(after_crc)) + after_crc
 
@@ -311,6 +315,9 @@ class OffsetStore:
         self.groups: dict[str, GroupSnapshot] = {}
         self.records_replayed = 0
         self.corrupt_records = 0
+        # Offsets committed inside a transaction (TxnOffsetCommit), by producer id: shown on its COMMIT
+        # marker, dropped on ABORT.
+        self.pending: dict[int, list[tuple[bytes, bytes | None]]] = {}
 
     # reading ------------------------------------------------------------------------------------------
 
@@ -359,15 +366,40 @@ class OffsetStore:
                 # catch) is skipped and counted rather than stopping the coordinator from loading.
                 self.corrupt_records += 1
 
+    def add_pending(self, producer_id: int, records: list[tuple[bytes, bytes | None]]) -> None:
+        self.pending.setdefault(producer_id, []).extend(records)
+
+    def complete_txn(self, producer_id: int, commit: bool) -> int:
+        """A transaction marker for ``producer_id``: its pending offsets are applied (COMMIT) or dropped."""
+        records = self.pending.pop(producer_id, [])
+        if commit:
+            self.apply(records)
+        return len(records)
+
+    def pending_groups(self) -> set[str]:
+        groups = set()
+        for records in self.pending.values():
+            for key, _value in records:
+                try:
+                    groups.add(decode_key(key)[0])
+                except CorruptOffsetsRecordError:
+                    pass
+        return groups
+
     def replay(self, data, position: int = 0, end: int | None = None) -> int:
         """Fold every complete batch in ``data[position:end]`` in; returns the offset after the last one.
 
-        Control batches (transaction markers) are skipped. Returns -1 when no complete batch was found.
+        Transactional batches (TxnOffsetCommit) are held by producer id until their marker: COMMIT applies
+        them, ABORT drops them. Returns -1 when no complete batch was found.
         """
+        from copyless.broker.txn_partition import COMMIT, control_type_of
+
         next_offset = -1
         for batch_position, header in iter_batches(data, position, end):
             next_offset = header.next_offset
             if header.is_control:
+                if header.producer_id != NO_PRODUCER_ID:
+                    self.complete_txn(header.producer_id, control_type_of(data, batch_position) == COMMIT)
                 continue
             try:
                 records = decode_records(data, batch_position)
@@ -375,7 +407,11 @@ class OffsetStore:
                 self.corrupt_records += 1
                 continue
             self.records_replayed += len(records)
-            self.apply((record.key or b"", record.value) for record in records)
+            pairs = [(record.key or b"", record.value) for record in records]
+            if header.is_transactional and header.producer_id != NO_PRODUCER_ID:
+                self.add_pending(header.producer_id, pairs)
+            else:
+                self.apply(pairs)
         return next_offset
 
     # expiry ----------------------------------------------------------------------------------------------

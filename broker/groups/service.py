@@ -61,6 +61,7 @@ from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
     CommittedOffset,
     OffsetStore,
+    build_batch,
     build_batches,
     offset_commit_key,
     partition_for,
@@ -71,14 +72,19 @@ __all__ = ["GroupService", "now_ms"]
 
 log = logging.getLogger("copyless.groups")
 
-# __consumer_offsets segments: Kafka's offsets.topic.segment.bytes is 100 MiB; a commit record is ~80 bytes,
-# so 16 MiB holds ~200,000 commits while keeping each partition's active segment small.
-OFFSETS_SEGMENT_BYTES = 16 * 1024 * 1024
+# __consumer_offsets segments: offsets.topic.segment.bytes (broker/config.py, 16 MiB: ~200,000 commits).
 # Startup replay reads the log in slices of this size (whole batches; the first one whole even if larger).
 LOAD_READ_BYTES = 1024 * 1024
 # How long an offset commit waits for its records to reach the ISR (Kafka: offsets.commit.timeout.ms).
 COMMIT_TIMEOUT_S = 5.0
-OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "segment.bytes": str(OFFSETS_SEGMENT_BYTES)}
+# Compacted, as Kafka's: each commit key (group, topic, partition) and group key keeps its latest record, so a
+# coordinator's load replays the live keys (plus the active segment), not the history.
+OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+
+
+def offsets_topic_configs(config: Any) -> dict[str, str]:
+    """The configs ``__consumer_offsets`` is created with."""
+    return {**OFFSETS_TOPIC_CONFIGS, "segment.bytes": str(config.offsets_topic_segment_bytes)}
 
 
 def now_ms() -> int:
@@ -151,9 +157,8 @@ class GroupService:
         self._started = True
         self.broker.replicas.leadership_listeners.append(self.on_leadership)
         if not self.broker.config.clustered and self.broker.topic(OFFSETS_TOPIC) is None:
-            # cleanup.policy stays "delete" with retention off: the log is never truncated under live offsets
-            # (copyless has no compaction; see the README).
-            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions, dict(OFFSETS_TOPIC_CONFIGS),
+            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions,
+                                           offsets_topic_configs(self.broker.config),
                                            internal=True)
         for partition in list(self.broker.replicas.leading()):
             if partition.topic == OFFSETS_TOPIC:
@@ -276,7 +281,8 @@ class GroupService:
     async def _create_topic(self) -> None:
         config = self.broker.config
         try:
-            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions, dict(OFFSETS_TOPIC_CONFIGS),
+            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions,
+                                           offsets_topic_configs(self.broker.config),
                                            replication_factor=config.offsets_topic_replication_factor,
                                            internal=True)
         except Exception as exc:
@@ -502,6 +508,38 @@ class GroupService:
         await self._wait_stored(partition, info)
         if self.shards.get(shard.partition) is shard:
             shard.store.apply(records)
+
+    # --- transactional offset commits (TxnOffsetCommit) -----------------------------------------------------------
+
+    async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int,
+                                 commits: dict[tuple[str, int], CommittedOffset]) -> None:
+        """Append the commits as a transactional batch of the producer to the group's partition (fenced by
+        the producer's epoch there) and hold them until the transaction's marker reaches that partition
+        (``complete_txn``): OffsetFetch shows them only once committed. Raises BrokerError / StorageError."""
+        if not commits:
+            return
+        shard, error = self.shard_for(group_id)
+        if shard is None:
+            from copyless.broker.errors import BrokerError
+
+            raise BrokerError(error, error.name)
+        records = shard.store.commit_records(group_id, commits)
+        data = build_batch(records, now_ms(), producer_id=producer_id, producer_epoch=producer_epoch)
+        partition = self.broker.replicas.leader(OFFSETS_TOPIC, shard.partition)
+        await partition.ensure_transactional()
+        info = await partition.append_as_leader(data, batch_header(data), acks=-1)
+        await self._wait_stored(partition, info)
+        if self.shards.get(shard.partition) is shard:
+            shard.store.add_pending(producer_id, records)
+
+    def complete_txn(self, partition_index: int, producer_id: int, commit: bool) -> None:
+        """The transaction coordinator wrote a marker for ``producer_id`` to this offsets partition."""
+        shard = self.shards.get(partition_index)
+        if shard is not None:
+            count = shard.store.complete_txn(producer_id, commit)
+            if count:
+                log.debug("%s-%d: %d offset(s) of producer %d %s", OFFSETS_TOPIC, partition_index, count,
+                          producer_id, "committed" if commit else "dropped")
 
     # --- deleting groups and offsets (DeleteGroups, OffsetDelete) ------------------------------------------------
 

@@ -41,6 +41,7 @@ _MODULES = (
     ("copyless.broker.handlers.acls", True),
     ("copyless.broker.handlers.scram", True),
     ("copyless.broker.handlers.groups", False),
+    ("copyless.broker.handlers.transactions", True),
 )
 
 

@@ -9,7 +9,9 @@ A handler is ``async def handle(ctx: RequestContext, request) -> response | None
 - raise ``CloseConnection`` to close the connection after logging the reason (Kafka closes on an acks=0
   produce error and on requests it cannot parse).
 
-Handlers never touch sockets; they reach the broker's state through ``ctx.broker``.
+Handlers never touch sockets; they reach the broker's state through ``ctx.broker``, typed as the
+``BrokerServices`` Protocol (broker/interfaces.py) so that this package does not import state.py, which
+builds the handler table.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from copyless.broker.state import Broker
+    from copyless.broker.interfaces import BrokerServices
 
 __all__ = ["RequestContext", "EncodedResponse", "CloseConnection"]
 
 
 @dataclass(slots=True)
 class RequestContext:
-    broker: "Broker"
+    broker: BrokerServices  # what a handler may reach (broker/interfaces.py); the Broker of state.py
     api_key: int
     api_version: int
     correlation_id: int

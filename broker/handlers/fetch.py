@@ -21,6 +21,11 @@ Per request (``ReplicaManager.fetchMessages`` / ``readFromLog``, KIP-74):
 - authorization (``broker.security.checks``): a consumer needs Read on each topic, a follower ClusterAction
   on the cluster (``replica_id`` is not taken on trust); a refused topic answers TOPIC_AUTHORIZATION_FAILED
   (29) without being read or moving any follower state;
+- ``isolation_level`` 1 (read_committed, KIP-98): the consumer reads below the partition's last stable
+  offset (its first open transaction, or the high watermark), and the response carries the aborted
+  transactions (producer id, first offset) that begin below it and end at or after the fetch offset, so the
+  client drops their records; the records still go out by sendfile. The response's ``last_stable_offset``
+  is the LSO for every consumer (librdkafka computes read_committed lag from it);
 - ``session_id`` is always 0 (no fetch sessions): kafka-python's "create session" request gets a full
   response and it stays on full fetches.
 
@@ -45,6 +50,7 @@ from copyless.broker.storage.errors import OffsetOutOfRangeError
 from copyless.broker.wire.fetch_response import MAX_VERSION, MIN_VERSION, FetchPartitionResult, encode_fetch_response
 
 API_KEY = 1
+READ_COMMITTED = 1
 
 
 def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int = -1,
@@ -61,6 +67,7 @@ def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int
     """
     replicas = broker.replicas
     replica_id = getattr(request, "replica_id", -1)
+    read_committed = replica_id < 0 and getattr(request, "isolation_level", 0) == READ_COMMITTED
     topics = []
     remaining = response_max_bytes
     min_one_message = True
@@ -90,9 +97,15 @@ def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int
                     if not start <= offset <= end:
                         raise OffsetOutOfRangeError(offset, start, end)
                     read = None
+                elif read_committed:
+                    read = partition.read_committed(offset, limit, min_one_message=min_one_message)
+                    if read.slice is not None and read.slice.length > 0:
+                        aborted = partition.aborted_transactions(offset, partition.last_stable_offset)
+                        result.aborted = [(a.producer_id, a.first_offset) for a in aborted]
                 else:
                     read = partition.read_for_consumer(offset, limit, min_one_message=min_one_message)
                 result.high_watermark = partition.high_watermark
+                result.last_stable_offset = partition.last_stable_offset
                 result.log_start_offset = partition.log_start_offset
                 if read is not None and read.slice is not None:
                     if read.slice.length > 0:
@@ -109,7 +122,8 @@ def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int
                     result.high_watermark = partition.high_watermark
                     result.log_start_offset = partition.log_start_offset
                 has_error = True
-            result.last_stable_offset = result.high_watermark
+            if result.last_stable_offset < 0:
+                result.last_stable_offset = result.high_watermark
     return topics, total, has_error
 
 

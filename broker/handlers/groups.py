@@ -43,6 +43,7 @@ DELETE_GROUPS, OFFSET_DELETE = 42, 47
 # DescribeGroups v3+: "authorized operations not requested" (Kafka's Integer.MIN_VALUE sentinel).
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
 
 
 def _ms(value) -> int:
@@ -72,11 +73,15 @@ async def find_coordinator(ctx: RequestContext, request):
         return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.group_authorization_failed, error_message=None, node_id=-1, host="",
                      port=-1)
+    if key_type == KEY_TYPE_TRANSACTION:
+        from copyless.broker.handlers.transactions import find_coordinator as find_transaction_coordinator
+
+        code, message, node_id, host, port = find_transaction_coordinator(ctx, request.key)
+        return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE, error_code=code,
+                     error_message=message, node_id=node_id, host=host, port=port)
     if key_type != KEY_TYPE_GROUP:
-        # Transactions are not served: no transaction coordinator exists.
-        return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
-                     error_code=ErrorCode.coordinator_not_available,
-                     error_message="this broker has no transaction coordinator", node_id=-1, host="", port=-1)
+        return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.invalid_request,
+                     error_message=f"unknown coordinator key type {key_type}", node_id=-1, host="", port=-1)
     if broker.groups is None:
         return build(module.FindCoordinatorResponse, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.coordinator_not_available,

@@ -41,6 +41,7 @@ log = logging.getLogger("copyless.list_offsets")
 API_KEY = 2
 MIN_VERSION, MAX_VERSION = 1, 7
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+READ_COMMITTED = 1  # isolation_level: latest is the last stable offset
 MAX_TIMESTAMP_VERSION = 7
 
 
@@ -65,6 +66,8 @@ async def handle(ctx: RequestContext, request):
                         raise OffsetNotAvailable(f"{list_topic.name}-{item.partition_index}: the new leader's high "
                                                  f"watermark has not reached its epoch start yet")
                     offset, epoch = partition.high_watermark, partition.leader_epoch
+                    if getattr(request, "isolation_level", 0) == READ_COMMITTED:
+                        offset = partition.last_stable_offset
                 elif item.timestamp == EARLIEST:
                     offset, epoch = partition.log_start_offset, partition.leader_epoch
                 elif item.timestamp >= 0 or (item.timestamp == MAX_TIMESTAMP

@@ -7,6 +7,9 @@ Validation is Kafka's header-only pass (``UnifiedLog.analyzeAndValidateRecords``
     framing / CRC-32C .................................................. CORRUPT_MESSAGE (2)
     lastOffsetDelta + 1 == recordsCount > 0, baseOffset 0,
     no control batches, producerId >= 0 => baseSequence >= 0 ............ INVALID_RECORD (87)
+    transactional batch without the request's transactional id ......... INVALID_RECORD (87)
+    transactional batch outside its Ongoing transaction ................ INVALID_TXN_STATE (48), or
+                                                                          INVALID_PRODUCER_EPOCH (47)
     batch size <= the topic's max.message.bytes ........................ MESSAGE_TOO_LARGE (10)
     batch size <= the topic's segment.bytes ............................. RECORD_LIST_TOO_LARGE (18)
     zstd only from Produce v7 ........................................... UNSUPPORTED_COMPRESSION_TYPE (76)
@@ -44,6 +47,7 @@ from kio.schema.errors import ErrorCode
 from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 from copyless.broker.record_conversion import convert_message_set, is_message_set, recompress_batch, target_codec
+from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.wire.produce_response import encode_produce_response
@@ -114,9 +118,38 @@ def validate_produce_records(records, *, api_version: int, max_message_bytes: in
         raise ProduceError(
             ErrorCode.unsupported_compression_type, "Produce requests with zstd compression need version 7 or later"
         )
-    if header.is_transactional:
-        raise ProduceError(ErrorCode.invalid_record, "Transactional batches are not supported by this broker")
     return header
+
+
+def check_keys(records, header: BatchHeader, topic: str, partition: int) -> None:
+    """A compacted topic takes only records with a key (Kafka's LogValidator, INVALID_RECORD since KIP-467).
+    Decodes (and decompresses) the batch: the cost Kafka pays there too. Raises ProduceError."""
+    try:
+        delta = first_keyless_offset_delta(records, header)
+    except InvalidBatchError as exc:
+        raise ProduceError(ErrorCode.corrupt_message, f"Invalid record batch: {exc}") from None
+    if delta is not None:
+        raise ProduceError(ErrorCode.invalid_record, f"Compacted topic cannot accept message without key in topic "
+                           f"partition {topic}-{partition} (record {delta} of the batch).")
+
+
+async def _check_transactional(broker, transactional_id, header: BatchHeader, partition) -> None:
+    """A transactional batch needs the request's transactional id, and, where this broker coordinates that
+    id, an Ongoing transaction of the same producer and epoch that holds the partition (Kafka 3.9's
+    partition verification: a stray batch would open a transaction no marker closes, holding the last
+    stable offset back for good). Then the partition is made transactional (``ensure_transactional``).
+    Raises ProduceError."""
+    if transactional_id is None:
+        raise ProduceError(ErrorCode.invalid_record, "Transactional batches need the request's transactional id")
+    service = getattr(broker, "transactions", None)
+    if service is not None:
+        code = service.verify(transactional_id, header.producer_id, header.producer_epoch, partition.topic,
+                              partition.partition)
+        if code != ErrorCode.none:
+            raise ProduceError(code, f"The batch of producer {header.producer_id} (epoch {header.producer_epoch}) is "
+                                     f"not part of an ongoing transaction of {transactional_id!r} holding "
+                                     f"{partition.topic}-{partition.partition}")
+    await partition.ensure_transactional()
 
 
 async def handle(ctx: RequestContext, request):
@@ -128,6 +161,8 @@ async def handle(ctx: RequestContext, request):
     waits: list = []  # (entry, partition, required offset): acks=all, and the sync flush mode
     first_error: str | None = None
     denied = checks.denied_topics(ctx, Operation.WRITE, (t.name for t in request.topic_data))
+    txn_allowed = request.transactional_id is None or checks.transactional_id(ctx, Operation.WRITE,
+                                                                              request.transactional_id)
 
     for topic_data in request.topic_data:
         name = topic_data.name
@@ -142,10 +177,9 @@ async def handle(ctx: RequestContext, request):
                     raise ProduceError(ErrorCode.invalid_required_acks, f"Invalid required acks {acks}")
                 if name in denied:
                     raise ProduceError(ErrorCode.topic_authorization_failed, f"Not authorized to write to topic {name}")
-                if request.transactional_id is not None:
-                    raise ProduceError(
-                        ErrorCode.transactional_id_authorization_failed, "Transactions are not supported by this broker"
-                    )
+                if request.transactional_id is not None and not txn_allowed:
+                    raise ProduceError(ErrorCode.transactional_id_authorization_failed,
+                                       f"Not authorized to write as transactional id {request.transactional_id}")
                 partition = broker.replicas.leader(name, index)
                 config = partition.config
                 records = partition_data.records
@@ -166,12 +200,16 @@ async def handle(ctx: RequestContext, request):
                             ErrorCode.message_too_large,
                             f"The record batch size {header.size} after recompression exceeds the topic's "
                             f"max.message.bytes {config.max_message_bytes}")
+                if config.compact:
+                    check_keys(records, header, name, index)
                 if header.size > config.segment_bytes:
                     # A batch never straddles segments (Kafka: RecordBatchTooLargeException).
                     raise ProduceError(
                         ErrorCode.record_list_too_large,
                         f"The record batch size {header.size} exceeds the topic's segment.bytes {config.segment_bytes}",
                     )
+                if header.is_transactional:
+                    await _check_transactional(broker, request.transactional_id, header, partition)
                 append_time = int(time.time() * 1000) if config.message_timestamp_type == "LogAppendTime" else None
                 info = await partition.append_as_leader(records, header, acks=acks, log_append_time_ms=append_time)
                 base_offset, log_start = info.base_offset, info.log_start_offset

@@ -2,9 +2,9 @@
 
 Each call without a transactional id hands out a fresh producer id with epoch 0 (ids are reserved on disk in
 blocks and never reused after a restart, see ``broker.producer_state``). kafka-python's default producer
-(idempotent, acks=all) needs this API (trap T2); aiokafka speaks only v0. Transactional ids are refused with
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), which clients treat as fatal: the broker has no transaction
-coordinator, and a retriable code would make them retry forever.
+(idempotent, acks=all) needs this API (trap T2); aiokafka speaks only v0. A call with a transactional id goes
+to the transaction coordinator (``handlers.transactions.init_producer_id``, ``broker.txn.service``): the
+id's producer id, its epoch bumped (which fences the previous producer of that id).
 
 v3+ carry the producer id and epoch of a producer asking for an epoch bump (KIP-360: librdkafka and
 kafka-python inferring a broker >= 2.5 recover from a sequence error that way). Without a transactional id
@@ -32,14 +32,11 @@ API_KEY = 22
 async def handle(ctx: RequestContext, request):
     module = response_module(API_KEY, ctx.api_version)
     if request.transactional_id is not None:
-        log.info("InitProducerId with transactional id %r from %s refused: no transactions", request.transactional_id, ctx.client_id)
-        return build(
-            module.InitProducerIdResponse,
-            throttle_time=NO_THROTTLE,
-            error_code=ErrorCode.transactional_id_authorization_failed,
-            producer_id=-1,
-            producer_epoch=-1,
-        )
+        from copyless.broker.handlers.transactions import init_producer_id
+
+        code, producer_id, epoch = await init_producer_id(ctx, request)
+        return build(module.InitProducerIdResponse, throttle_time=NO_THROTTLE, error_code=code,
+                     producer_id=producer_id, producer_epoch=epoch)
     # An idempotent producer needs IdempotentWrite on the cluster, or Write on some topic (KIP-679).
     if not (checks.cluster(ctx, Operation.IDEMPOTENT_WRITE) or checks.any_topic(ctx, Operation.WRITE)):
         return build(module.InitProducerIdResponse, throttle_time=NO_THROTTLE,

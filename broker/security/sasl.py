@@ -37,11 +37,13 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from copyless.client.protocol.scram import (
     MECHANISMS as SCRAM_MECHANISMS,
+)
+from copyless.client.protocol.scram import (
     MIN_ITERATIONS,
     ScramCredential,
     ScramError,
@@ -86,7 +88,7 @@ def decoy_credential(secret: bytes, mechanism: str, username: str) -> ScramCrede
     """A credential for a user that does not exist: stable per user (the same salt on every attempt, as a
     real user's), unguessable without ``secret``, and never matching any proof."""
     hash_name = SCRAM_MECHANISMS[mechanism]
-    seed = hmac.new(secret, f"{mechanism}\0{username}".encode("utf-8"), hashlib.sha512).digest()
+    seed = hmac.new(secret, f"{mechanism}\0{username}".encode(), hashlib.sha512).digest()
     size = hashlib.new(hash_name).digest_size
     return ScramCredential(salt=seed[:16], stored_key=hmac.new(seed, b"stored", hash_name).digest()[:size],
                            server_key=hmac.new(seed, b"server", hash_name).digest()[:size], iterations=MIN_ITERATIONS)
@@ -251,7 +253,7 @@ class SaslSession:
         """The outcome of a VERIFY step's ``verify()``."""
         user, self._pending_user = self._pending_user, None
         if not ok or user is None or self.state != SaslState.HANDSHAKE:
-            return self._fail(f"Authentication failed: Invalid username or password")
+            return self._fail("Authentication failed: Invalid username or password")
         return self._succeed(user, b"")
 
     def _succeed(self, user: str | None, response: bytes) -> Step:

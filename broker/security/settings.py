@@ -311,8 +311,12 @@ class SecuritySettings:
                     shown = "" if entry.is_sensitive else f" ({exc})"
                     raise SettingsError(f"bad value for {key!r}{shown}") from None
         mapped = self.protocol_map()
+        # Kafka refuses a listener the map does not name. copyless served plaintext on listeners of any name
+        # (INTERNAL, OUTSIDE) before it had a map, so it keeps doing that until the map is set: a set map is
+        # then the whole truth, and a listener it forgets is an error rather than a silent PLAINTEXT.
+        map_is_set = "listener.security.protocol.map" in raw
         for name in listener_names:
-            if name.upper() not in mapped and name.upper() not in PROTOCOLS:
+            if map_is_set and name.upper() not in mapped and name.upper() not in PROTOCOLS:
                 raise SettingsError(f"listener {name} has no security protocol: add {name}:PROTOCOL to "
                                     f"listener.security.protocol.map")
             listener = self.listener(name)

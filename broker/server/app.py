@@ -159,7 +159,7 @@ def tune_malloc() -> bool:
 def run(config: BrokerConfig) -> int:
     """Load, serve, shut down. Blocking; returns the process exit code (1 when startup fails)."""
     from copyless.broker.cluster.etcd_metadata import DuplicateBrokerError
-    from copyless.broker.state import ClusterMismatchError
+    from copyless.broker.meta_properties import ClusterMismatchError
     from copyless.broker.storage import StorageError
 
     factory, loop_name = loop_factory(config.loop)

@@ -38,11 +38,29 @@ TRUNCATION_POINTS = (
     "truncate.after_epoch_checkpoint",  # the leader epoch file cut, the data dir's checkpoints not yet
 )
 
+# The steps of a cleaning's swap (cleaner.py), in protocol order; a test crashes at each of them.
+COMPACTION_POINTS = (
+    "clean.after_cleaned_written",  # every .cleaned file written and synced, no manifest yet
+    "clean.after_swap_manifest",  # the manifest (the commit point) durable, no file renamed
+    "clean.after_old_renamed",  # one more old segment renamed .deleted
+    "clean.after_cleaned_renamed",  # one group's cleaned files carry the segment names
+    "clean.before_manifest_removed",  # every group swapped on disk and in memory, the manifest still there
+    "clean.after_checkpoint",  # the cleaner checkpoint written: the cleaning is over
+)
+
+
+# The transaction coordinator's steps (broker.txn.service): the broker process arms one from the environment
+# (``COPYLESS_FAILPOINT``) for the transaction crash tests.
+TXN_POINTS = (
+    "txn.after_prepare",  # PrepareCommit/PrepareAbort replicated, no marker written yet
+    "txn.after_markers",  # every marker written, Complete* not yet stored
+)
+
 
 def arm(name: str | None, skip: int = 0) -> None:
     """SIGKILL this process at the ``skip``+1-th hit of failpoint ``name`` (None disarms)."""
     global _ARMED, _skip
-    if name is not None and name not in POINTS + TRUNCATION_POINTS:
+    if name is not None and name not in POINTS + TRUNCATION_POINTS + COMPACTION_POINTS + TXN_POINTS:
         raise ValueError(f"unknown failpoint {name!r}")
     _ARMED, _skip = name, skip
 

@@ -59,20 +59,24 @@ class BlockingAppends:
         view = memoryview(records)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        first_offset = self.log_end_offset
+        first_offset = None
         done: list[tuple[int, BatchHeader]] = []
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 result = self.append_as_follower(view)
             except AppendNotReady as exc:
+                if first_offset is None and exc.follower_headers:
+                    first_offset = exc.follower_headers[0][0]
                 done += exc.follower_headers
                 if exc.appended is not None:
                     view = view[exc.appended[2]:]
                 blocking.check("waiting for the storage's worker threads")
                 exc.ready.result(max(0.0, deadline - time.monotonic()))
                 continue
-            return FollowerAppend(first_offset, result.last_offset, done + result.headers)
+            # The first offset appended: past the old log end where a compacted leader's gap came first.
+            return FollowerAppend(result.first_offset if first_offset is None else first_offset,
+                                  result.last_offset, done + result.headers)
 
     def roll(self, timeout_s: float = 60.0) -> Segment | None:
         """Roll now (Kafka ``UnifiedLog.roll``) unless the active segment is empty, waiting for the next

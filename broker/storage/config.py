@@ -27,13 +27,21 @@ class LogConfig:
     max_message_bytes: int = 1048588  # max.message.bytes (the broker enforces; storage asserts)
     message_timestamp_type: str = "CreateTime"  # or "LogAppendTime" (the broker applies it)
     compression_type: str = "producer"  # compression.type (the broker applies it: broker.record_conversion)
+    # Compaction (cleaner.py): "delete" alone deletes old segments (retention), "compact" cleans them, both do
+    # both; the rest are Kafka's topic configs of the same names.
+    cleanup_policy: tuple[str, ...] = ("delete",)  # cleanup.policy
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    delete_retention_ms: int = 86_400_000  # delete.retention.ms
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = (1 << 63) - 1  # max.compaction.lag.ms (Kafka's Long.MAX_VALUE: never)
     # Disk blocks (posix_fallocate) follow the data: a segment file has its full logical size (one map) but
     # blocks only for a prefix that grows in steps ahead of the writer, so an idle partition holds its
     # data plus a few MiB, not a whole segment (27 small partitions held 28 GB with whole 1 GiB segments).
     # preallocate (Kafka's topic config): blocks for the whole segment at creation instead (RocketMQ's way).
     preallocate: bool = False  # preallocate
     # The most blocks a partition reserves past its data: the active segment's steps, the next segment's
-    # first step and the indexes' steps together.
+    # (or the first step held for it), a rolled segment's until it is trimmed and every index's steps
+    # together, each counted from when its step is queued (block_budget.py).
     preallocate_ahead_bytes: int = 64 << 20
     # The first step of a new segment; later steps are sized from the append rate (a second of it, at least
     # twice the previous step) up to preallocate_ahead_bytes, so a burst into a new partition gets large
@@ -70,13 +78,14 @@ class LogConfig:
                 raise ValueError(f"{name} must be >= 0 or None")
 
     @property
-    def log_ahead_bytes(self) -> int:
-        """The most blocks of ``.log`` reserved past the data: the whole segment with ``preallocate``, else
-        seven eighths of preallocate_ahead_bytes less a first step (a next segment's first step may come on
-        top); the indexes' steps take at most a sixteenth each (``index_ahead_bytes``)."""
-        if self.preallocate:
-            return self.segment_bytes
-        return max(4096, self.preallocate_ahead_bytes * 7 // 8 - self.preallocate_first_bytes)
+    def compact(self) -> bool:
+        """cleanup.policy includes compact: the cleaner cleans the log, producers must give every record a key."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete: retention.ms and retention.bytes delete old segments."""
+        return "delete" in self.cleanup_policy
 
     @property
     def first_step_bytes(self) -> int:

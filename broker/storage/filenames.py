@@ -10,6 +10,9 @@
                                                           thread just after the roll (start-up adopts one
                                                           that already holds batches, removes the others)
         leader-epoch-checkpoint                           (epoch, start offset) entries: leader_epoch_cache.py
+        cleaner-offset-checkpoint                         where the log cleaner's next pass starts (cleaner.py)
+        <base>.log.cleaned / .index.cleaned / ...         a cleaned segment being written (cleaner.py)
+        cleaner.swap                                      a committed swap of cleaned segments (cleaner.py)
     <data_dir>/<topic>-<partition>.<token>-delete/        a deleted partition, removed in the background
     <data_dir>/recovery-point-offset-checkpoint           per partition: recovery starts here (checkpoint.py)
     <data_dir>/high-watermark-checkpoint                  per partition: the last high watermark written
@@ -34,6 +37,9 @@ LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".copyless_cleanshutdown"
 LOCK_FILE = ".lock"
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"  # per partition: the first offset the cleaner has not seen
+CLEANED_SUFFIX = ".cleaned"  # a segment being written by the cleaner (removed at start-up unless committed)
+SWAP_MANIFEST = "cleaner.swap"  # per partition: the groups of a cleaning whose swap is committed (cleaner.py)
 
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")

@@ -237,6 +237,7 @@ class SparseIndex:
     def trim(self) -> None:
         """Cut the preallocated tail (worker thread; after seal_readers, so nothing maps the tail)."""
         os.ftruncate(self.fd, self.entries * self.entry.size)
+        self.allocated_entries = self.entries
 
     def sync(self) -> None:
         sync_data(self.fd)

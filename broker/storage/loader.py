@@ -15,20 +15,18 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Self
 
 from . import filenames
 from ._fileops import sync_data
 from .background import Background
 from .checkpoint import fsync_directory
+from .cleaner import recover_swap
 from .config import LogConfig
 from .errors import StorageError, storage_error_from
 from .prepared_segment import PreparedSegment
 from .segment import Segment
 from .segment_recovery import RecoveryOutcome
-
-if TYPE_CHECKING:
-    from .partition_log import PartitionLog
 
 __all__ = ["LogLoader", "LoadStats"]
 
@@ -49,7 +47,7 @@ class LogLoader:
 
     @classmethod
     def create_new(cls, topic: str, partition: int, directory: Path, config: LogConfig,
-                   background: Background, base_offset: int = 0) -> "PartitionLog":
+                   background: Background, base_offset: int = 0) -> Self:
         """A new, empty log with one segment at ``base_offset`` (blocking: allocates its first step)."""
         directory.mkdir(parents=True, exist_ok=True)
         prepared = PreparedSegment(directory, f"{filenames.PREPARED_PREFIX}-0", config)
@@ -70,7 +68,7 @@ class LogLoader:
     @classmethod
     def load(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background, *,
              clean: bool, recovery_point: int, high_watermark: int | None = None,
-             log_start_offset: int | None = None) -> tuple["PartitionLog", LoadStats]:
+             log_start_offset: int | None = None) -> tuple[Self, LoadStats]:
         """Open an existing log directory (blocking, start-up).
 
         Clean: trust files and indexes (cheap sanity checks; a segment failing them is recovered). Unclean:
@@ -109,7 +107,7 @@ class LogLoader:
 
     @classmethod
     def _load_segments(cls, topic: str, partition: int, directory: Path, config: LogConfig, background: Background,
-                       *, clean: bool, recovery_point: int) -> tuple["PartitionLog", LoadStats]:
+                       *, clean: bool, recovery_point: int) -> tuple[Self, LoadStats]:
         started = time.perf_counter()
         bases = cls._clean_directory(directory)
         if not bases:
@@ -126,8 +124,13 @@ class LogLoader:
         recovered = rescanned = discarded = removed = 0
         kept: list[Segment] = []
         truncated = False  # a segment out of sequence was found: it and everything after it go
+        cut = False  # the last kept segment lost bytes to recovery (a torn or corrupt batch)
         for number, segment in enumerate(segments):
-            if truncated or (kept and segment.base_offset != kept[-1].next_offset):
+            # A segment may start past its predecessor's end where compaction removed that segment's last
+            # records (cleaner.py), never before it, and never after a predecessor recovery cut: records
+            # between them may be lost, and a later segment must not pass for their continuation.
+            if truncated or (kept and (segment.base_offset < kept[-1].next_offset
+                                       or (segment.base_offset > kept[-1].next_offset and cut))):
                 if not truncated:
                     log.warning("%s: segment %d does not follow offset %d: removing it and later segments",
                                 directory, segment.base_offset, kept[-1].next_offset)
@@ -137,6 +140,7 @@ class LogLoader:
                 continue
             if number < first_to_recover and segment.load_clean():
                 kept.append(segment)
+                cut = False
                 continue
             outcome: RecoveryOutcome = segment.recover(config.segment_index_bytes)
             recovered += 1
@@ -155,6 +159,7 @@ class LogLoader:
                                 " after it (a torn or corrupt write, and preallocated space) were dropped",
                                 directory, segment.log_path.name, outcome.valid_bytes, outcome.stop_reason,
                                 outcome.discarded_bytes)
+            cut = outcome.stop_reason is not None and outcome.discarded_bytes > 0
             kept.append(segment)
         if not kept:
             log_ = cls.create_new(topic, partition, directory, config, background, recovery_point)
@@ -191,11 +196,13 @@ class LogLoader:
     def _clean_directory(directory: Path) -> list[int]:
         """Remove leftovers of interrupted operations and return the segment base offsets, sorted.
 
-        Leftovers: ``*.deleted`` (retention was interrupted; the log start already moved past them);
+        Leftovers: a cleaning's swap (finished if committed, else its ``.cleaned`` files removed: cleaner.py);
+        ``*.deleted`` (retention was interrupted; the log start already moved past them);
         ``prepared-*`` files: adopted under their first batch's base offset when they hold batches past the
         named segments (a roll whose renames never ran), removed otherwise (an unused spare); index files
         without a ``.log`` (a roll interrupted between renames; a ``.log`` without indexes gets them rebuilt).
         """
+        recover_swap(directory)
         logs: set[int] = set()
         indexes: list[tuple[int, Path]] = []
         named = [parsed[0] for parsed in map(filenames.parse_segment_file, os.listdir(directory))

@@ -35,6 +35,7 @@ from pathlib import Path
 from . import filenames
 from .background import Background
 from .checkpoint import fsync_directory, read_checkpoint, remove_marker, write_checkpoint, write_marker
+from .cleaner import CleanerConfig, LogCleaner
 from .config import LogConfig
 from .errors import StorageError, storage_error_from
 from .partition_log import PartitionLog
@@ -62,7 +63,8 @@ class LogManager:
 
     def __init__(self, data_dir, *, default_config: LogConfig = LogConfig(), topic_configs=None,
                  background_interval_ms: int | None = 1000, checkpoint_interval_ms: int = 60_000,
-                 retention_check_interval_ms: int = 300_000, offsets_checkpoint_interval_ms: int = 5_000) -> None:
+                 retention_check_interval_ms: int = 300_000, offsets_checkpoint_interval_ms: int = 5_000,
+                 cleaner_config: CleanerConfig | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = default_config
         self.topic_configs = dict(topic_configs or {})
@@ -80,6 +82,9 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         self.startup_stats: dict = {}
         self.started = False
+        # The log cleaner's threads (cleaner.py), started with the logs when enabled.
+        self.cleaner_config = cleaner_config
+        self.cleaner: LogCleaner | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -156,6 +161,9 @@ class LogManager:
                 # Recovery points only spare the next recovery a rescan: a full disk must not stop start-up.
                 log.warning("%s; the previous recovery points stay in force", exc)
         self.started = True
+        if self.cleaner_config is not None and self.cleaner_config.enable and self.cleaner_config.threads > 0:
+            self.cleaner = LogCleaner(lambda: list(self._logs.values()), self.cleaner_config)
+            self.cleaner.start()
         if self.background_interval_ms is not None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._housekeeping, name="copyless-storage", daemon=True)
@@ -167,6 +175,7 @@ class LogManager:
         if not self.started:
             return
         self._stop_housekeeping()
+        self._stop_cleaner()
         for partition_log in list(self._logs.values()):
             partition_log.stop_warming()
         for partition_log in list(self._logs.values()):
@@ -184,6 +193,7 @@ class LogManager:
         if not self.started:
             return
         self._stop_housekeeping()
+        self._stop_cleaner()
         for partition_log in list(self._logs.values()):
             partition_log.stop_for_abandon()
         # Tasks already running finish (a crash a moment later); queued ones never run, as after a real kill.
@@ -337,6 +347,11 @@ class LogManager:
                     self.checkpoint_recovery_points()
             except Exception:  # housekeeping must survive a bad disk; the error is in the log
                 log.exception("storage housekeeping failed")
+
+    def _stop_cleaner(self) -> None:
+        if self.cleaner is not None:
+            self.cleaner.stop()
+            self.cleaner = None
 
     def _stop_housekeeping(self) -> None:
         self._stop.set()

@@ -12,7 +12,7 @@ import bisect
 import os
 from typing import Iterator
 
-from copyless.client.protocol.records import BatchHeader, iter_record_timestamps
+from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, BatchHeader, iter_record_timestamps
 
 from .errors import OffsetOutOfRangeError, StorageError, storage_error_from
 from .file_slice import FileSlice
@@ -131,6 +131,32 @@ class LogReads:
                 if segment.unpin():
                     self._background.on_unpinned(segment)
         return None
+
+    def transaction_events(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, int | None]]:
+        """``(header, control type)`` of each committed batch holding offsets >= ``start_offset``, in order:
+        the control type (``broker.txn_partition``: 0 ABORT, 1 COMMIT) for control batches, read with one
+        small pread each, None for data batches. Blocking (pread): a worker thread, or start-up."""
+        from copyless.broker.txn_partition import CONTROL_KEY_READ, control_type_of
+
+        for segment in self._segments:
+            if segment.next_offset <= start_offset or not segment.try_pin():
+                continue
+            try:
+                end_position = segment.committed_position
+                found = segment.find_batch(start_offset, end_position) if start_offset > segment.base_offset else None
+                start_position = found[0] if found is not None else 0
+                for position, header in scan_headers(segment.fd, start_position, end_position):
+                    if header.last_offset < start_offset:
+                        continue
+                    control_type = None
+                    if header.is_control:
+                        data = os.pread(segment.fd, min(header.size, RECORD_BATCH_OVERHEAD + CONTROL_KEY_READ),
+                                        position)
+                        control_type = control_type_of(data)
+                    yield header, control_type
+            finally:
+                if segment.unpin():
+                    self._background.on_unpinned(segment)
 
     def batch_headers(self, start_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of committed batches holding offsets >= ``start_offset``, in order (pread, no CRC)."""

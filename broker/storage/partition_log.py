@@ -236,15 +236,12 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         self._commit_point = (next_offset, active, active.committed_position)
         self.stats["appends"] += 1
         rate = self._append_rate(active, now)
-        if active.allocated_bytes < active.capacity_bytes:
-            ahead = self._ahead_bytes(rate)
+        if active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set():
             # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
-            if active.allocated_bytes - active.written_position < ahead // 2 and (
+            if active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2 and (
                     time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
-                    or active.extension_failed_s < 0) and active.start_extension():
-                self.stats["extensions"] += 1
-                self._background.submit_allocate(active.extension_done, active.extend_ahead,
-                                                 active.written_position + ahead)
+                    or active.extension_failed_s < 0):
+                self._extend_active(active, rate)
         prepared = self._prepared
         if prepared is None:
             if self._should_prepare(active, now, rate):
@@ -265,13 +262,15 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
 
         Every batch is checked first (framing, magic, CRC-32C, count), so a corrupt fetch appends nothing. A
         trailing partial batch is left out (the next fetch starts at the new log end), as Kafka's follower
-        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset.
+        does. Each new epoch a batch carries is recorded in the epoch cache at that batch's base offset. A
+        leader's compacted log has offset gaps: a first batch past the log end moves the log end over the gap,
+        and a gap between two batches ends what is appended now (the rest comes with the next fetch).
 
         Returns:
             FollowerAppend: the offsets appended and each batch's header (producer state is rebuilt from them).
         Raises:
-            UnexpectedAppendOffsetError: the first batch does not start at ``log_end_offset``.
-            InvalidBatchError: a batch is corrupt, or the batches' offsets do not follow on one another.
+            UnexpectedAppendOffsetError: the first batch starts below ``log_end_offset``.
+            InvalidBatchError: a batch is corrupt, or the batches' offsets go back.
             AppendNotReady: as ``append``; ``follower_headers`` lists the batches already in (if any).
             StorageError: as ``append`` (nothing appended, the log stays consistent).
         """
@@ -286,21 +285,28 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         next_offset = self.log_end_offset
         while position < total:
             try:
-                header = validate_batch(view, position, limit=total)
+                header = validate_batch(view, position, limit=total, cleaned=True)
             except InvalidBatchError as exc:
                 if exc.reason in ("truncated header", "truncated batch"):
                     break  # a fetch cut at its byte limit: the rest comes with the next one
                 raise
-            if not headers and header.base_offset != next_offset:
+            if not headers and header.base_offset < next_offset:
                 raise UnexpectedAppendOffsetError(header.base_offset, next_offset, f"{self.topic}-{self.partition}")
-            if header.base_offset != next_offset:
+            if header.base_offset < next_offset:
                 raise InvalidBatchError("bad offsets", f"batch at {header.base_offset} after offset {next_offset - 1}")
+            if headers and header.base_offset > next_offset:
+                # A gap the leader's cleaner left: this run ends here, the next fetch starts at the gap.
+                break
             headers.append((header.base_offset, header))
             next_offset = header.next_offset
             position += header.size
-        first_offset = self.log_end_offset
         if not headers:
-            return FollowerAppend(first_offset, first_offset - 1, headers)
+            return FollowerAppend(self.log_end_offset, self.log_end_offset - 1, headers)
+        if headers[0][0] > self.log_end_offset:
+            # The leader compacted away the offsets between our log end and this batch (cleaner.py): the
+            # log end moves over the gap, as Kafka's follower takes the leader's batches at their offsets.
+            self.log_end_offset = headers[0][0]
+        first_offset = self.log_end_offset
         try:
             result = self.append(view[:position], leader_epoch=None)
         except AppendNotReady as exc:
@@ -378,6 +384,7 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         failpoint("roll.before_rename")
         new = Segment.from_prepared(prepared, base_offset, self.config.index_interval_bytes)
         old.seal_begin()
+        old.sealing_holdings = old.block_holdings()  # charged until the seal is done (block_budget)
         with self._lock:
             if old.committed_position == 0:
                 # An empty segment (left read-only by a failed reopen) is replaced, not kept: the rename

@@ -93,6 +93,12 @@ def _observe_prefault(length: int, seconds: float) -> None:
 ZERO_MARGIN_BYTES = 1 << 20
 ZERO_MARGIN_APPENDS = 2
 ZERO_MARGIN_MS = 40
+# ... but the rate's term at most this much. Blocks reach at most 64 MiB past the data (block_budget), so a
+# window is at most that deep, and 40 ms of a 1.5-2 GB/s loop of 1 MiB appends (60-80 MB) left no page of it
+# far enough for zeros: every page was either faulted in by MADV_POPULATE_WRITE alone (0.8-0.95 s of CPU per
+# GB) or, once such pages were left to the appends, written by their pwrite. 8 MiB is 4-5 ms of those
+# appends, 16-20 chunks of zeros at ~4 GB/s.
+ZERO_MARGIN_RATE_MAX_BYTES = 8 << 20
 # An append that runs past the pages the chase has pre-faulted (a burst that outruns it, a fresh partition's
 # first megabytes) writes them with pwrite(2) instead of faulting them in through the map: the page cache
 # then takes the pages the way write() does. CPU seconds per GiB of 1 MiB appends into a fresh fallocated
@@ -140,12 +146,16 @@ class Prefault:
     roll, so a chase of the spare's head that is still running after the roll is held off the appends too.
     """
 
-    __slots__ = ("position", "target", "stopped", "idle", "method", "seconds", "append_end", "append_span",
+    __slots__ = ("position", "warm_from", "target", "stopped", "idle", "method", "seconds", "append_end", "append_span",
                  "rate_margin", "_claims", "_released", "_release_future",
                  "zeros", "outrun_pwrite")
 
     def __init__(self, position: int = 0, *, zeros: bool = True, outrun_pwrite: bool = True) -> None:
         self.position = position
+        # With outrun_pwrite and zeros: pages in [warm_from, position) are pre-faulted; below warm_from they
+        # are the appends' to write (pwrite). A chase that finds the appends within the zeros' margin leaves
+        # those pages to them instead of faulting them in (see ``fill``), and moves warm_from past the gap.
+        self.warm_from = 0
         self.zeros = zeros  # write zeros over each chunk before mapping it (LogConfig.prefault_zeros)
         # Appends past ``position`` write with pwrite (LogConfig.outrun_pwrite), so a step's pages count as
         # pre-faulted as soon as it is done.
@@ -217,29 +227,49 @@ class Prefault:
     def fill(self, region: mmap.mmap, fd: int, start: int, end: int, stopped=lambda: False,
              advance: bool = False) -> str:
         """Warm or helper thread: pre-fault [start, end) in steps of POPULATE_STEP_BYTES, each zeros in claimed
-        chunks, then MADV_POPULATE_WRITE over the whole step (it changes no byte, so it may run where the
+        chunks, then MADV_POPULATE_WRITE over the zeroed part (it changes no byte, so it may run where the
         appends are). Step by step, so the appends find mapped pages as soon as possible. ``advance`` (the
         caller's range starts at ``position`` or at the write position past it): move ``position`` past each step
         as it is done, so an append there copies into the map instead of writing with pwrite (``outrun_pwrite``).
-        Returns the method."""
+        Returns the method.
+
+        Pages too near the appends for zeros (within the claim's margin) are left to the appends when they
+        write past the pre-fault with pwrite (``outrun_pwrite``): MADV_POPULATE_WRITE alone faults each 4 KiB
+        page in at 0.8-0.95 s of CPU per GB here, the appends' pwrite puts the same pages in the page cache
+        for 0.19-0.23 s, and zeros + populate cost 0.24 s (tools: /proc thread clocks, 256 MiB, 2026-11-28).
+        Such a gap moves ``warm_from`` past it before ``position`` moves, so no append copies into it."""
         method = ""
         step_start = start
+        gaps = self.zeros and self.outrun_pwrite
         while step_start < end:
             if stopped():
                 return method + "-stopped"
             step_end = min(end, step_start + POPULATE_STEP_BYTES)
+            warm_start = step_start
             if self.zeros:
-                self._write_zeros(fd, step_start, step_end)
-            method = populate(region, step_start, step_end - step_start, stopped)
-            if self.zeros and method == "madvise":
-                method = "zeros+madvise"
-            if advance and method in ("madvise", "zeros+madvise"):
+                warm_start = self._write_zeros(fd, step_start, step_end)
+            if not gaps or warm_start - step_start < mmap.PAGESIZE:
+                # A claim starts on a page boundary: less than a page short of the step's start is only the
+                # page the previous step mapped (populate maps whole pages), not a gap.
+                warm_start = step_start
+            if warm_start < step_end:
+                method = populate(region, warm_start, step_end - warm_start, stopped)
+                if self.zeros and method == "madvise":
+                    method = "zeros+madvise"
+            else:
+                method = method or "left to the appends"
+            if warm_start > step_start:
+                self.warm_from = max(self.warm_from, warm_start)  # before position: see Segment.append_run
+            if advance and method in ("madvise", "zeros+madvise", "left to the appends"):
                 self.position = max(self.position, step_end)
             step_start = step_end
         return method
 
-    def _write_zeros(self, fd: int, start: int, end: int) -> None:
+    def _write_zeros(self, fd: int, start: int, end: int) -> int:
+        """Zeros over the chunks of [start, end) far enough past the appends (``claim``); returns where the
+        zeroed part begins (``end`` when no chunk was far enough)."""
         position = start
+        zeroed_from = end
         while position < end:
             chunk_end = min(end, (position // ZERO_CHUNK_BYTES + 1) * ZERO_CHUNK_BYTES)
             claim = self.claim(position, chunk_end)
@@ -250,7 +280,9 @@ class Prefault:
                     self.release(claim)
                 with _stats_lock:
                     PREFAULT_STATS["zeroed_bytes"] += claim[1] - claim[0]
+                zeroed_from = min(zeroed_from, claim[0])
             position = chunk_end
+        return zeroed_from
 
     def chase(self, region: mmap.mmap | None, fd: int, limit, floor=lambda: 0, helper=None, lead=None) -> None:
         """Warm thread: pre-fault [max(position, floor()), target), never past ``limit`` (the allocated prefix:

@@ -17,13 +17,24 @@ from . import filenames
 from .clock import now_ms
 from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
 from . import prefault as prefault_module
+from .block_budget import grant_end, held_past_data
 from .prefault import prefault_bytes_per_ms
-from .prepared_segment import PreparedSegment
+from .index import OffsetIndex, TimeIndex
+from .prepared_segment import PreparedSegment, index_allocation_bytes
 from .segment import Segment
 
 __all__ = ["SegmentPreparation"]
 
 log = logging.getLogger("copyless.storage")
+
+# The smallest step of blocks queued past a promise (or a first step, if smaller), apart from an append's own
+# bytes and a segment's end:
+# below it the budget is asked again only once the appends have written this much more (a grant walks every
+# file of the partition: 5-15 us here, against about 20 us for a whole 1 KiB append).
+MIN_STEP_BYTES = 1 << 20
+
+# _held_past_data's stand-in for a next segment about to be created (its first step is then what is sized).
+NEXT_SEGMENT = object()
 
 # When to prepare (create, posix_fallocate, pre-fault) the next segment: once the active one is past half
 # full *and* expected to fill within PREPARE_HORIZON_MS at its current write rate (or its index, or
@@ -74,17 +85,67 @@ class SegmentPreparation:
             return self._recent_bytes_per_ms
         return max(self._recent_bytes_per_ms, written / max(now - started, RATE_FLOOR_MS))
 
-    def _ahead_bytes(self, bytes_per_ms: float) -> int:
-        """How many blocks the active segment should own past its write position: ALLOCATE_AHEAD_MS of the
-        append rate, at least a first step, at most what the log may reserve (LogConfig.log_ahead_bytes) less
-        what a prepared next segment already holds. So the first step of a new partition is small (an
-        idle partition holds 4 MiB) and the next ones follow the rate at once (a burst gets whole budgets)."""
-        config = self.config
-        budget = config.log_ahead_bytes
+    def _want_ahead(self, bytes_per_ms: float) -> int:
+        """How many blocks the active segment would like past its write position: ALLOCATE_AHEAD_MS of the
+        append rate, at least a first step (an idle partition holds 4 MiB; a burst asks for whole budgets at
+        once). What it gets is cut to the budget (``_grant``)."""
+        return max(self.config.first_step_bytes, int(bytes_per_ms * ALLOCATE_AHEAD_MS))
+
+    def _held_past_data(self, exclude=None) -> int:
+        """Blocks the partition's files own or were promised past their data (block_budget), ``exclude`` (a
+        segment, the prepared one, or NEXT_SEGMENT for one about to be created) left out. With no prepared
+        segment, the first step it will be created with is held for it."""
+        holdings = []
+        for segment in self._sealing:
+            # As at the roll, until the seal is done: its trims free the blocks a moment after they drop the
+            # segment's own figures (the index's read-only map first, then its ftruncate).
+            holdings += segment.sealing_holdings or segment.block_holdings()
+        if self._active is not exclude:
+            holdings += self._active.block_holdings()
         prepared = self._prepared
-        if prepared is not None and not config.preallocate:
-            budget -= prepared.allocated_bytes
-        return max(config.first_step_bytes, min(budget, int(bytes_per_ms * ALLOCATE_AHEAD_MS)))
+        if prepared is None:
+            if exclude is not NEXT_SEGMENT:
+                config = self.config
+                first = config.first_step_bytes
+                holdings.append((0, first))
+                for entry_size in (OffsetIndex.entry.size, TimeIndex.entry.size):
+                    holdings.append((0, index_allocation_bytes(first, entry_size, 0, config.index_interval_bytes,
+                                                               config.index_ahead_bytes)))
+        elif prepared is not exclude:
+            holdings += prepared.block_holdings()
+        return held_past_data(holdings)
+
+    def _grant(self, file, data_end: int, want_ahead: int, need_end: int = 0) -> int:
+        """The end ``file`` (the active segment or the prepared one) may be promised blocks to: block_budget's
+        rule over this partition's files."""
+        config = self.config
+        if config.preallocate:
+            return file.capacity_bytes if isinstance(file, Segment) else file.segment_bytes
+        capacity = file.capacity_bytes if isinstance(file, Segment) else file.segment_bytes
+        own_indexes = lambda end: held_past_data(file.block_holdings(end)[1:])  # noqa: E731
+        return grant_end(data_end=data_end, promised_end=file.promised_log_end(), capacity=capacity,
+                         want_ahead=want_ahead, held_elsewhere=self._held_past_data(file),
+                         budget=config.preallocate_ahead_bytes, need_end=need_end, index_cost=own_indexes)
+
+    def _extend_active(self, active: Segment, bytes_per_ms: float, need_end: int = 0) -> bool:
+        """Queue the active segment's next step of blocks, as far as the budget lets it (loop thread). False
+        when one is queued already or the budget leaves nothing past what was promised."""
+        if not active.extension_done.is_set() or active.sealed:
+            return False
+        written = active.written_position
+        if not need_end and written < active.regrant_at:
+            return False  # the budget had no step for it: ask again once the appends have freed one
+        end = self._grant(active, written, self._want_ahead(bytes_per_ms), need_end)
+        promised = active.promised_log_end()
+        step = min(MIN_STEP_BYTES, self.config.first_step_bytes)
+        if not need_end and end - promised < min(step, active.capacity_bytes - promised):
+            active.regrant_at = written + step
+            return False
+        if end <= promised or not active.start_extension(end):
+            return False
+        self.stats["extensions"] += 1
+        self._background.submit_allocate(active.extension_done, active.extend_ahead, end)
+        return True
 
     def _prefault_ahead(self, active: Segment, window: int, bytes_per_ms: float) -> None:
         """Keep ``window`` bytes ahead of the write position pre-faulted (loop thread; a few comparisons per
@@ -101,7 +162,8 @@ class SegmentPreparation:
         did, left the head cold and the appends after a roll at 0.2x the warm rate."""
         written = active.written_position
         prefault = active.prefault
-        prefault.rate_margin = int(bytes_per_ms * prefault_module.ZERO_MARGIN_MS)
+        prefault.rate_margin = min(int(bytes_per_ms * prefault_module.ZERO_MARGIN_MS),
+                                   prefault_module.ZERO_MARGIN_RATE_MAX_BYTES)
         if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
             self._background.submit_warm(prefault.idle, active.chase, self._background.prefault_helper)
         prepared = self._prepared
@@ -134,23 +196,30 @@ class SegmentPreparation:
             raise StorageError("allocating failed: no space for the next step of the segment",
                                path=active.log_path, bytes_needed=end - active.allocated_bytes,
                                bytes_free=free_bytes(self.directory))
-        if not extending and active.start_extension():
-            self.stats["extensions"] += 1
-            target = max(end, active.written_position + self._ahead_bytes(self._append_rate(active, now)))
-            self._background.submit_allocate(active.extension_done, active.extend_ahead, target)
+        if not extending:
+            self._extend_active(active, self._append_rate(active, now), need_end=end)
         raise AppendNotReady("the next step of blocks", active.extension_done.future())
 
     def _maybe_extend_next(self, active: Segment, prepared: PreparedSegment, bytes_per_ms: float) -> None:
         """Near the roll the active segment's blocks ahead shrink to its room: the next segment takes what the
-        budget leaves (LogConfig.log_ahead_bytes), up to ALLOCATE_AHEAD_MS of the rate, so the appends after
-        the roll find blocks and a pre-faulted head waiting instead of a 4 MiB first step. Loop thread."""
+        budget leaves, up to ALLOCATE_AHEAD_MS of the rate, so the appends after the roll find blocks and a
+        pre-faulted head waiting instead of a 4 MiB first step. Loop thread; a step of at least a first
+        step's size (or up to the rate's want), so the allocate thread is not handed a step per append."""
         config = self.config
-        ahead = max(0, active.allocated_bytes - active.written_position)
-        rate_bytes = int(bytes_per_ms * ALLOCATE_AHEAD_MS)
-        want = min(prepared.segment_bytes, max(config.first_step_bytes, min(rate_bytes, config.log_ahead_bytes - ahead)))
-        if want - prepared.allocated_bytes >= config.first_step_bytes and prepared.start_extension():
+        want = min(prepared.segment_bytes, self._want_ahead(bytes_per_ms))
+        promised = prepared.promised_log_end()
+        if (want - promised < config.first_step_bytes or not prepared.extension_done.is_set()
+                or active.written_position < prepared.regrant_at):
+            return
+        end = self._grant(prepared, 0, want)
+        if end - promised < config.first_step_bytes and not end >= want > promised:
+            # The budget had no step for it: ask again once the appends have freed one (a grant costs
+            # 5-15 us, a 1 KiB append about 20).
+            prepared.regrant_at = active.written_position + min(MIN_STEP_BYTES, config.first_step_bytes)
+            return
+        if prepared.start_extension(end):
             self.stats["extensions"] += 1
-            self._background.submit_allocate(prepared.extension_done, prepared.extend_to, want)
+            self._background.submit_allocate(prepared.extension_done, prepared.extend_to, end)
 
     def _should_prepare(self, active: Segment, now: int, bytes_per_ms: float) -> bool:
         """True once the active segment should fill (by bytes, index entries or segment.ms) within
@@ -173,11 +242,18 @@ class SegmentPreparation:
         """Queue creation + warm-up of the next segment on the warm thread (non-blocking)."""
         self._prepared_sequence += 1
         config, active = self.config, self._active
-        # Its first step: the rate's, within what the active segment leaves of the budget.
-        rate_bytes = int(self._append_rate(active, now_ms()) * ALLOCATE_AHEAD_MS)
-        left = config.log_ahead_bytes - max(0, active.allocated_bytes - active.written_position)
-        prepared = PreparedSegment(self.directory, f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}",
-                                   config, max(config.first_step_bytes, min(rate_bytes, left)))
+        # Its first step: the rate's, within what the other files leave of the budget (at least the first
+        # step reserved for it, unless a rolled segment not yet trimmed still holds blocks past its data).
+        name = f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}"
+        first = config.first_step_bytes
+        if not config.preallocate:
+            sizing = PreparedSegment(self.directory, name, config, 0)
+            want = min(config.segment_bytes, self._want_ahead(self._append_rate(active, now_ms())))
+            first = grant_end(data_end=0, promised_end=0, capacity=config.segment_bytes, want_ahead=want,
+                              held_elsewhere=self._held_past_data(NEXT_SEGMENT),
+                              budget=config.preallocate_ahead_bytes,
+                              index_cost=lambda end: held_past_data(sizing.block_holdings(end)[1:]))
+        prepared = PreparedSegment(self.directory, name, config, first)
         self._prepared = prepared
         self._prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
                                                              self.config.index_interval_bytes)

@@ -61,6 +61,8 @@ class PreparedSegment:
         # approach it (Segment.extend_ahead).
         self.allocated_bytes = min(self.segment_bytes, max(0, config.first_step_bytes if allocate_bytes is None
                                                            else allocate_bytes))
+        self.promised_bytes = self.allocated_bytes  # the end of the last step queued (block_budget)
+        self.regrant_at = 0  # no step asked of the budget before the appends reach this (loop thread)
         self.index_bytes = config.segment_index_bytes
         self.index_interval_bytes = config.index_interval_bytes
         self.index_ahead_bytes = config.index_ahead_bytes
@@ -153,12 +155,35 @@ class PreparedSegment:
         self.prefault.chase(None if self.stop_warm else self.map, self.fd, lambda: self.allocated_bytes,
                             helper=helper)
 
-    def start_extension(self) -> bool:
-        """Loop thread: mark an extend_to as queued (False if one already is, or the files are not there)."""
+    def start_extension(self, end: int) -> bool:
+        """Loop thread: mark an extend_to ``end`` as queued (False if one already is, or the files are not
+        there); block_budget charges ``end`` until it is done."""
         if not self.extension_done.is_set() or not self.ready.is_set() or self.failed is not None or self.taken:
             return False
+        self.promised_bytes = end
         self.extension_done.clear()
         return True
+
+    def promised_log_end(self) -> int:
+        """The end of the log's blocks, counting a queued step (or the creation) as done (loop thread)."""
+        if self.extension_done.is_set():
+            return self.allocated_bytes
+        return max(self.allocated_bytes, self.promised_bytes)
+
+    def block_holdings(self, log_end: int | None = None) -> list[tuple[int, int]]:
+        """``(data_end, promised_end)`` of the log and both indexes (block_budget): nothing is data yet; the
+        indexes are charged what the log's promised end (or ``log_end``) makes them own."""
+        if log_end is None:
+            log_end = self.promised_log_end()
+        holdings = [(0, log_end)]
+        for index, entry_size in ((self.offset_index, OffsetIndex.entry.size),
+                                  (self.time_index, TimeIndex.entry.size)):
+            promised = index_allocation_bytes(log_end, entry_size, 0, self.index_interval_bytes,
+                                              self.index_ahead_bytes)
+            if index is not None and not index.in_memory:
+                promised = max(promised, index.allocated_entries * entry_size)
+            holdings.append((0, promised))
+        return holdings
 
     def extend_to(self, end: int) -> None:
         """Allocate thread: give the log [allocated_bytes, end) blocks, and the indexes what that needs, then

@@ -40,6 +40,10 @@ class Retention:
         """
         now = now_ms() if now is None else now
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+        if not self.config.delete:
+            # cleanup.policy=compact alone: old segments are cleaned, never deleted by age or size (Kafka's
+            # rule); DeleteRecords' log start still removes whole segments below it.
+            retention_ms = retention_bytes = None
         with self._lock:
             segments = self._segments
             candidates = segments[:-1]

@@ -104,6 +104,10 @@ class Segment(SegmentRecovery):
         # that, synchronously (allocate_to).
         self.allocated_bytes = size_bytes
         self.extension_done = Completion(done=True)
+        # The end of the last step queued (loop thread; block_budget charges it until the step is done).
+        self.promised_bytes = size_bytes
+        self.regrant_at = 0  # no step asked of the budget before the appends reach this (loop thread)
+        self.sealing_holdings: list[tuple[int, int]] | None = None  # block_holdings at its roll
         self.extension_failed_s = -1.0  # time.monotonic() of the last failed extend_ahead
         self.written_position = size_bytes
         self.committed_position = size_bytes
@@ -168,6 +172,7 @@ class Segment(SegmentRecovery):
         segment.map = prepared.map
         segment.capacity_bytes = prepared.segment_bytes
         segment.allocated_bytes = prepared.allocated_bytes
+        segment.promised_bytes = prepared.promised_bytes
         segment.extension_done = prepared.extension_done  # a step of the spare may still be running
         segment.index_ahead_bytes = prepared.index_ahead_bytes
         segment.window_floor_bytes = prepared.window_floor_bytes
@@ -202,12 +207,47 @@ class Segment(SegmentRecovery):
     def room_bytes(self) -> int:
         return self.capacity_bytes - self.written_position
 
-    def start_extension(self) -> bool:
-        """Loop thread: mark an extend_ahead as queued (False if one already is). seal/close wait for it."""
+    def start_extension(self, end: int) -> bool:
+        """Loop thread: mark an extend_ahead to ``end`` as queued (False if one already is). seal/close wait
+        for it; block_budget charges ``end`` until it is done."""
         if not self.extension_done.is_set() or self.sealed:
             return False
+        self.promised_bytes = end
         self.extension_done.clear()
         return True
+
+    def promised_log_end(self) -> int:
+        """The end of the log's blocks, counting a queued step as done (loop thread: block_budget). The
+        allocate thread publishes ``allocated_bytes`` before ``extension_done`` is set, so once it is set the
+        prefix is final (and a failed step promises nothing)."""
+        done = self.extension_done.is_set()  # first: what it announces was published before it
+        spare = self.prepared_from
+        if spare is not None and spare.allocated_bytes > self.allocated_bytes:
+            # A step the spare took before the roll, published on the spare (its Completion is ours now).
+            self.allocated_bytes = spare.allocated_bytes
+        if done:
+            return self.allocated_bytes
+        return max(self.allocated_bytes, self.promised_bytes)
+
+    def block_holdings(self, log_end: int | None = None) -> list[tuple[int, int]]:
+        """``(data_end, promised_end)`` of the log and both indexes (block_budget), the log promised to
+        ``log_end`` (default: as it is) and the indexes to what that log end makes the allocate thread give
+        them. A sealed, trimmed segment holds nothing past its data."""
+        pending = log_end is not None or not self.extension_done.is_set()
+        if log_end is None:
+            log_end = self.promised_log_end()
+        holdings = [(self.written_position, log_end)]
+        for index in (self.offset_index, self.time_index):
+            if index.in_memory:
+                continue
+            size = index.entry.size
+            used = index.entries * size
+            promised = index.allocated_entries * size
+            if pending and index.writable:
+                promised = max(promised, index_allocation_bytes(log_end, size, used, self.index_interval_bytes,
+                                                                self.index_ahead_bytes))
+            holdings.append((used, promised))
+        return holdings
 
     def extend_ahead(self, end: int) -> None:
         """Allocate thread: allocate [allocated_bytes, end) and publish it. Appends may write a byte only once
@@ -280,7 +320,9 @@ class Segment(SegmentRecovery):
             # below must not leave a whole batch that still carries the client's base offset 0.
             set_base_offset(region, 0, first_offset)
             head = _BASE_OFFSET_BYTES
-        if self.prefault.outrun_pwrite and end > self.prefault.position:
+        prefault = self.prefault
+        # position before warm_from: the chase moves warm_from past a gap before position past it.
+        if prefault.outrun_pwrite and (end > prefault.position or start < prefault.warm_from):
             try:
                 write_at(self.fd, view[head:], start + head)
             except OSError as exc:
@@ -446,7 +488,7 @@ class Segment(SegmentRecovery):
         failpoint("seal.after_unmap")
         os.ftruncate(self.fd, self.committed_position)
         set_readahead(self.fd, True)
-        self.capacity_bytes = self.committed_position
+        self.capacity_bytes = self.allocated_bytes = self.committed_position
         for index in (self.offset_index, self.time_index):
             index.seal_readers()
             index.trim()

@@ -69,7 +69,7 @@ class SegmentRecovery:
                     return None
                 handle.seek(0)
                 first = handle.read(size)
-            header = validate_batch(first)
+            header = validate_batch(first, cleaned=True)
         except (OSError, InvalidBatchError):
             return None
         base_offset = header.base_offset
@@ -154,11 +154,13 @@ class SegmentRecovery:
                 buffer = os.pread(self.fd, max(size, min(RECOVERY_CHUNK_BYTES, file_size - position)), position)
                 buffer_start, relative = position, 0
             try:
-                header = validate_batch(buffer, relative, limit=relative + size)
+                header = validate_batch(buffer, relative, limit=relative + size, cleaned=True)
             except InvalidBatchError as exc:
                 stop_reason = exc.reason
                 break
-            if header.base_offset != self.next_offset:
+            # A batch past the expected offset follows a gap compaction left (or, on a follower, a gap the
+            # leader's compaction left in what it sent); one going back is not this log's continuation.
+            if header.base_offset < self.next_offset:
                 stop_reason = f"offset {header.base_offset}, expected {self.next_offset}"
                 break
             self._index_batch(position, header.base_offset, header.max_timestamp, size)

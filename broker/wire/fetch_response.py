@@ -22,6 +22,7 @@ Wire format (non-flexible versions; big-endian; ``[vN+]`` = present from version
         int64  last_stable_offset              [v4+]
         int64  log_start_offset                [v5+]
         int32  aborted transaction count       [v4+] (-1 = null)
+          int64 producer_id, int64 first_offset
         int32  preferred_read_replica          [v11+]
         int32  records length (-1 = null), records bytes
 
@@ -46,6 +47,8 @@ _HEAD_V4 = struct.Struct(">ii")  # correlation_id, throttle_time_ms
 _PARTITION_V4 = struct.Struct(">ihqqi")  # index, error, hw, lso, aborted count
 _PARTITION_V5 = struct.Struct(">ihqqqi")  # + log_start_offset
 _PARTITION_V11 = struct.Struct(">ihqqqii")  # + preferred_read_replica
+_ABORTED = struct.Struct(">qq")  # producer_id, first_offset
+_PREFERRED_REPLICA = struct.Struct(">i")
 
 
 @dataclass(slots=True)
@@ -59,6 +62,7 @@ class FetchPartitionResult:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: Any = None
+    aborted: Any = None  # [(producer_id, first_offset)] for read_committed fetches
 
     @property
     def records_bytes(self) -> int:
@@ -104,26 +108,25 @@ def encode_fetch_response(
         pending.append(_encode_string(topic))
         pending.append(_I32.pack(len(partitions)))
         for result in partitions:
-            if version >= 11:
-                pending.append(
-                    _PARTITION_V11.pack(
-                        result.partition, result.error_code, result.high_watermark, result.last_stable_offset,
-                        result.log_start_offset, 0, -1,
-                    )
-                )
-            elif version >= 5:
+            aborted = result.aborted or ()
+            if version >= 5:
                 pending.append(
                     _PARTITION_V5.pack(
                         result.partition, result.error_code, result.high_watermark, result.last_stable_offset,
-                        result.log_start_offset, 0,
+                        result.log_start_offset, len(aborted),
                     )
                 )
             else:
                 pending.append(
                     _PARTITION_V4.pack(
-                        result.partition, result.error_code, result.high_watermark, result.last_stable_offset, 0
+                        result.partition, result.error_code, result.high_watermark, result.last_stable_offset,
+                        len(aborted),
                     )
                 )
+            for producer_id, first_offset in aborted:
+                pending.append(_ABORTED.pack(producer_id, first_offset))
+            if version >= 11:
+                pending.append(_PREFERRED_REPLICA.pack(-1))
             records = result.records
             if records is None:
                 pending.append(_I32.pack(0))

@@ -205,7 +205,7 @@ def check_crc(buf, position: int, size: int, header: BatchHeader | None = None) 
         return crc32c(view[position + ATTRIBUTES_OFFSET : position + size]) == stored
 
 
-def validate_batch(buf, position: int = 0, *, limit: int | None = None) -> BatchHeader:
+def validate_batch(buf, position: int = 0, *, limit: int | None = None, cleaned: bool = False) -> BatchHeader:
     """Check framing, magic, CRC and the count rule of the batch at ``position``; return its header.
 
     The checks are Kafka's shallow produce-path checks (``UnifiedLog.analyzeAndValidateRecords``,
@@ -216,6 +216,9 @@ def validate_batch(buf, position: int = 0, *, limit: int | None = None) -> Batch
         buf: any buffer holding the batch.
         position: where the batch starts.
         limit: the end of the valid region (default: ``len(buf)``).
+        cleaned: the batch comes from a log (recovery, a leader's fetch), where compaction may have left it
+            fewer records than its offset range (down to none: a producer's last batch kept empty); a
+            producer's batch (False) must hold exactly ``lastOffsetDelta + 1``.
 
     Raises:
         InvalidBatchError: with ``reason`` one of "truncated header", "bad length", "truncated batch",
@@ -233,7 +236,12 @@ def validate_batch(buf, position: int = 0, *, limit: int | None = None) -> Batch
         raise InvalidBatchError("bad magic", f"magic {header.magic} at {position}")
     if not check_crc(buf, position, header.size, header):
         raise InvalidBatchError("bad crc", f"at {position}")
-    if header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
+    if cleaned:
+        if header.records_count < 0 or header.last_offset_delta < 0 or \
+                header.records_count > header.last_offset_delta + 1:
+            raise InvalidBatchError(
+                "bad count", f"lastOffsetDelta {header.last_offset_delta}, recordsCount {header.records_count}")
+    elif header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
         raise InvalidBatchError(
             "bad count", f"lastOffsetDelta {header.last_offset_delta}, recordsCount {header.records_count}"
         )

@@ -265,6 +265,30 @@ def _check_security(document: dict) -> None:
     assert any(key.startswith("copyless SASL_SSL/PLAINTEXT consume_mb_per_s") for key in document["ratios"])
 
 
+def _check_compaction(document: dict) -> None:
+    cases = {tuple(case) for case in document["cases"]}
+    assert cases and {(r["record_bytes"], r["keys"]) for r in document["rows"]} == cases
+    for row in document["rows"]:
+        assert row["log_mb"] > 0 and row["seconds"] > 0 and row["mb_per_s"] > 0, row
+        # One pass of a first cleaning reads the log twice (the map's pass, the copy's) and writes less.
+        assert abs(row["read_mb"] - 2 * row["log_mb"]) <= 0.2 and 0 < row["written_mb"] < row["log_mb"], row
+        assert 0 < row["map_keys"] <= row["keys"] and row["records_removed"] > 0, row
+    for record_bytes, keys in cases:
+        assert f"mb_per_s_{record_bytes}B_{keys}keys" in document["ratios"]
+
+
+def _check_transactions(document: dict) -> None:
+    from benchmarks import transactions
+
+    rows = _rows_with(document, broker="copyless")
+    assert rows
+    for row in rows:
+        assert row["records"] == row["transactions"] * transactions.RECORDS_PER_TXN > 0, row
+        for key in transactions.METRICS:
+            assert isinstance(row[key], (int, float)) and row[key] > 0, (key, row)
+        assert row["commit_p99_ms"] >= row["commit_p50_ms"], row
+
+
 def _check_nemesis(document: dict) -> None:
     from tests.support.checker import KINDS as ANOMALY_KINDS
     from tests.support.nemesis import KINDS
@@ -289,6 +313,8 @@ CHECKS = {
     "replication": _check_replication,
     "cluster_metadata": _check_cluster_metadata,
     "security": _check_security,
+    "compaction": _check_compaction,
+    "transactions": _check_transactions,
     "nemesis": _check_nemesis,
 }
 

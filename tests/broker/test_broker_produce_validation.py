@@ -72,9 +72,12 @@ def test_zstd_needs_produce_v7():
     assert error_of(batch, version=6) == ErrorCode.unsupported_compression_type
 
 
-def test_control_and_transactional_batches_rejected():
+def test_control_batches_rejected_transactional_ones_validated():
     assert error_of(build_batch([b"x"], attributes_extra=0x20)) == ErrorCode.invalid_record
-    assert error_of(build_batch([b"x"], attributes_extra=0x10, producer_id=1, producer_epoch=0, base_sequence=0)) == ErrorCode.invalid_record
+    assert error_of(build_batch([b"x"], attributes_extra=0x30, producer_id=1, producer_epoch=0)) == ErrorCode.invalid_record
+    # A transactional batch passes the header checks; its transaction is checked by the handler.
+    header = check(build_batch([b"x"], attributes_extra=0x10, producer_id=1, producer_epoch=0, base_sequence=0))
+    assert header.is_transactional and header.producer_id == 1
 
 
 def test_idempotent_batch_needs_a_sequence():

@@ -12,8 +12,8 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersions
 from kio.schema.create_topics.v4 import request as create_v4
 from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.fetch.v4 import request as fetch_v4
+from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
 from kio.schema.metadata.v0 import request as metadata_v0
 from kio.schema.metadata.v1 import request as metadata_v1
@@ -61,7 +61,8 @@ def test_metadata_rules_and_auto_create(live_broker):
         topics=(metadata_v8.MetadataRequestTopic(name="no-auto"), metadata_v8.MetadataRequestTopic(name="bad name!")),
         allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False))
-    assert [t.error_code for t in refused.topics] == [ErrorCode.unknown_topic_or_partition, ErrorCode.invalid_topic_exception]
+    assert [t.error_code for t in refused.topics] == [ErrorCode.unknown_topic_or_partition,
+                                                      ErrorCode.invalid_topic_exception]
     # All topics: null in v1+, empty array in v0; never auto-creates.
     all_v1 = client.request(metadata_v1.MetadataRequest(topics=None)).topics
     assert [t.name for t in all_v1 if not t.is_internal] == ["auto1"]
@@ -298,7 +299,7 @@ def test_topics_persist_create_delete(inproc_factory):
     assert create_topic(client, "keep").error_code == ErrorCode.topic_already_exists
     assert create_topic(client, "ke_ep").error_code == ErrorCode.none
     assert create_topic(client, "ke.ep").error_code == ErrorCode.invalid_topic_exception
-    assert create_topic(client, "bad", configs=[("cleanup.policy", "compact")]).error_code == ErrorCode.invalid_config
+    assert create_topic(client, "bad", configs=[("cleanup.policy", "shred")]).error_code == ErrorCode.invalid_config
     assert create_topic(client, "zero", 0).error_code == ErrorCode.invalid_partitions
     produce(client, "keep", {2: build_batch([b"persisted"])})
     deleted = client.request(DeleteTopicsRequest(topic_names=("ke_ep", "never"), timeout=1000 * MS))
@@ -350,7 +351,8 @@ def test_sync_flush_mode_acks_all_waits_for_fdatasync(inproc_factory):
     client = live.client()
     create_topic(client, "durable")
     for n in range(3):
-        item = produce(client, "durable", {0: build_batch([b"d%d" % n] * 10)}, acks=-1).responses[0].partition_responses[0]
+        item = produce(client, "durable", {0: build_batch([b"d%d" % n] * 10)},
+                       acks=-1).responses[0].partition_responses[0]
         assert item.error_code == ErrorCode.none
         # Acknowledged under the sync mode means on disk.
         assert live.broker.replicas.get("durable", 0).log.flushed_offset >= item.base_offset + 10
@@ -360,7 +362,8 @@ def test_log_append_time_topic(live_broker):
     client = live_broker.client()
     create_topic(client, "lat", configs=[("message.timestamp.type", "LogAppendTime")])
     before_ms = int(time.time() * 1000)
-    item = produce(client, "lat", {0: build_batch([b"a", b"b"], base_timestamp_ms=1000)}).responses[0].partition_responses[0]
+    item = produce(client, "lat", {0: build_batch([b"a", b"b"], base_timestamp_ms=1000)}
+                   ).responses[0].partition_responses[0]
     assert item.error_code == ErrorCode.none
     append_ms = int(item.log_append_time.timestamp() * 1000)
     assert append_ms >= before_ms
@@ -418,22 +421,26 @@ def test_create_topics_validate_only_defaults_and_assignments(live_broker):
     client = live_broker.client()
 
     def create(topic, validate_only=False):
-        response = client.request(create_v4.CreateTopicsRequest(topics=(topic,), timeout=1000 * MS, validate_only=validate_only))
+        response = client.request(create_v4.CreateTopicsRequest(topics=(topic,), timeout=1000 * MS,
+                                                                validate_only=validate_only))
         return response.topics[0]
 
     plain = dict(replication_factor=-1, assignments=(), configs=())
-    assert create(create_v4.CreatableTopic(name="dry", num_partitions=3, **plain), validate_only=True).error_code == ErrorCode.none
+    dry = create(create_v4.CreatableTopic(name="dry", num_partitions=3, **plain), validate_only=True)
+    assert dry.error_code == ErrorCode.none
     assert live_broker.broker.topic("dry") is None  # validated, not created
     assert create(create_v4.CreatableTopic(name="dflt", num_partitions=-1, **plain)).error_code == ErrorCode.none
     assert live_broker.broker.topic("dflt").partitions == 1  # num.partitions
-    replicated = create(create_v4.CreatableTopic(name="rf3", num_partitions=1, replication_factor=3, assignments=(), configs=()))
+    replicated = create(create_v4.CreatableTopic(name="rf3", num_partitions=1, replication_factor=3, assignments=(),
+                                                 configs=()))
     assert replicated.error_code == ErrorCode.invalid_replication_factor and "1 broker" in replicated.error_message
-    assigned = create(create_v4.CreatableTopic(name="manual", num_partitions=-1, replication_factor=-1, configs=(), assignments=(
-        create_v4.CreatableReplicaAssignment(partition_index=0, broker_ids=(0,)),
-        create_v4.CreatableReplicaAssignment(partition_index=1, broker_ids=(0,)))))
+    on_zero = tuple(create_v4.CreatableReplicaAssignment(partition_index=index, broker_ids=(0,)) for index in (0, 1))
+    assigned = create(create_v4.CreatableTopic(name="manual", num_partitions=-1, replication_factor=-1, configs=(),
+                                               assignments=on_zero))
     assert assigned.error_code == ErrorCode.none and live_broker.broker.topic("manual").partitions == 2
     elsewhere = create(create_v4.CreatableTopic(name="elsewhere", num_partitions=-1, replication_factor=-1, configs=(),
-                                                assignments=(create_v4.CreatableReplicaAssignment(partition_index=0, broker_ids=(7,)),)))
+                                                assignments=(create_v4.CreatableReplicaAssignment(partition_index=0,
+                                                                                                  broker_ids=(7,)),)))
     assert elsewhere.error_code == ErrorCode.invalid_replica_assignment
 
     async def create_internal():
@@ -504,13 +511,14 @@ def test_undecodable_batch_does_not_break_timestamp_lookup(live_broker):
 
 
 def test_producer_state_rebuilt_from_recent_segments_only(inproc_factory):
-    from copyless.broker.state import producer_state_scan_start
+    from copyless.broker.producer_state import producer_state_scan_start
 
     live = inproc_factory("uvloop")
     client = live.client()
     create_topic(client, "segs", configs=[("segment.bytes", "4096")])
     pid = client.request(InitProducerIdRequest(transactional_id=None, transaction_timeout=60_000 * MS)).producer_id
-    batches = [build_batch([b"r%03d" % n + b"." * 500], producer_id=pid, producer_epoch=0, base_sequence=n) for n in range(30)]
+    batches = [build_batch([b"r%03d" % n + b"." * 500], producer_id=pid, producer_epoch=0, base_sequence=n)
+               for n in range(30)]
     for n, batch in enumerate(batches):
         assert produce(client, "segs", {0: batch}, acks=-1).responses[0].partition_responses[0].base_offset == n
     live.stop()
@@ -572,7 +580,7 @@ def test_delete_then_recreate_at_once_starts_empty(live_broker):
 
 def test_concurrent_delete_and_create_leave_a_consistent_topic(live_broker):
     deleter, creator = live_broker.client(), live_broker.client()
-    for round_number in range(5):
+    for _round in range(5):
         create_topic(deleter, "race", 2)
         produce(deleter, "race", {0: build_batch([b"old"])})
         deleter.send(DeleteTopicsRequest(topic_names=("race",), timeout=1000 * MS))

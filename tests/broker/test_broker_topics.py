@@ -42,10 +42,10 @@ def test_configs_map_to_log_config_fields():
          "cleanup.policy": "delete", "min.insync.replicas": "1", "max.message.bytes": "2000"}
     )
     assert overrides == {"retention_ms": None, "segment_bytes": 1048576, "message_timestamp_type": "LogAppendTime",
-                         "max_message_bytes": 2000}
+                         "max_message_bytes": 2000, "cleanup_policy": ("delete",)}
 
 
-@pytest.mark.parametrize("configs", [{"no.such.config": "1"}, {"retention.ms": "soon"}, {"cleanup.policy": "compact"},
+@pytest.mark.parametrize("configs", [{"no.such.config": "1"}, {"retention.ms": "soon"}, {"cleanup.policy": "compact,shred"},
                                      {"segment.bytes": "10"}, {"message.timestamp.type": "Whenever"},
                                      {"retention.ms": None}])
 def test_bad_configs_are_invalid_config(configs):

@@ -158,6 +158,7 @@ partition_strategy = st.builds(
     last_stable_offset=st.integers(-1, 2**40),
     log_start_offset=st.integers(-1, 2**40),
     records=st.one_of(st.none(), st.binary(max_size=64)),
+    aborted=st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**62)), max_size=3)),
 )
 
 
@@ -188,7 +189,7 @@ def test_fetch_encoder_matches_kio_decoder(version, correlation_id, topics):
             assert got.last_stable_offset == want.last_stable_offset
             if version >= 5:
                 assert got.log_start_offset == want.log_start_offset
-            assert got.aborted_transactions == ()
+            assert [(a.producer_id, a.first_offset) for a in got.aborted_transactions] == list(want.aborted or ())
             assert bytes(got.records or b"") == (want.records or b"")
             if version >= 11:
                 assert got.preferred_read_replica == -1

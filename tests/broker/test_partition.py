@@ -82,7 +82,8 @@ def make(isr=(LEADER, F1, F2), epoch=3, lease=lambda: True):
 
 
 async def append_async(partition: Partition, count: int = 1, acks: int = -1):
-    return await partition.append_as_leader(count, SimpleNamespace(), acks=acks)
+    return await partition.append_as_leader(count, SimpleNamespace(is_control=False, is_transactional=False,
+                                                                   base_sequence=0), acks=acks)
 
 
 def append(partition: Partition, count: int = 1, acks: int = -1):

@@ -14,22 +14,13 @@ import pytest
 
 from copyless.client import Admin, Consumer, Producer, TopicPartition
 from tests.support.cluster import Cluster
-from tests.support.etcd import EtcdProcess, require_etcd
 from tests.support.read_back import assert_exactly_once, read_back
 from tests.support.topics import unique_topic
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    require_etcd()
-    server = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def cluster(etcd, tmp_path):
-    cluster = Cluster(tmp_path / "cluster", etcd, 3).start()
+def cluster(etcd_server, tmp_path):
+    cluster = Cluster(tmp_path / "cluster", etcd_server, 3).start()
     yield cluster
     cluster.stop()
 
@@ -91,7 +82,8 @@ def test_a_killed_and_restarted_broker_loses_no_acknowledged_record_replication_
 
         acknowledged, failures, retries = await _produce_through(cluster, topic, partitions, 12_000,
                                                                  kill_and_restart, at=3_000)
-        return acknowledged, failures, retries, await read_back(cluster.bootstrap, topic, partitions, 12_000, fetch_max_wait_ms=100)
+        records = await read_back(cluster.bootstrap, topic, partitions, 12_000, fetch_max_wait_ms=100)
+        return acknowledged, failures, retries, records
 
     acknowledged, failures, retries, records = run(scenario())
     assert not failures, failures[:3]

@@ -14,8 +14,7 @@ import time
 import uvloop
 
 from copyless.client import Admin, DeliveryFuture, KafkaError, Producer
-
-import _client_scenarios as scenarios
+from tests.client import _client_scenarios as scenarios
 
 
 def test_every_handle_resolves_to_its_own_offset_and_timestamp(broker):
@@ -42,7 +41,7 @@ def test_every_handle_resolves_to_its_own_offset_and_timestamp(broker):
             await producer.flush()
             assert called == [sent[0][3]]
             metadata = []
-            for partition, value, timestamp, handle in sent:
+            for partition, _value, timestamp, handle in sent:
                 assert handle.done() and handle.exception() is None
                 result = await handle
                 assert result == handle.result()
@@ -55,7 +54,7 @@ def test_every_handle_resolves_to_its_own_offset_and_timestamp(broker):
             assert offsets == list(range(len(offsets)))  # every record its own offset, in send order
         got = await scenarios.consume_exactly(broker.bootstrap, topic, 2, len(sent))
         stored = {(r.partition, r.offset): (r.value, r.timestamp) for r in got}
-        for (_, value, _, _), result in zip(sent, metadata):
+        for (_, value, _, _), result in zip(sent, metadata, strict=True):
             assert stored[(result.partition, result.offset)] == (value, result.timestamp)
 
     uvloop.run(scenario())

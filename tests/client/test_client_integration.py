@@ -13,8 +13,7 @@ import pytest
 from copyless.client import Consumer, Producer, TopicPartition
 from copyless.client.conn import Connection
 from copyless.client.protocol.messages import ApiKey
-
-import _client_scenarios as scenarios
+from tests.client import _client_scenarios as scenarios
 
 
 def run(coroutine, loop: str = "uvloop"):

@@ -4,14 +4,13 @@ import datetime
 import io
 
 import pytest
-from kio.schema.errors import ErrorCode
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import response as fetch_response
 from kio.schema.fetch.v11.request import FetchRequest
-from kio.schema.produce.v7.request import ProduceRequest
 from kio.schema.produce.v7 import response as produce_response
+from kio.schema.produce.v7.request import ProduceRequest
 from kio.serial import entity_reader, entity_writer
 
 from copyless.client.protocol.batch_builder import BatchBuilder
@@ -33,7 +32,8 @@ def _batch(count, value_size):
 
 def test_produce_request_is_what_kio_reads():
     a, b, c = _batch(3, 10), _batch(2, 500), _batch(1, 5)
-    topics = {"alpha": [(0, a.buffers, a.size_bytes), (3, b.buffers, b.size_bytes)], "beta": [(1, c.buffers, c.size_bytes)]}
+    topics = {"alpha": [(0, a.buffers, a.size_bytes), (3, b.buffers, b.size_bytes)],
+              "beta": [(1, c.buffers, c.size_bytes)]}
     body = b"".join(bytes(x) for x in encode_produce_request(-1, 30000, topics))
     request, end = entity_reader(ProduceRequest)(body, 0)
     assert end == len(body)
@@ -82,7 +82,8 @@ def test_fetch_request_is_what_kio_reads():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=6, unique_by=lambda x: x[0]))
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=6,
+                unique_by=lambda x: x[0]))
 def test_fetch_response_decoding_locates_each_partitions_records(partitions):
     blobs = {}
     responses = []

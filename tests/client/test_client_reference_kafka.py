@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import _client_scenarios as scenarios
+from tests.client import _client_scenarios as scenarios
 
 ANCHOR = Path(__file__).resolve().parents[2].parent / "shared" / "anchors" / "kafka" / "run-kafka.sh"
 

@@ -1,6 +1,6 @@
-"""Fixtures for the cluster tests: one real etcd per session, and clusters of real broker processes on it.
+"""Fixtures for the cluster tests: clusters of real broker processes on the session's etcd (``etcd_server``,
+tests/conftest.py).
 
-    etcd_server          an ``EtcdProcess`` shared by the session (each cluster works under its own root)
     cluster_factory      ``cluster_factory(size=3, config=None, extra_args=())`` -> a started ``Cluster``,
                          stopped at teardown (SIGCONT first, for a test that left a broker paused)
     net_cluster_factory  the same, but every broker and a private etcd each run on a host of their own in a
@@ -16,14 +16,6 @@ import pytest
 from tests.support.cluster import Cluster
 from tests.support.etcd import EtcdProcess, require_etcd
 from tests.support.netns import NetLab
-
-
-@pytest.fixture(scope="session")
-def etcd_server(tmp_path_factory):
-    require_etcd()
-    server = EtcdProcess(tmp_path_factory.mktemp("etcd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@
     prometheus_images session, on first use. build-images.sh --prometheus: the images above and the opt-in
                       Prometheus image (Debian's package on the base; about a minute the first time).
     compose_project   function. ``compose_project(kind="cluster"|"single", metrics=False)`` -> a ComposeProject
-                      under a fresh name, not started (``metrics``: with the "metrics" profile, Prometheus); at teardown everything it created is removed by name, and when the test
-                      failed the services' last log lines are printed first. While a project exists, SIGTERM
+                      under a fresh name, not started (``metrics``: with the "metrics" profile, Prometheus);
+                      at teardown everything it created is removed by name, and when the test failed the
+                      services' last log lines are printed first. While a project exists, SIGTERM
                       (a CI timeout) raises KeyboardInterrupt so this teardown still runs.
     cluster_mode      session (so it skips before the images are built). Skips until the brokers have their
                       etcd mode (`copyless serve --metadata`).
@@ -24,7 +25,8 @@ import signal
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):

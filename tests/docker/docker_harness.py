@@ -472,7 +472,7 @@ class BackgroundProducer:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=f"producer-{topic}", daemon=True)
 
-    def start(self) -> "BackgroundProducer":
+    def start(self) -> BackgroundProducer:
         self._thread.start()
         return self
 

@@ -7,19 +7,19 @@ Invariants: from a clean state the six containers turn healthy, each broker regi
 ``/copyless/<cluster_id>/brokers/<id>`` with its two named listeners, and every broker describes the same three
 brokers at the host addresses the host can reach; an RF-3 topic takes acks=all writes through the published
 ports and reads them back whole; with one etcd node killed the brokers keep serving, metadata writes
-(a new topic) still go through, and a killed partition leader is replaced with nothing acknowledged lost; after `down` and `up` (volumes kept) every record is still there and offsets
-continue.
+(a new topic) still go through, and a killed partition leader is replaced with nothing acknowledged lost;
+after `down` and `up` (volumes kept) every record is still there and offsets continue.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import time
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
+from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_mode")]
 
@@ -59,7 +59,7 @@ def _read_all(project, topic: str, partitions: int, count: int, services=()) -> 
 
 def _acknowledged_by_partition(values, acknowledged) -> dict[int, list[bytes]]:
     out: dict[int, list[tuple[int, bytes]]] = {}
-    for value, (partition, offset) in zip(values, acknowledged):
+    for value, (partition, offset) in zip(values, acknowledged, strict=False):
         out.setdefault(partition, []).append((offset, value))
     return {p: [v for _, v in sorted(entries)] for p, entries in out.items()}
 
@@ -122,11 +122,10 @@ def test_cluster_keeps_working_with_one_etcd_node_killed(compose_project):
     project.wait_state("etcd1", ("exited",))
     # When etcd1 led etcd, the other two elect a leader first (an election timeout, ~1 s): until then a broker's
     # etcd write fails (CreateTopics then closes the connection), so the test waits for etcd as a client would.
-    deadline = time.monotonic() + 30
-    while project.etcdctl("etcd2", "put", "/copyless-test/quorum", "2", endpoints="http://etcd2:2379,http://etcd3:2379",
-                          check=False, command_timeout_s=2).returncode != 0:
-        assert time.monotonic() < deadline, "etcd2 and etcd3 took no write within 30 s of etcd1's death"
-        time.sleep(0.5)
+    wait_until(lambda: project.etcdctl("etcd2", "put", "/copyless-test/quorum", "2",
+                                       endpoints="http://etcd2:2379,http://etcd3:2379", check=False,
+                                       command_timeout_s=2).returncode == 0,
+               what="etcd2 and etcd3 to take a write after etcd1's death", timeout_s=30, interval_s=0.5)
 
     # Writes through the brokers and a metadata write (a topic) both still succeed on two etcd nodes.
     second = _values(300, "after")
@@ -142,16 +141,19 @@ def test_cluster_keeps_working_with_one_etcd_node_killed(compose_project):
     victim = harness.describe_partitions(project.bootstrap(), "before")[0].leader
     project.kill(harness.broker_service(victim))
     survivors = [s for s in BROKERS if s != harness.broker_service(victim)]
-    deadline = time.monotonic() + 60
-    while True:
+    seen: list = []
+
+    def new_leaders() -> bool:
         try:
             partitions = harness.describe_partitions(project.bootstrap(*survivors), "before", timeout_s=10)
-            if all(p.leader not in (victim, -1) for p in partitions.values()):
-                break
         except Exception as exc:  # a survivor mid-failover: ask again until the deadline
-            partitions = exc
-        assert time.monotonic() < deadline, f"no new leaders without broker {victim}: {partitions}"
-        time.sleep(0.2)
+            seen[:] = [exc]
+            return False
+        seen[:] = [partitions]
+        return all(p.leader not in (victim, -1) for p in partitions.values())
+
+    wait_until(new_leaders, what=f"new leaders without broker {victim}", timeout_s=60, interval_s=0.2,
+               detail=lambda: f"the last answer: {seen}")
     third = _values(300, "failover")
     acknowledged += harness.produce(project.bootstrap(*survivors), "before", third)
     assert _read_all(project, "before", 3, len(first) + len(second) + len(third), survivors) == \

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
 
 
 def _demo_module():

@@ -11,11 +11,11 @@ linearizable read while the majority keeps writing, and catches up once reconnec
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -78,12 +78,9 @@ def test_etcd_keeps_serving_with_one_node_killed(compose_project):
 
     # The killed node comes back with its volume and catches up on the write it missed.
     project.start(leader)
-    got = project.etcdctl(leader, "get", "/copyless-test/during", "--print-value-only", "--consistency=s").stdout
-    deadline = time.monotonic() + 30
-    while got.strip() != "2" and time.monotonic() < deadline:
-        time.sleep(0.5)
-        got = project.etcdctl(leader, "get", "/copyless-test/during", "--print-value-only", "--consistency=s").stdout
-    assert got.strip() == "2"
+    wait_until(lambda: project.etcdctl(leader, "get", "/copyless-test/during", "--print-value-only",
+                                       "--consistency=s").stdout.strip() == "2",
+               what=f"{leader} to catch up on the write it missed", timeout_s=30, interval_s=0.5)
 
     # Two down of three: no quorum, so a write must fail (and is not applied).
     for service in survivors:
@@ -107,12 +104,14 @@ def test_etcd_node_cut_off_the_network_and_back(compose_project):
                            endpoints="http://etcd1:2379,http://etcd2:2379").stdout.strip() == "OK"
 
     project.connect("etcd3")
-    deadline = time.monotonic() + 30
-    while True:
+    last: list = []
+
+    def caught_up() -> bool:
         got = project.etcdctl("etcd3", "get", "/copyless-test/during", "--print-value-only", check=False,
                               command_timeout_s=2)
-        if got.returncode == 0 and got.stdout.strip() == "2":
-            break
-        assert time.monotonic() < deadline, f"etcd3 did not catch up after reconnecting: {got}"
-        time.sleep(0.5)
+        last[:] = [got]
+        return got.returncode == 0 and got.stdout.strip() == "2"
+
+    wait_until(caught_up, what="etcd3 to catch up after reconnecting", timeout_s=30, interval_s=0.5,
+               detail=lambda: f"the last read: {last}")
     assert project.state("etcd3").health in ("healthy", "starting")

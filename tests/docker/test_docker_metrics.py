@@ -9,13 +9,13 @@ broker. The profile off (every other docker test), no Prometheus container exist
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
+from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_mode")]
 
@@ -38,14 +38,14 @@ def test_prometheus_scrapes_every_broker(compose_project):
     project.timed_up(label="cluster with Prometheus (3 etcd + 3 brokers + prometheus)")
     assert project.state("prometheus").health == "healthy"
 
-    deadline = time.monotonic() + 60
-    while True:
-        targets = _api(project, "/api/v1/targets")["activeTargets"]
-        health = {t["labels"].get("broker"): t["health"] for t in targets}
-        if health == dict.fromkeys(BROKERS, "up"):
-            break
-        assert time.monotonic() < deadline, f"Prometheus's targets after 60 s: {targets}"
-        time.sleep(1)
+    targets: list = []
+
+    def every_broker_up() -> bool:
+        targets[:] = _api(project, "/api/v1/targets")["activeTargets"]
+        return {t["labels"].get("broker"): t["health"] for t in targets} == dict.fromkeys(BROKERS, "up")
+
+    wait_until(every_broker_up, what="Prometheus scraping every broker", timeout_s=60, interval_s=1,
+               detail=lambda: f"its targets: {targets}")
 
     series = _api(project, "/api/v1/query", query="copyless_requests_total")["result"]
     assert {s["metric"]["broker"] for s in series} == BROKERS

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
 from tests.support import batches, wire
 from tests.support.polling import wait_until
 
@@ -131,7 +131,8 @@ def test_leader_cut_off_stops_acknowledging_fails_over_and_rejoins(compose_proje
         _wait(lambda: all(leader in _direct_metadata(project.ports[other])[1] for other in others),
               timeout_s=REJOIN_TIMEOUT_S, what=f"{service} back in the ISR")
         rejoined_at = time.monotonic()
-        _wait(lambda: producer.acknowledged_after(rejoined_at), timeout_s=30, what="writes acknowledged after the rejoin")
+        _wait(lambda: producer.acknowledged_after(rejoined_at), timeout_s=30,
+              what="writes acknowledged after the rejoin")
     finally:
         producer.stop()
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
 
 
 def test_secure_cluster_runs_the_demo(compose_project):

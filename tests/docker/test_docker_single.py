@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-import docker_harness as harness
+from tests.docker import docker_harness as harness
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -14,6 +14,7 @@ import time
 from kio.schema.errors import ErrorCode
 
 from tests.support.live_broker import LiveBroker
+from tests.support.polling import wait_until
 from tests.support.raw_group import RawMember
 
 HOUR_S = 3600.0
@@ -25,18 +26,19 @@ def test_a_wall_clock_step_does_not_expire_the_members(tmp_path, monkeypatch):
     a = b = None
     try:
         a, b = RawMember(bootstrap, "stepped"), RawMember(bootstrap, "stepped")
-        deadline = time.monotonic() + 30
-        while (response := a.join(session_ms=6000, rebalance_ms=6000)).error_code in (
-                ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available):
-            assert time.monotonic() < deadline, "the coordinator never loaded"
-            time.sleep(0.05)
+        def joined_once_loaded():
+            answer = a.join(session_ms=6000, rebalance_ms=6000)
+            loading = (ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available)
+            return None if answer.error_code in loading else answer
+
+        response = wait_until(joined_once_loaded, what="the coordinator to load", timeout_s=30)
         assert response.error_code == ErrorCode.none and a.sync([(a.member_id, b"a")]) == ErrorCode.none
         # B joins: a rebalance in which A rejoins, then both sync (the leader with both assignments).
         joined = {}
         thread = threading.Thread(target=lambda: joined.setdefault("b", b.join(session_ms=6000, rebalance_ms=6000)))
         thread.start()
-        while a.heartbeat() != ErrorCode.rebalance_in_progress:
-            time.sleep(0.05)
+        wait_until(lambda: a.heartbeat() == ErrorCode.rebalance_in_progress, what="B's join to start a rebalance",
+                   timeout_s=30)
         assert a.join(session_ms=6000, rebalance_ms=6000).error_code == ErrorCode.none
         thread.join(30)
         assert joined["b"].error_code == ErrorCode.none

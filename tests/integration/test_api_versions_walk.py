@@ -161,9 +161,11 @@ def test_init_producer_id_epoch_bump_without_a_transactional_id_gets_a_new_produ
             producer_id=first.producer_id, producer_epoch=first.producer_epoch))
         assert bumped.error_code == 0 and bumped.producer_epoch == 0
         assert bumped.producer_id > first.producer_id
-        refused = wire.request(v4.InitProducerIdRequest(
-            transactional_id="tx", transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
-            producer_epoch=-1))
-        assert refused.error_code == ErrorCode.transactional_id_authorization_failed
+        # With a transactional id the transaction coordinator answers: that id's own producer id.
+        transactional = wire.request(v4.InitProducerIdRequest(
+            transactional_id=f"tx-{bumped.producer_id}", transaction_timeout=datetime.timedelta(seconds=60),
+            producer_id=-1, producer_epoch=-1))
+        assert transactional.error_code == ErrorCode.none and transactional.producer_epoch == 0
+        assert transactional.producer_id not in (first.producer_id, bumped.producer_id)
     finally:
         wire.close()

@@ -28,9 +28,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from tests.support.broker_process import TEST_BROKER_CONFIG, BrokerProcess
 from tests.support.subprocesses import REPO_ROOT
@@ -174,7 +174,7 @@ def kafka_single(workdir: Path, scenario: str) -> Iterator[Target]:
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Kafka did not start; see {log_path}")
+                    raise RuntimeError(f"Kafka did not start; see {log_path}") from None
                 time.sleep(0.5)
         yield Target("kafka", scenario, f"127.0.0.1:{port}", _kafka_tool_scripts(workdir / "kafka_path", anchor),
                      lambda: process.poll() is None, lambda: log_path.read_text(errors="replace")[-6000:])

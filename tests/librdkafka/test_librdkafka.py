@@ -4,8 +4,8 @@ The whole suite takes 17-24 minutes against one node on this machine (``python -
 --target single`` runs it and prints the table); the suite's CI budget for it is about 8, so this module runs
 ``SINGLE_NODE`` against one ``copyless serve --num-partitions 4`` and ``CLUSTER`` against three nodes on etcd,
 chosen to cover what librdkafka exercises (produce in every codec and message format, consume, seek,
-offsets, groups with static members, admin, idempotence) and the gaps closed for it (0052, 0081, 0102,
-0118), and leaving out the long ones whose subject is covered elsewhere.
+offsets, groups with static members, admin, idempotence, transactions) and the gaps closed for it (0052,
+0081, 0102, 0118, 0129), and leaving out the long ones whose subject is covered elsewhere.
 
 A test expected to pass (not in ``expected.toml``) that fails fails here: a regression. A test listed there as
 failing that passes is reported as a warning (the list is stale: remove its entry). A listed test that fails
@@ -27,15 +27,15 @@ from tests.librdkafka.targets import STARTERS
 pytestmark = pytest.mark.timeout(900)
 
 # Test numbers run against one node (about 5.5 minutes at load average 5-10 here): the tests of the suite that
-# take under 15 s on a single node, 0030 (offset commits), 0052 (old message formats) and 0081 (admin), less
-# those that only fail for a missing feature (transactions, ACLs, compaction: expected.toml says which) or
-# need three brokers.
+# take under 15 s on a single node, 0030 (offset commits), 0052 (old message formats), 0081 (admin) and 0129
+# (transactions: aborted batches read past by read_committed), less those that only fail for a missing feature
+# (ACLs, compaction: expected.toml says which) or need three brokers.
 SINGLE_NODE = (
     "0001", "0002", "0003", "0005", "0007", "0008", "0011", "0012", "0013", "0014", "0015", "0016", "0017",
     "0019", "0021", "0022", "0029", "0030", "0031", "0034", "0035", "0036", "0038", "0039", "0040", "0041",
     "0042", "0044", "0048", "0051", "0052", "0053", "0054", "0056", "0057", "0059", "0060", "0063", "0064",
     "0065", "0067", "0070", "0073", "0081", "0082", "0083", "0085", "0086", "0090", "0092", "0099", "0102",
-    "0110", "0112", "0118", "0125", "0130", "0132",
+    "0110", "0112", "0118", "0125", "0129", "0130", "0132",
 )
 # Against the 3-node cluster (about 1.5 minutes with its start): replication factor 3 (the single node cannot
 # run these), idempotence, commits during a rebalance; the noautocreate one last: it needs a second cluster.
@@ -111,7 +111,7 @@ def test_librdkafka(tests_dir, targets, target_name, number):
         pytest.fail(comparison.describe(expected), pytrace=False)
     for outcome in comparison.unexpected_passes:
         warnings.warn(f"librdkafka {outcome.name} passed against {target_name} but expected.toml lists it as "
-                      f"failing ({expected[outcome.name].reason}): remove its entry")
+                      f"failing ({expected[outcome.name].reason}): remove its entry", stacklevel=1)
     failed = [o for o in comparison.as_expected if o.state == FAILED]
     if failed:
         pytest.xfail("; ".join(f"{o.name}: {expected[o.name].reason}" for o in failed))

@@ -43,7 +43,10 @@ def test_validation_names_the_setting_not_the_secret(tmp_path):
     path.write_text('listeners = "SASL_SSL://127.0.0.1:0"\n')
     with pytest.raises(ConfigError, match="ssl.keystore.location"):
         load_toml(path)
+    # Without a map, a listener of any name is plaintext, as before the map existed; a set map must name it.
     path.write_text('listeners = "A://127.0.0.1:0"\n')
+    assert load_toml(path).security.listener("A").protocol == "PLAINTEXT"
+    path.write_text('listeners = "A://127.0.0.1:0"\n"listener.security.protocol.map" = "B:SSL"\n')
     with pytest.raises(ConfigError, match="listener.security.protocol.map"):
         load_toml(path)
     path.write_text('"ssl.client.auth" = "sometimes"\n')

@@ -14,10 +14,9 @@ import os
 import random
 import sys
 
-from storage_batches import build_batch
-
 from copyless.broker.storage import LogConfig, LogManager, _failpoints
 from copyless.broker.storage import prefault as prefault_module
+from tests.support.batches import build_batch
 
 CONFIG = LogConfig(segment_bytes=24 << 10, segment_index_bytes=1024, index_interval_bytes=1024, retention_ms=None,
                    retention_bytes=96 << 10, file_delete_delay_ms=0)

@@ -12,9 +12,8 @@ import signal
 import sys
 import time
 
-from storage_batches import build_batch, records_of
-
 from copyless.broker.storage import LogConfig, LogManager, StorageError
+from tests.support.batches import build_batch, records_of
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=8 << 10, index_interval_bytes=4096, retention_ms=None,
                    file_delete_delay_ms=0)

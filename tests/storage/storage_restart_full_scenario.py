@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from storage_batches import build_batch, records_of
-
 from copyless.broker.storage import LogConfig, LogManager, StorageError
+from tests.support.batches import build_batch, records_of
+from tests.support.tmpfs import take_every_free_byte
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=64 << 10, index_interval_bytes=4096,
                    retention_ms=None, file_delete_delay_ms=0)
@@ -49,23 +49,9 @@ def fill(data_dir: Path) -> None:
     os.kill(os.getpid(), signal.SIGKILL)  # no flush, no checkpoint, no marker
 
 
-def exhaust(path: Path) -> None:
-    """Take every free byte left (recovery must then rebuild indexes without any new space)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for chunk in (b"f" * 4096, b"f"):
-            try:
-                while True:
-                    os.write(fd, chunk)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-
-
 def restart(data_dir: Path) -> None:
     report: dict = {}
-    exhaust(data_dir.parent / "ballast-2")
+    take_every_free_byte(data_dir.parent / "ballast-2")
     report["free_before_restart"] = os.statvfs(data_dir).f_bavail
     manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
     manager.startup()  # must not raise on the full disk

@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from storage_batches import build_batch
-
 from copyless.broker.storage import LogConfig, LogManager, _failpoints
+from tests.support.batches import build_batch
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0)

@@ -9,11 +9,11 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from storage_batches import build_batch, records_of
 
-from copyless.broker.storage import scan as scan_module
 from copyless.broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError, StorageError
+from copyless.broker.storage import scan as scan_module
 from copyless.client.protocol.records import iter_batches, read_header, validate_batch
+from tests.support.batches import build_batch, records_of
 
 
 def append_values(partition_log, count, *, size=100, start_timestamp=1_000, per_batch=1):

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-from storage_batches import records_of
-from storage_crash_appender import CONFIG, expected_value
 
 from copyless.broker.storage import LogManager
 from copyless.broker.storage._failpoints import POINTS
 from copyless.broker.storage.checkpoint import read_checkpoint
 from copyless.client.protocol.records import iter_batches, validate_batch
+from tests.storage.storage_crash_appender import CONFIG, expected_value
+from tests.support.batches import records_of
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -38,7 +38,7 @@ def run_appender(data_dir: Path, seed: int, *, failpoint: str | None = None, ski
     """Run the appender; return (exit status, last acknowledged offset or -1, last flushed offset or 0).
     ``outrun_pwrite``: appends past the pre-faulted pages write with pwrite (the default) or fault the pages
     in through the map (LogConfig.outrun_pwrite, set by the appender from COPYLESS_OUTRUN_PWRITE)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                COPYLESS_OUTRUN_PWRITE="1" if outrun_pwrite else "0")
     env.pop("COPYLESS_FAILPOINT", None)
     if failpoint is not None:

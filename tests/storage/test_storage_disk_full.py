@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tmpfs import mounted_tmpfs, take_every_free_byte
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
 def run_scenario(data_dir: Path, *extra: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     completed = subprocess.run([sys.executable, str(HERE / "storage_disk_full_scenario.py"), str(data_dir), *extra],
                                capture_output=True, text=True, timeout=240, env=env)
     assert completed.returncode == 0, (
@@ -31,17 +33,8 @@ def run_scenario(data_dir: Path, *extra: str) -> dict:
 
 @pytest.fixture
 def small_filesystem(tmp_path):
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        yield None, f"mount failed: {result.stderr.strip() or result.returncode}"
-        return
-    try:
-        yield mount_point, None
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    with mounted_tmpfs(tmp_path / "tmpfs", size_mib=4) as mount_point:
+        yield mount_point
 
 
 def check_report(report: dict, expected_errnos: tuple[int, ...], *, freed_by_retention: bool) -> None:
@@ -62,10 +55,8 @@ def check_report(report: dict, expected_errnos: tuple[int, ...], *, freed_by_ret
 
 
 def test_disk_full_on_a_real_small_filesystem(small_filesystem):
-    mount_point, reason = small_filesystem
-    if mount_point is None:
-        pytest.skip(f"cannot mount a tmpfs here ({reason}); test_disk_full_with_rlimit_fsize covers the limit")
-    report = run_scenario(mount_point / "data")
+    # Where no tmpfs can be mounted this skips, saying why; test_disk_full_with_rlimit_fsize covers the limit.
+    report = run_scenario(small_filesystem / "data")
     check_report(report, (errno.ENOSPC, errno.EDQUOT), freed_by_retention=True)
     assert report["error"]["numbers"]["bytes_free"] < 512 << 10
 
@@ -81,11 +72,9 @@ def test_killed_on_a_full_filesystem_restarts_degraded_and_resumes(small_filesys
     """kill -9 with the disk full, restart on the still-full disk: start-up needs no new space (recovery
     rebuilds the indexes even when they cannot be preallocated), every acknowledged record reads back,
     appends fail with a disk-full StorageError, and resume by themselves once space is freed."""
-    mount_point, reason = small_filesystem
-    if mount_point is None:
-        pytest.skip(f"cannot mount a tmpfs here ({reason})")
+    mount_point = small_filesystem
     data_dir = mount_point / "data"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     script = str(HERE / "storage_restart_full_scenario.py")
     filled = subprocess.run([sys.executable, script, "fill", str(data_dir)], capture_output=True, text=True,
                             timeout=240, env=env)
@@ -108,31 +97,16 @@ def test_killed_on_a_full_filesystem_restarts_degraded_and_resumes(small_filesys
     assert report["after_second_restart_ok"]
 
 
-def _take_every_free_byte(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        for chunk in (b"f" * 4096, b"f"):
-            try:
-                while True:
-                    os.write(fd, chunk)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-
-
 def test_index_rebuild_on_a_full_filesystem_needs_no_new_space(small_filesystem):
     """Recovery rebuilds indexes; on a full disk their preallocation fails, so the entries are kept in memory
     and written out at seal: into the space the old index gave back, or, when not even that is left, the
     index stays empty (valid: lookups scan the segment from position 0, the next recovery rebuilds it)."""
     from copyless.broker.storage.index import OffsetIndex
 
-    mount_point, reason = small_filesystem
-    if mount_point is None:
-        pytest.skip(f"cannot mount a tmpfs here ({reason})")
+    mount_point = small_filesystem
     path = mount_point / "00000000000000000000.index"
     index = OffsetIndex.create(path, 4096)
-    _take_every_free_byte(mount_point / "filler")
+    take_every_free_byte(mount_point / "filler")
     index.reset(64 << 10)  # gives back 4 KiB, needs 64 KiB: ENOSPC
     assert index.in_memory and index.writable and os.path.getsize(path) == 0
     for number in range(100):
@@ -145,9 +119,9 @@ def test_index_rebuild_on_a_full_filesystem_needs_no_new_space(small_filesystem)
 
     os.unlink(mount_point / "filler")
     second = OffsetIndex.create(mount_point / "00000000000000000100.index", 4096)
-    _take_every_free_byte(mount_point / "filler")
+    take_every_free_byte(mount_point / "filler")
     second.reset(64 << 10)
-    _take_every_free_byte(mount_point / "filler")  # now not a byte left, not even the freed 4 KiB
+    take_every_free_byte(mount_point / "filler")  # now not a byte left, not even the freed 4 KiB
     for number in range(100):
         second.maybe_append(number, number * 100)
     second.seal_readers()

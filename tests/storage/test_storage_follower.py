@@ -8,10 +8,10 @@ bytes a replica fetch sends with sendfile), cut into fetch-sized pieces.
 from __future__ import annotations
 
 import pytest
-from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, UnexpectedAppendOffsetError
 from copyless.client.protocol.records import InvalidBatchError, iter_batches, set_base_offset
+from tests.support.batches import build_batch, records_of
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None)
 
@@ -70,21 +70,30 @@ def test_a_corrupt_batch_anywhere_appends_nothing(manager_factory):
     assert follower.log_end_offset == 0 and follower.read(0, 1 << 20).slice is None
 
 
-def test_the_first_batch_must_start_at_the_log_end_and_the_rest_follow_on(manager_factory):
+def test_batches_never_go_back_and_a_compacted_leaders_gaps_are_taken_at_their_offsets(manager_factory):
     leader = manager_factory(CONFIG).create_log("leader", 0)
     fill_leader(leader, 6)
     data = leader_bytes(leader)
     follower = manager_factory(CONFIG, directory=leader.directory.parent.parent / "follower").create_log("f", 0)
     positions = [position for position, _ in iter_batches(data)]
-    with pytest.raises(UnexpectedAppendOffsetError) as raised:
-        follower.append_as_follower_blocking(data[positions[1]:])
-    assert (raised.value.first_offset, raised.value.log_end_offset) == (1, 0)
-    gap = bytearray(data)
-    set_base_offset(gap, positions[2], 1000)  # baseOffset lies outside the CRC: only the offset check sees it
+    back = bytearray(data)
+    set_base_offset(back, positions[2], 0)  # baseOffset lies outside the CRC: only the offset check sees it
     with pytest.raises(InvalidBatchError) as raised:
-        follower.append_as_follower_blocking(gap)
+        follower.append_as_follower_blocking(back)
     assert raised.value.reason == "bad offsets"
     assert follower.log_end_offset == 0
+    # A gap between two batches (a leader's cleaner removed the records between): the run before it goes in.
+    gap = bytearray(data)
+    set_base_offset(gap, positions[2], 1000)
+    run = follower.append_as_follower_blocking(gap)
+    assert (run.first_offset, follower.log_end_offset) == (0, [h for _, h in iter_batches(data)][1].next_offset)
+    # The next fetch starts past the gap: the log end moves over it and the batch keeps its offset.
+    after = follower.append_as_follower_blocking(gap[positions[2]:positions[3]])
+    assert after.first_offset == 1000 and follower.log_end_offset > 1000
+    with pytest.raises(UnexpectedAppendOffsetError) as raised:
+        follower.append_as_follower_blocking(data[positions[1]:])
+    assert raised.value.first_offset < raised.value.log_end_offset
+    follower = manager_factory(CONFIG, directory=leader.directory.parent.parent / "follower2").create_log("f", 0)
     # A fetch cut inside its last batch: the whole batches go in, the rest comes with the next fetch.
     cut = follower.append_as_follower_blocking(data[: positions[4] + 30])
     assert (cut.first_offset, follower.log_end_offset) == (0, [h for _, h in iter_batches(data)][3].next_offset)

@@ -9,12 +9,11 @@ the data dir's ``high-watermark-checkpoint`` and restored clamped to the log.
 
 from __future__ import annotations
 
-from storage_batches import build_batch, records_of
-
 from copyless.broker.storage import LogConfig
 from copyless.broker.storage.checkpoint import read_checkpoint
 from copyless.broker.storage.leader_epoch_cache import LeaderEpochCache
 from copyless.client.protocol.records import iter_batches
+from tests.support.batches import build_batch, records_of
 from tests.support.polling import wait_until
 
 

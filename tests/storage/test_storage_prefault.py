@@ -22,13 +22,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from storage_batches import build_batch
 
 from copyless.broker.storage import LogConfig
-from copyless.broker.storage import preparation as preparation_module
 from copyless.broker.storage import prefault as prefault_module
+from copyless.broker.storage import preparation as preparation_module
 from copyless.broker.storage._fileops import map_address, preallocate
 from copyless.client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
+from tests.support.batches import build_batch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KIB, MIB = 1 << 10, 1 << 20
@@ -206,10 +206,13 @@ def test_a_chase_stops_at_its_lead_and_gives_the_rest_of_its_target_back(tmp_pat
         assert prefault.want(6 * MIB)
         prefault.chase(region, fd, lambda: 8 * MIB, lead=lambda: 2 * MIB)
         assert prefault.idle.is_set() and prefault.position == 2 * MIB and prefault.target == 2 * MIB
-        assert all(present_pages(region, 0, 2 * MIB)) and not any(present_pages(region, 2 * MIB, 8 * MIB))
+        # The first MiB lies within the zeros' margin of the appends (at 0): left to them (pwrite).
+        warm = prefault_module.ZERO_MARGIN_BYTES
+        assert prefault.warm_from == warm and not any(present_pages(region, 0, warm))
+        assert all(present_pages(region, warm, 2 * MIB)) and not any(present_pages(region, 2 * MIB, 8 * MIB))
         assert prefault.want(6 * MIB), "a new chase may be queued for what was given back"
         prefault.chase(region, fd, lambda: 8 * MIB, lead=lambda: 8 * MIB)
-        assert prefault.position == 6 * MIB and all(present_pages(region, 0, 6 * MIB))
+        assert prefault.position == 6 * MIB and all(present_pages(region, warm, 6 * MIB))
         region.close()
     finally:
         os.close(fd)
@@ -240,7 +243,9 @@ def test_a_chase_far_behind_hands_half_of_each_step_to_the_helper(tmp_path, monk
         prefault.chase(region, fd, lambda: 8 * MIB, helper=helper)
         assert prefault.idle.is_set() and prefault.position == 6 * MIB
         assert helper.ranges == [(3 * MIB, 6 * MIB)]
-        assert all(present_pages(region, 0, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
+        warm = prefault_module.ZERO_MARGIN_BYTES  # below it: the appends' pages (the zeros' margin)
+        assert prefault.warm_from == warm and not any(present_pages(region, 0, warm))
+        assert all(present_pages(region, warm, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
         # A step below the split stays on the chasing thread.
         assert prefault.want(6 * MIB + 512 * KIB)
         prefault.chase(region, fd, lambda: 8 * MIB, helper=helper)
@@ -316,14 +321,17 @@ def test_appends_past_the_pre_faulted_pages_are_written_not_faulted_in(window_ma
         start = active.written_position
         partition_log.append_blocking(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
                              log_append_time_ms=append_time)
-        if active.written_position > pre_faulted:
+        if active.written_position > pre_faulted or start < active.prefault.warm_from:
             expected_outrun += active.written_position - start
         number += 1
     assert prefault_module.PREFAULT_STATS["outrun_bytes"] - outrun == expected_outrun > 512 * KIB
     # Copied into the map below the pre-faulted end; past it only the header pages were touched through the
     # map: a 16 KiB batch spans four pages, and the middle ones of every batch stay unmapped. (A LogAppendTime
     # CRC reads the whole batch through the map, which maps its pages without allocating any.)
-    assert all(present_pages(active.map, 0, pre_faulted // PAGE * PAGE))
+    # Below warm_from, pages within the zeros' margin of the first append: left to the appends' pwrite.
+    warm_from = active.prefault.warm_from
+    assert warm_from <= prefault_module.ZERO_MARGIN_BYTES + 2 * PAGE
+    assert all(present_pages(active.map, -(-warm_from // PAGE) * PAGE, pre_faulted // PAGE * PAGE))
     if not log_append_time:
         past = present_pages(active.map, pre_faulted // PAGE * PAGE + 4 * PAGE,
                              active.written_position // PAGE * PAGE)
@@ -361,8 +369,11 @@ def test_a_chase_writes_zeros_then_maps_the_pages(segment_file, monkeypatch):
     prefault.chase(region, fd, lambda: 8 * MIB)
     assert prefault.method == "zeros+madvise"
     # Nothing has been appended: zeros go from the margin past position 0 to the target.
-    assert prefault_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - prefault_module.ZERO_MARGIN_BYTES
-    assert all(present_pages(region, 0, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
+    margin = prefault_module.ZERO_MARGIN_BYTES
+    assert prefault_module.PREFAULT_STATS["zeroed_bytes"] - zeroed == 6 * MIB - margin
+    # The margin's pages are left to the appends, which write below warm_from with pwrite.
+    assert prefault.warm_from == margin and not any(present_pages(region, 0, margin))
+    assert all(present_pages(region, margin, 6 * MIB)) and not any(present_pages(region, 6 * MIB, 8 * MIB))
     assert region[:6 * MIB] == bytes(6 * MIB)
     prefault.zeros = False
     assert prefault.want(7 * MIB)
@@ -464,3 +475,19 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
         assert prefault.idle.wait(30)
     assert region[:written] == model
     assert prefault_module.PREFAULT_STATS["zeroed_bytes"] > 0
+
+
+def test_a_step_starting_inside_a_page_leaves_no_gap(segment_file):
+    """Only pages within the zeros' margin of the appends are left to them: a step that starts inside a page
+    (targets follow the appends' byte positions) zeros from the next page boundary, and the page it starts
+    in was mapped by the step before, so warm_from stays where the margin put it."""
+    fd, region = segment_file
+    prefault = prefault_module.Prefault()
+    assert prefault.want(3 * MIB + 100)
+    prefault.chase(region, fd, lambda: 8 * MIB)
+    warm = prefault.warm_from
+    assert warm == prefault_module.ZERO_MARGIN_BYTES
+    assert prefault.want(7 * MIB)
+    prefault.chase(region, fd, lambda: 8 * MIB)
+    assert prefault.position == 7 * MIB and prefault.warm_from == warm
+    assert all(present_pages(region, warm, 7 * MIB))

@@ -15,10 +15,10 @@ import tempfile
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, LogManager
 from copyless.client.protocol.records import iter_batches, set_base_offset, set_leader_epoch
+from tests.support.batches import build_batch, records_of
 
 values = st.lists(st.binary(min_size=0, max_size=200), min_size=1, max_size=4)
 

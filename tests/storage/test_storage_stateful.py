@@ -25,11 +25,11 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
 from copyless.broker.storage import prefault as prefault_module
 from copyless.client.protocol.records import iter_batches, read_header
+from tests.support.batches import build_batch, records_of
 
 record_value = st.binary(min_size=0, max_size=300)
 batch_spec = st.tuples(st.lists(record_value, min_size=1, max_size=5), st.integers(-50, 200),

@@ -8,9 +8,8 @@ import os
 import random
 import time
 
-from storage_batches import build_batch, records_of
-
 from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
+from tests.support.batches import build_batch, records_of
 
 
 def test_reads_race_retention_and_housekeeping(tmp_path):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from storage_batches import build_batch, records_of
 
 from copyless.broker.storage import LogConfig, OffsetOutOfRangeError
 from copyless.broker.storage.checkpoint import read_checkpoint
 from copyless.client.protocol.records import iter_batches, set_base_offset, set_leader_epoch
+from tests.support.batches import build_batch, records_of
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0)

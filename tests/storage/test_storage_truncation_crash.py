@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from storage_batches import records_of
-from storage_truncation_scenario import BATCHES, CONFIG, FULL_TARGET, batch_for
 
 from copyless.broker.storage import LogManager
 from copyless.broker.storage._failpoints import TRUNCATION_POINTS
 from copyless.client.protocol.records import iter_batches, validate_batch
+from tests.storage.storage_truncation_scenario import BATCHES, CONFIG, FULL_TARGET, batch_for
+from tests.support.batches import records_of
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -40,7 +40,7 @@ def original_batches() -> list[tuple[int, int, list]]:
 
 
 def run(data_dir: Path, mode: str, failpoint: str | None, skip: int = 0) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("COPYLESS_FAILPOINT", None)
     if failpoint is not None:
         env["COPYLESS_FAILPOINT"] = failpoint

@@ -141,12 +141,12 @@ def frame_batch(
 
 def build_batch(
     values: list[bytes | None],
+    timestamps_ms: list[int] | None = None,
     *,
     keys: list[bytes | None] | None = None,
     base_offset: int = 0,
     base_timestamp_ms: int = DEFAULT_BASE_TIMESTAMP_MS,
     timestamp_step_ms: int = 1,
-    timestamps_ms: list[int] | None = None,
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.polling import wait_until
 from tests.support.subprocesses import python_env
 
 EXTERNAL_BOOTSTRAP_ENV = "COPYLESS_TEST_BOOTSTRAP"
@@ -32,10 +33,11 @@ STARTUP_TIMEOUT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 30.0
 # Kafka's defaults with two exceptions that keep a test broker light: segments are preallocated and
 # pre-faulted, and a module creates ~50 partitions, so 1 GiB segments would mean tens of GiB of page cache;
-# and the group-offsets topic gets 4 partitions instead of 50 for the same reason.
+# and the group-offsets and transaction-state topics get 4 partitions instead of 50 for the same reason.
 TEST_BROKER_CONFIG = {
     "log.segment.bytes": 8 * 1024 * 1024,
     "offsets.topic.num.partitions": 4,
+    "transaction.state.log.num.partitions": 4,
 }
 
 # Whether brokers started here run with --check-loop-blocking (a blocking storage call on the event loop's
@@ -128,7 +130,7 @@ class BrokerProcess:
             lines.append(f'"{key}" = {rendered}')
         self.config_path.write_text("\n".join(lines) + "\n")
 
-    def start(self, port: int = 0) -> "BrokerProcess":
+    def start(self, port: int = 0) -> BrokerProcess:
         self.require_process("starting a broker")
         assert self.data_dir is not None and self.log_path is not None
         if self.process is not None and self.process.poll() is None:
@@ -137,19 +139,19 @@ class BrokerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.config and "--config" not in self.extra_args:
             self.write_config()
-        log_file = open(self.log_path, "ab", buffering=0)
-        log_file.write(f"\n==== start: {' '.join(self.command(f'{self.listen_host}:{port}'))}\n".encode())
-        log_offset = self.log_path.stat().st_size
-        env = python_env(PYTHONUNBUFFERED="1")
-        self.process = subprocess.Popen(
-            self.command(f"{self.listen_host}:{port}"),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=str(self.data_dir.parent),
-            env=env,
-        )
-        log_file.close()
+        # The child keeps its own descriptor of the log; ours closes once it is handed over.
+        with open(self.log_path, "ab", buffering=0) as log_file:
+            log_file.write(f"\n==== start: {' '.join(self.command(f'{self.listen_host}:{port}'))}\n".encode())
+            log_offset = self.log_path.stat().st_size
+            env = python_env(PYTHONUNBUFFERED="1")
+            self.process = subprocess.Popen(
+                self.command(f"{self.listen_host}:{port}"),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.data_dir.parent),
+                env=env,
+            )
         self.host, self.port = self._wait_for_address(log_offset)
         self._wait_connectable()
         return self
@@ -181,10 +183,12 @@ class BrokerProcess:
                     return
             except OSError as exc:
                 if self.process is not None and self.process.poll() is not None:
-                    raise BrokerStartError(f"broker exited with code {self.process.returncode}:\n{self.log_text()}")
+                    raise BrokerStartError(
+                        f"broker exited with code {self.process.returncode}:\n{self.log_text()}") from None
                 if time.monotonic() > deadline:
                     self._force_kill()
-                    raise BrokerStartError(f"{self.bootstrap} not accepting connections ({exc}):\n{self.log_text()}")
+                    raise BrokerStartError(
+                        f"{self.bootstrap} not accepting connections ({exc}):\n{self.log_text()}") from None
                 time.sleep(0.05)
 
     def stop(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> int:
@@ -293,16 +297,17 @@ class BrokerProcess:
         assert self.process is not None
         offset = self.log_size()
         self.process.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def printed() -> dict | None:
             # Only whole lines: a reader can see a long line's write half done. The object is decoded from
             # the line's start, so a log line that slipped in before its newline does not matter.
             for line in reversed(self.log_since(offset).split("\n")[:-1]):
                 if line.startswith("stats-json "):
                     return json.JSONDecoder().raw_decode(line[len("stats-json "):])[0]
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no stats-json line within {timeout_s:g} s of SIGUSR1:\n{self.log_tail()}")
-            time.sleep(0.05)
+            return None
+
+        return wait_until(printed, what="a stats-json line after SIGUSR1", timeout_s=timeout_s,
+                          detail=self.log_tail)
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path is not None and self.log_path.exists() else 0

@@ -50,7 +50,7 @@ from tests.support.etcd import EtcdProcess, require_etcd
 from tests.support.etcd_proxy import EtcdFaultProxy
 from tests.support.netns import NetLab
 from tests.support.power_loss import in_another_boot, lose_unflushed
-from tests.support.tmpfs import mounted_tmpfs
+from tests.support.tmpfs import mounted_tmpfs, take_every_free_byte
 
 __all__ = ["Stage", "stage", "Fault", "KINDS", "CORE_KINDS", "schedule", "Nemesis", "NoTarget"]
 
@@ -231,14 +231,7 @@ class Stage:
 
     def fill_disk(self, node: int) -> Path:
         filler = self.disks[node] / f"filler-{self.rng.randrange(10**9)}"
-        chunk = bytes(1 << 20)
-        with open(filler, "wb", buffering=0) as file:
-            for piece in (chunk, chunk[:4096]):  # whole MiBs, then the last partial MiB a page at a time
-                try:
-                    while file.write(piece):
-                        pass
-                except OSError:
-                    pass
+        take_every_free_byte(filler)
         return filler
 
     def require_redundancy(self, node: int) -> None:

@@ -1,12 +1,13 @@
-"""A private tmpfs: a real filesystem of a chosen size that really runs out (ENOSPC), for full-disk tests."""
+"""Full-disk tests: a private tmpfs (a real filesystem of a chosen size that really runs out: ENOSPC), and
+the one helper that takes every byte left on a filesystem."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -29,3 +30,18 @@ def mounted_tmpfs(mount_point: Path, size_mib: int) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
             subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+def take_every_free_byte(path: Path) -> None:
+    """Append to ``path`` until the filesystem refuses a single byte more (4 KiB writes, then 1-byte ones for
+    the last partial block). Called again on the same file, it takes what was freed since."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for chunk in (b"f" * 4096, b"f"):
+            try:
+                while True:
+                    os.write(fd, chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)

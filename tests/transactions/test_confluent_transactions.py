@@ -1,0 +1,285 @@
+"""Transactions through librdkafka (confluent-kafka) against a real broker subprocess: a transactional
+producer and read_committed consumers.
+
+What each test pins down: committed records are seen and aborted ones never by read_committed (and both by
+read_uncommitted); an open transaction holds read_committed consumers at its first offset (the LSO), even
+for records committed after it by another producer; a producer killed with -9 mid-transaction has its
+transaction aborted by the coordinator's timeout, and only then do the records behind it become visible; a
+second producer with the same transactional id fences the first (its commit fails fatally, its records are
+aborted); consumed offsets sent in a transaction are visible to the group only once it commits; and a broker
+killed with -9 comes back with the open transaction still holding the LSO and the aborted transactions
+still hidden.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from tests.support.polling import wait_until  # noqa: E402
+from tests.support.topics import unique_topic  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+# The coordinator looks for timed-out transactions this often (Kafka's default: 10 s).
+FAST_TIMEOUTS = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 200}
+
+
+def _create(bootstrap: str, topic: str, partitions: int = 2) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def _producer(bootstrap: str, transactional_id: str, timeout_ms: int = 60_000) -> Producer:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                         "transaction.timeout.ms": timeout_ms, "linger.ms": 5})
+    producer.init_transactions(30)
+    return producer
+
+
+def _produce_txn(producer: Producer, topic: str, values: list[str], *, commit: bool) -> None:
+    producer.begin_transaction()
+    for i, value in enumerate(values):
+        producer.produce(topic, value.encode(), partition=i % 2)
+    producer.flush(30)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+
+
+def _read_all(bootstrap: str, topic: str, isolation: str, partitions: int = 2, timeout_s: float = 20) -> list[str]:
+    """Every record a fresh consumer sees from offset 0 until the end of each partition (EOF)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("reader"),
+                         "isolation.level": isolation, "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        seen, at_end = [], set()
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                    continue
+                raise AssertionError(f"consumer error: {message.error()}")
+            seen.append(message.value().decode())
+        assert len(at_end) == partitions, f"no EOF within {timeout_s} s on every partition (saw {seen})"
+        return sorted(seen)
+    finally:
+        consumer.close()
+
+
+def test_commit_and_abort_are_seen_as_committed(broker_factory):
+    broker = broker_factory()
+    topic = unique_topic("txn")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(producer, topic, [f"c{i}" for i in range(6)], commit=True)
+    _produce_txn(producer, topic, [f"a{i}" for i in range(6)], commit=False)
+    _produce_txn(producer, topic, [f"d{i}" for i in range(4)], commit=True)
+    committed = sorted([f"c{i}" for i in range(6)] + [f"d{i}" for i in range(4)])
+    assert _read_all(broker.bootstrap, topic, "read_committed") == committed
+    assert _read_all(broker.bootstrap, topic, "read_uncommitted") == sorted(committed + [f"a{i}" for i in range(6)])
+
+
+def test_open_transaction_holds_read_committed_at_its_first_offset(broker_factory):
+    broker = broker_factory()
+    topic = unique_topic("txn-lso")
+    _create(broker.bootstrap, topic)
+    first = _producer(broker.bootstrap, unique_topic("tid"))
+    second = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(first, topic, ["before0", "before1"], commit=True)
+    first.begin_transaction()
+    first.produce(topic, b"open0", partition=0)
+    first.produce(topic, b"open1", partition=1)
+    first.flush(30)
+    # Committed after the open transaction began: behind its first offset, so not yet readable.
+    _produce_txn(second, topic, ["after0", "after1"], commit=True)
+    assert _read_all(broker.bootstrap, topic, "read_committed") == ["before0", "before1"]
+    assert _read_all(broker.bootstrap, topic, "read_uncommitted") == sorted(
+        ["before0", "before1", "open0", "open1", "after0", "after1"])
+    first.commit_transaction(30)
+    assert _read_all(broker.bootstrap, topic, "read_committed") == sorted(
+        ["before0", "before1", "open0", "open1", "after0", "after1"])
+
+
+_CRASHING_PRODUCER = textwrap.dedent("""
+    import sys, time
+    from confluent_kafka import Producer
+    bootstrap, topic, tid = sys.argv[1:4]
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "transaction.timeout.ms": 6000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(4):
+        p.produce(topic, f"lost{i}".encode(), partition=i % 2)
+    p.flush(30)
+    print("ready", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_killed_producer_is_aborted_by_its_timeout(broker_factory):
+    broker = broker_factory(config=FAST_TIMEOUTS)
+    topic = unique_topic("txn-crash")
+    _create(broker.bootstrap, topic)
+    tid = unique_topic("tid")
+    child = subprocess.Popen([sys.executable, "-c", _CRASHING_PRODUCER, broker.bootstrap, topic, tid],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+    finally:
+        child.kill()
+        child.wait(10)
+    other = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(other, topic, ["kept0", "kept1"], commit=True)
+    # Until its 6 s timeout aborts it, the dead producer's transaction holds the LSO below "kept*".
+    assert _read_all(broker.bootstrap, topic, "read_committed") == []
+    wait_until(lambda: _read_all(broker.bootstrap, topic, "read_committed") == ["kept0", "kept1"], timeout_s=30,
+               interval_s=0.5, what="the killed producer's transaction aborted by its timeout")
+    assert sorted(_read_all(broker.bootstrap, topic, "read_uncommitted")) == sorted(
+        ["kept0", "kept1"] + [f"lost{i}" for i in range(4)])
+    assert "open for more than 6000 ms aborted" in broker.log_text()
+    # The same transactional id starts again (epoch bumped past the fenced one) and commits.
+    again = _producer(broker.bootstrap, tid)
+    _produce_txn(again, topic, ["again0"], commit=True)
+    assert "again0" in _read_all(broker.bootstrap, topic, "read_committed")
+
+
+def test_a_second_producer_with_the_same_id_fences_the_first(broker_factory):
+    broker = broker_factory()
+    topic = unique_topic("txn-zombie")
+    _create(broker.bootstrap, topic)
+    tid = unique_topic("tid")
+    zombie = _producer(broker.bootstrap, tid)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"zombie0", partition=0)
+    zombie.flush(30)
+    successor = _producer(broker.bootstrap, tid)  # aborts the zombie's transaction, bumps the epoch
+    _produce_txn(successor, topic, ["new0", "new1"], commit=True)
+    with pytest.raises(KafkaException) as raised:
+        zombie.produce(topic, b"zombie1", partition=1)
+        zombie.commit_transaction(30)
+    error = raised.value.args[0]
+    assert error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                             KafkaError.INVALID_PRODUCER_EPOCH), error
+    assert _read_all(broker.bootstrap, topic, "read_committed") == ["new0", "new1"]
+    assert "zombie1" not in _read_all(broker.bootstrap, topic, "read_uncommitted")
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        return [tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in range(2)], timeout=20)]
+    finally:
+        consumer.close()
+
+
+def test_offsets_sent_in_a_transaction_show_only_on_commit(broker_factory):
+    broker = broker_factory()
+    source, sink = unique_topic("src"), unique_topic("sink")
+    _create(broker.bootstrap, source)
+    _create(broker.bootstrap, sink)
+    group = unique_topic("ctp")
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    try:
+        metadata = consumer.consumer_group_metadata()
+        producer.begin_transaction()
+        producer.produce(sink, b"out-aborted", partition=0)
+        producer.send_offsets_to_transaction([TopicPartition(source, 0, 5), TopicPartition(source, 1, 7)], metadata, 30)
+        producer.abort_transaction(30)
+        assert _committed(broker.bootstrap, group, source) == [-1001, -1001]
+        producer.begin_transaction()
+        producer.produce(sink, b"out-committed", partition=0)
+        producer.send_offsets_to_transaction([TopicPartition(source, 0, 3), TopicPartition(source, 1, 4)], metadata, 30)
+        producer.commit_transaction(30)
+        assert _committed(broker.bootstrap, group, source) == [3, 4]
+    finally:
+        consumer.close()
+    # The offsets' transaction state survives a restart: rebuilt from __consumer_offsets' log.
+    broker.restart("kill")
+    assert _committed(broker.bootstrap, group, source) == [3, 4]
+    assert _read_all(broker.bootstrap, sink, "read_committed") == ["out-committed"]
+
+
+def test_a_restart_recovers_the_open_and_the_aborted_transactions(broker_factory):
+    broker = broker_factory(config=FAST_TIMEOUTS)
+    topic = unique_topic("txn-restart")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(producer, topic, ["c0", "c1"], commit=True)
+    _produce_txn(producer, topic, ["a0", "a1"], commit=False)
+    tid = unique_topic("tid")
+    child = subprocess.Popen([sys.executable, "-c", _CRASHING_PRODUCER.replace("6000", "8000"), broker.bootstrap,
+                              topic, tid], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+    finally:
+        child.kill()
+        child.wait(10)
+    _produce_txn(producer, topic, ["d0", "d1"], commit=True)
+    assert _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1"]
+    broker.restart("kill")
+    # After the restart: the aborted transaction is still hidden, the open one still holds the LSO ...
+    assert _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1"]
+    assert "open transaction(s), last stable offset" in broker.log_text()
+    # ... until the coordinator, which recovered it Ongoing, aborts it at its timeout.
+    wait_until(lambda: _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1", "d0", "d1"],
+               timeout_s=40, interval_s=0.5, what="the open transaction aborted after the restart")
+    assert len(_read_all(broker.bootstrap, topic, "read_uncommitted")) == 10
+
+
+def test_read_committed_records_still_leave_by_sendfile(broker_factory):
+    """The LSO and the aborted list change where a region ends and what the header says, never the path:
+    every fetched record byte is counted by the broker as sent with sendfile, none as copied."""
+    broker = broker_factory(config={"stats.interval.s": 0.5})
+    topic = unique_topic("txn-zero-copy")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    big = ["%04d" % i + "x" * 2000 for i in range(100)]
+    _produce_txn(producer, topic, big, commit=True)
+    _produce_txn(producer, topic, ["aborted"] * 10, commit=False)
+    since = broker.log_size()
+    assert _read_all(broker.bootstrap, topic, "read_committed") == sorted(big)
+    stats = wait_until(lambda: (lambda s: s if s and s.get("fetch_sendfile_bytes", 0) >= 200_000 else None)(
+        broker.stats(since)), what="a stats line counting the fetches", timeout_s=15, interval_s=0.2)
+    assert stats["fetch_copied_bytes"] == 0, stats
+
+
+def test_metrics_count_transactions_and_show_the_lso(broker_factory):
+    from tests.support.metrics import metrics_address, scrape, value
+
+    broker = broker_factory(extra_args=("--metrics-listen", "127.0.0.1:0"))
+    address = metrics_address(broker)
+    topic = unique_topic("txn-metrics")
+    _create(broker.bootstrap, topic)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    _produce_txn(producer, topic, ["c0", "c1"], commit=True)
+    _produce_txn(producer, topic, ["a0", "a1"], commit=False)
+    producer.begin_transaction()
+    producer.produce(topic, b"open", partition=0)
+    producer.flush(30)
+    samples = wait_until(lambda: (s := scrape(address)) and value(s, "copyless_transactions_total",
+                                                                     outcome="aborted") == 1 and s,
+                         what="the abort counted", timeout_s=10)
+    assert value(samples, "copyless_transactions_total", outcome="committed") == 1
+    assert value(samples, "copyless_transaction_markers_total") == 4  # two partitions, two transactions
+    assert value(samples, "copyless_open_transactions") == 1
+    # Partition 0: c0, COMMIT, a0, ABORT, then the open transaction's first batch at offset 4.
+    assert value(samples, "copyless_partition_last_stable_offset", topic=topic, partition="0") == 4
+    assert value(samples, "copyless_partition_high_watermark", topic=topic, partition="0") == 5
+    producer.commit_transaction(30)
+    samples = wait_until(lambda: (s := scrape(address)) and value(s, "copyless_open_transactions") == 0 and s,
+                         what="the transaction closed", timeout_s=10)
+    assert value(samples, "copyless_partition_last_stable_offset", topic=topic, partition="0") == 6
