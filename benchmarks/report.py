@@ -33,8 +33,13 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
+<<<<<<< HEAD
          "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions",
          "nemesis")
+=======
+         "compaction_offsets", "compaction_produce",
+         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions")
+>>>>>>> main
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -44,6 +49,8 @@ TITLES = {
     "storage": "Storage engine",
     "prefault": "The broker's pre-fault: zeros first, pwrite past it, neither",
     "compaction": "The log cleaner",
+    "compaction_offsets": "__consumer_offsets compacted: disk and load time",
+    "compaction_produce": "Produce on a compacted topic beside the cleaner",
     "client": "copyless client",
     "connections": "Many connections against the broker",
     "throughput": "End to end: copyless vs Apache Kafka",
@@ -239,6 +246,17 @@ def _headline_compaction(d: dict) -> str:
     return f"one cleaning of a {_fmt(d.get('log_mb'))} MiB log (median) — " + "; ".join(parts)
 
 
+def _headline_compaction_offsets(d: dict) -> str:
+    return (f"{_fmt(d.get('commits'))} commits of {_fmt(d.get('keys'))} keys: after one cleaning the log is "
+            f"{_fmt(_ratio(d, 'bytes_after_over_live'))}x and its load {_fmt(_ratio(d, 'load_cpu_after_over_live'))}x "
+            f"(CPU) a log of only the live keys; {_fmt(_ratio(d, 'bytes_before_over_after'))}x smaller than before")
+
+
+def _headline_compaction_produce(d: dict) -> str:
+    return (f"compact / delete: {_fmt(_ratio(d, 'mb_per_s_compact_over_delete'))}x the produce MB/s, "
+            f"{_fmt(_ratio(d, 'cpu_s_per_gb_compact_over_delete'))}x the broker CPU per GB")
+
+
 def _headline_transactions(d: dict) -> str:
     ratios = d.get("ratios", {})
     return (f"copyless/Kafka: transactional produce {_fmt(ratios.get('copyless/kafka produce_mb_per_s'))}, "
@@ -248,6 +266,8 @@ def _headline_transactions(d: dict) -> str:
 
 
 HEADLINES: dict[str, Callable[[dict], str]] = {
+    "compaction_produce": _headline_compaction_produce,
+    "compaction_offsets": _headline_compaction_offsets,
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
     "writev": _headline_writev,

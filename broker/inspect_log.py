@@ -7,7 +7,8 @@
 A segment is read with the storage layer's own code: ``segment.scan_headers`` walks the batch headers,
 ``records.validate_batch`` checks each batch (framing, magic, CRC-32C, count), ``index_search`` reads the
 index entries. One line per batch (base and last offset, count, leader epoch, producer id / epoch / base and
-last sequence, timestamps and their type, codec, transactional / control, position, size, CRC verified); with
+last sequence, timestamps and their type, codec, transactional / control, position, size, CRC verified, the
+tombstones it holds and the delete horizon a cleaning stored in it, KIP-534's, for compacted logs); with
 ``--indexes`` one line per offset-index and time-index entry, each checked against the batches: an offset
 entry must name a batch's base offset and that batch's position, a time entry a batch's base offset, both in
 increasing order. Past the last whole batch, a preallocated active segment holds zeros; anything else there
@@ -34,12 +35,14 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
 from copyless.broker.storage import filenames, index_search
 from copyless.broker.storage.checkpoint import read_checkpoint, read_entries
 from copyless.broker.storage.cleaner import read_cleaner_checkpoint
+from copyless.broker.storage.compaction import count_tombstones, delete_horizon_of
 from copyless.broker.storage.segment import scan_headers
 from copyless.client.protocol.records import BatchHeader, InvalidBatchError, validate_batch
 
@@ -68,6 +71,7 @@ class BatchInfo:
     header: BatchHeader
     crc_ok: bool
     problem: str | None  # validate_batch's reason when the batch does not check out
+    tombstones: int | None = None  # records with a null value (None: the records could not be read)
 
 
 @dataclass
@@ -145,7 +149,13 @@ def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
             except InvalidBatchError as exc:
                 problem = str(exc)
             crc_ok = problem is None or not problem.startswith("bad crc")
-            report.batches.append(BatchInfo(position, header, crc_ok, problem))
+            tombstones = None
+            if problem is None:
+                try:
+                    tombstones = count_tombstones(data, header)
+                except InvalidBatchError as exc:
+                    problem = str(exc)
+            report.batches.append(BatchInfo(position, header, crc_ok, problem, tombstones))
             if problem is not None:
                 report.error(f"batch at position {position} (offsets {header.base_offset}..{header.last_offset}): "
                              f"{problem}")
@@ -373,7 +383,17 @@ def batch_lines(report: SegmentReport) -> Iterator[str]:
                f"isTransactional: {_bool(h.is_transactional)} isControl: {_bool(h.is_control)} "
                f"position: {info.position} {'LogAppendTime' if h.is_log_append_time else 'CreateTime'}: "
                f"{h.max_timestamp} baseTimestamp: {h.base_timestamp} size: {h.size} magic: {h.magic} "
-               f"compresscodec: {CODECS.get(h.codec, h.codec)} crc: {h.crc} isvalid: {_bool(info.problem is None)}")
+               f"compresscodec: {CODECS.get(h.codec, h.codec)} crc: {h.crc} isvalid: {_bool(info.problem is None)} "
+               f"tombstones: {'?' if info.tombstones is None else info.tombstones} "
+               f"deleteHorizonMs: {_horizon(h)}")
+
+
+def _horizon(header: BatchHeader) -> str:
+    """KIP-534's delete horizon of a cleaned batch holding tombstones (ms, and as UTC), or none."""
+    horizon = delete_horizon_of(header)
+    if horizon is None:
+        return "none"
+    return f"{horizon} ({datetime.fromtimestamp(horizon / 1000, UTC):%Y-%m-%dT%H:%M:%S.%fZ})"
 
 
 def _print_segment(report: SegmentReport, indexes: bool, out) -> None:

@@ -38,9 +38,28 @@ high watermark. The new leader stopped fetching from it when it learned of its e
 leader's high watermark can no longer pass what the new leader holds: whatever the old leader acknowledges
 after that is below that point, and therefore in the new leader's log, which a new leader never truncates.
 A broker also refuses writes once its metadata lease may have expired (``lease_valid``), which bounds how
-long a cut-off leader keeps answering at all.
+long a cut-off leader keeps answering at all. The ISR rule needs the leader to count a member being added
+until the store's answer is definite: a write that timed out may have committed, and then the controller
+may elect that member, so an unknown outcome keeps the maximal ISR (``end_isr_change`` is only called with a
+definite answer; a newer state of the same epoch is one, ``make_leader``). A follower's fetch offset is
+checked against the log before it is credited (``update_follower_fetch_state``): a position past the log end
+would count records that replica does not have.
 
-Loop thread only. Blocking work (log creation, truncation) is the caller's, on a worker thread.
+Serialization (docs/partition-serialization.md): every change of the partition's role and every mutation
+of its log goes through this object, one at a time, and every await re-checks the epoch it started under:
+
+- log mutations that await (an append waiting for storage, a follower's append, a truncation, a follower's
+  log start move) hold ``_log_lock``; the synchronous fast paths run only while it is free, so they never
+  interleave with one that awaits;
+- a follower's truncation and log start move run on a worker thread through ``mutate_as_follower``, only
+  if the replica is still a follower at the epoch the step was decided under; while one runs, role changes
+  wait (``defer_role_change``; the replica manager applies the latest when it ends), so a replica is never
+  made leader while a cut it started as a follower can still remove what it acknowledges as leader;
+- after each await an append checks again that the replica is leader (follower) at the epoch the request
+  (the fetch) started under: a leader's append that waited for storage is not written under a later
+  epoch, and records fetched from an old leader never land after the switch to a new one.
+
+Loop thread only, except the blocking callables given to ``mutate_as_follower`` (a worker thread).
 """
 
 from __future__ import annotations
@@ -65,7 +84,7 @@ from copyless.broker.errors import (
     RequestTimedOut,
     UnknownLeaderEpoch,
 )
-from copyless.broker.storage.errors import AppendNotReady
+from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
 from copyless.broker.txn_partition import TXN_MARKER_FILE, PartitionTxns, build_marker
 from copyless.client.protocol.records import NO_SEQUENCE
 
@@ -153,12 +172,23 @@ class Partition:
         self.replica_lag_time_max_ms = 30_000
         self.configs: Any = None  # the topic configs last applied (the replica manager's bookkeeping)
         self.followers: dict[int, ReplicaView] = {}
-        # An ISR change sent to the metadata store and not answered yet (KIP-497's pending state).
+        # An ISR change sent to the metadata store and not answered yet (KIP-497's pending state), the state
+        # version it was made from, and its number (an answer to an older change must not end a newer one).
         self.pending_isr: tuple[int, ...] | None = None
+        self._isr_change_from = -1
+        self._isr_change_number = 0
         self._waiters: list[tuple[int, int, asyncio.Future]] = []  # (required offset, sequence, future)
         self._waiter_sequence = 0
-        # Held while an append awaits its log's worker threads; later appends queue behind it in order.
-        self._append_queue = asyncio.Lock()
+        # Serializes the mutations of the log that await: an append waiting for its log's worker threads
+        # (later appends queue behind it, in order), a follower's append, a truncation. The synchronous
+        # fast paths run only while it is free (module docstring, "Serialization").
+        self._log_lock = asyncio.Lock()
+        # A follower's log mutation on a worker thread (a truncation, a log start move): while it runs, role
+        # changes wait in ``deferred_state`` (the latest one wins) and are applied when it ends.
+        self.mutating = False
+        self.deferred_state: PartitionState | None = None
+        # Called when such a mutation ends with a role change waiting: the replica manager applies it.
+        self.on_mutation_end: Callable[[Partition], None] = lambda partition: None
         self.key = (topic, partition)
         # Open and aborted transactions (``broker.txn_partition``); rebuilt from the log at load.
         self.txns = txns if txns is not None else PartitionTxns()
@@ -247,23 +277,25 @@ class Partition:
             BrokerError subclasses (not leader, not enough replicas, sequence errors, a request timed out
             waiting for the storage), StorageError.
         """
-        if not self._append_queue.locked():
+        epoch = self.leader_epoch
+        if not self._log_lock.locked():
             try:
-                return self._append_nowait(records, header, acks, log_append_time_ms)
+                return self._append_nowait(records, header, acks, log_append_time_ms, epoch)
             except AppendNotReady as exc:
                 not_ready = exc
         else:
             not_ready = None
         first_offset = None
         # Acquiring a free asyncio.Lock does not suspend: no other append can slip in before this one.
-        async with self._append_queue:
+        async with self._log_lock:
             while True:
                 if not_ready is not None:
                     if not_ready.appended is not None and first_offset is None:
                         first_offset = not_ready.appended[0]
                     records = await self._wait_storage(not_ready, records)
                 try:
-                    info = self._append_nowait(records, header, acks, log_append_time_ms)
+                    # After every await: still the leader, of the epoch the request started under.
+                    info = self._append_nowait(records, header, acks, log_append_time_ms, epoch)
                 except AppendNotReady as exc:
                     not_ready = exc
                     continue
@@ -284,9 +316,14 @@ class Partition:
         not_ready.waited(time.monotonic() - started)
         return records
 
-    def _append_nowait(self, records, header, acks: int, log_append_time_ms: int | None) -> AppendInfo:
-        """The append itself (see append_as_leader). Raises AppendNotReady with nothing appended."""
+    def _append_nowait(self, records, header, acks: int, log_append_time_ms: int | None,
+                       epoch: int) -> AppendInfo:
+        """The append itself (see append_as_leader), at leader epoch ``epoch`` only. Raises AppendNotReady
+        with nothing appended."""
         self.check_leader()
+        if self.leader_epoch != epoch:
+            raise NotLeaderOrFollower(f"{self.topic}-{self.partition}: leadership moved (epoch {epoch} -> "
+                                      f"{self.leader_epoch}) while the write waited for the storage")
         if acks == -1 and len(self.isr) < self.min_insync_replicas:
             raise NotEnoughReplicas(
                 f"{self.topic}-{self.partition}: the ISR {list(self.isr)} has fewer members than "
@@ -548,14 +585,23 @@ class Partition:
     def update_follower_fetch_state(self, replica_id: int, fetch_offset: int) -> None:
         """Kafka's ``Replica.updateFetchState``: the fetch offset is the follower's log end offset.
 
+        Checked before it is credited: an offset outside this log ([log start, log end]) is no position
+        a follower of this leader can hold (a follower that has not truncated yet, or a confused or forged
+        request), and counting it would move the high watermark over records that replica does not have.
+
         Raises:
             NotLeaderOrFollower: ``replica_id`` is not an assigned replica of this partition.
+            OffsetOutOfRangeError: ``fetch_offset`` lies outside the leader's log (the follower truncates,
+                or restarts at the log start, on OFFSET_OUT_OF_RANGE); nothing is credited.
         """
         view = self.followers.get(replica_id)
         if view is None:
             raise NotLeaderOrFollower(f"node {replica_id} is not a replica of {self.topic}-{self.partition}")
-        now = self._clock()
         leader_end = self.log.log_end_offset
+        if not self.log.log_start_offset <= fetch_offset <= leader_end:
+            raise OffsetOutOfRangeError(fetch_offset, self.log.log_start_offset, leader_end,
+                                        f"{self.topic}-{self.partition} (fetch by replica {replica_id})")
+        now = self._clock()
         if fetch_offset >= leader_end:
             view.last_caught_up_ms = max(view.last_caught_up_ms, now)
         elif fetch_offset >= view.last_fetch_leader_log_end_offset:
@@ -590,15 +636,26 @@ class Partition:
             return None
         return tuple(replica for replica in self.isr if replica not in lagging)
 
-    def begin_isr_change(self, proposed: tuple[int, ...]) -> None:
+    def begin_isr_change(self, proposed: tuple[int, ...]) -> int:
         """An ISR change was sent to the metadata store; until it is answered the high watermark counts the
-        union of both sets."""
+        union of both sets. Returns the change's number, for ``end_isr_change``."""
         self.pending_isr = proposed
+        self._isr_change_from = self.state_version
+        self._isr_change_number += 1
+        return self._isr_change_number
 
-    def end_isr_change(self, state: PartitionState | None) -> None:
-        """The store's answer: the new state, or None when the change was refused (the state moved: the
-        next metadata update brings it)."""
-        self.pending_isr = None
+    def isr_change_pending(self, number: int) -> bool:
+        """Change ``number`` is still the one in flight (no answer, no newer state, same leadership)."""
+        return self.pending_isr is not None and number == self._isr_change_number and self.role is Role.LEADER
+
+    def end_isr_change(self, state: PartitionState | None, number: int | None = None) -> None:
+        """A definite answer from the store: the state it holds now, or None when the change was refused (the
+        state had moved from the one it was made from, so it cannot commit: the next metadata update brings
+        the new one). Never call it on an unknown outcome (a timed-out write may have committed): the
+        maximal ISR stays until a definite answer (KIP-497). An answer to a change that is no longer the
+        one in flight (``number``) is ignored, except for a newer state it carries."""
+        if number is None or number == self._isr_change_number:
+            self.pending_isr = None
         if state is not None and state.leader_epoch == self.leader_epoch and state.version > self.state_version:
             self._apply_isr(state)
 
@@ -644,6 +701,10 @@ class Partition:
             for replica in list(self.followers):
                 if replica not in state.replicas:
                     del self.followers[replica]
+            if self.pending_isr is not None and state.version > self._isr_change_from:
+                # The store's state moved past the one the change was made from: the change has either
+                # committed (this is its state, or a later one) or can no longer commit. A definite answer.
+                self.pending_isr = None
         self.isr = state.isr
         self.state_version = state.version
         self.maybe_advance_high_watermark()
@@ -684,27 +745,97 @@ class Partition:
 
     # --- the follower's append path ----------------------------------------------------------------------------
 
-    async def append_as_follower(self, records) -> int:
+    def follows(self, leader_epoch: int) -> bool:
+        """This replica is a follower at ``leader_epoch`` (what a fetch or truncation started under), and no
+        worker thread is changing its log (only after a cancelled await can one still be running while
+        the lock is free)."""
+        return self.role is Role.FOLLOWER and self.leader_epoch == leader_epoch and not self.mutating
+
+    async def append_as_follower(self, records, leader_epoch: int) -> int | None:
         """Append the leader's batches as they are (offsets, epochs and timestamps kept, CRC checked by
         storage) and rebuild producer state from their headers, so a follower that becomes leader
-        deduplicates retries as the old leader would have. Returns the new log end offset. Loop thread;
-        awaits (never blocks) when the log needs a segment or blocks its worker threads are preparing."""
+        deduplicates retries as the old leader would have. Returns the new log end offset, or None when this
+        replica is no longer a follower at ``leader_epoch`` (the epoch the fetch was sent under): the
+        records, or what is left of them after an await, are then not appended. Loop thread; awaits
+        (never blocks) when the log needs a segment or blocks its worker threads are preparing, or while
+        another mutation of the log runs."""
         # One pass over the batch headers (about 1 us a batch: 64 us for a 1 MiB fetch of 16 KiB batches)
         # finds transactional batches, which need the partition's transactional file first.
         control_types = _control_types(records)
         if control_types is not None:
             await self.ensure_transactional()
-        while True:
+        not_ready = None
+        if not self._log_lock.locked():
+            if not self.follows(leader_epoch):
+                return None
             try:
-                result = self.log.append_as_follower(records)
+                return self._append_as_follower_nowait(records, control_types)
             except AppendNotReady as exc:
-                for base_offset, header in getattr(exc, "follower_headers", ()):
-                    self._follower_applied(header, base_offset, control_types)
-                records = await self._wait_storage(exc, records)
-                continue
-            for base_offset, header in result.headers:
-                self._follower_applied(header, base_offset, control_types)
-            return self.log.log_end_offset
+                not_ready = exc
+        async with self._log_lock:
+            while True:
+                if not_ready is not None:
+                    for base_offset, header in getattr(not_ready, "follower_headers", ()):
+                        self._follower_applied(header, base_offset, control_types)
+                    records = await self._wait_storage(not_ready, records)
+                # After every await: still a follower of the epoch the fetch was sent under.
+                if not self.follows(leader_epoch):
+                    return None
+                try:
+                    return self._append_as_follower_nowait(records, control_types)
+                except AppendNotReady as exc:
+                    not_ready = exc
+
+    def _append_as_follower_nowait(self, records, control_types: dict | None) -> int:
+        result = self.log.append_as_follower(records)
+        for base_offset, header in result.headers:
+            self._follower_applied(header, base_offset, control_types)
+        return self.log.log_end_offset
+
+    async def mutate_as_follower(self, leader_epoch: int, blocking: Callable[[], Any],
+                                 then: Callable[[Any], None]) -> bool:
+        """Run ``blocking`` (a truncation, a move of the log start) on a worker thread, then ``then`` with its
+        result on the loop thread, as one step of this partition: after every other mutation of the log,
+        and only if this replica is still a follower at ``leader_epoch`` when its turn comes. Returns False
+        when it is not (nothing was run).
+
+        While it runs, role changes wait (``defer_role_change``): a replica cutting its log is not made
+        leader until the cut and ``then`` are done, so it never acknowledges a write the cut would remove.
+        That holds even if the awaiting task is cancelled (the thread cannot be stopped): the end of the
+        thread, not of the await, ends the step. Raises what ``blocking`` raises (the step still ends)."""
+        async with self._log_lock:
+            if not self.follows(leader_epoch):
+                return False
+            self.mutating = True
+            future = asyncio.ensure_future(asyncio.to_thread(blocking))
+
+            def done(finished: asyncio.Future) -> None:
+                self.mutating = False
+                try:
+                    if not finished.cancelled() and finished.exception() is None:
+                        then(finished.result())
+                finally:
+                    if self.deferred_state is not None:
+                        self.on_mutation_end(self)
+
+            future.add_done_callback(done)
+            await asyncio.shield(future)
+            return True
+
+    def defer_role_change(self, state: PartitionState) -> bool:
+        """While a follower's log mutation runs: keep ``state`` to apply when it ends (a later one replaces
+        it) and return True; otherwise False (apply it now)."""
+        if not self.mutating:
+            return False
+        if self.deferred_state is None:
+            log.info("%s-%d: leader %d at epoch %d waits for the truncation in progress", self.topic,
+                     self.partition, state.leader, state.leader_epoch)
+        self.deferred_state = state
+        return True
+
+    def take_deferred_role_change(self) -> PartitionState | None:
+        state, self.deferred_state = self.deferred_state, None
+        return state
 
     def _follower_applied(self, header, base_offset: int, control_types: dict | None) -> None:
         """A replicated batch: producer state and, for transactional ones, this partition's transactions

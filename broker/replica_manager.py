@@ -20,6 +20,20 @@ from learning that it no longer leads. Deleting a log
 happens only on the word of a complete image (a backend publishes no other kind), so a broker never deletes
 data because its own view is stale.
 
+Role changes go through the partitions' serialization (``broker.partition``, "Serialization"): a state
+that arrives while a partition's truncation runs is applied when the truncation ends (the latest one).
+
+ISR changes (the leader's side of ``broker.partition``'s ISR rule): an ISR change is a conditional write
+(the state version it was made from). A refusal on the first attempt is definite (the state had moved, so
+the write cannot commit): the proposal is dropped and the next image brings the new state. A write that
+raised (a timeout, a lost connection) has an unknown outcome: it may have committed, and the controller may
+then elect a member the leader is about to stop counting, losing what the leader acknowledges meanwhile. So
+the partition keeps its maximal ISR (KIP-497) and the write is sent again with the same condition, backing
+off from ``ISR_RETRY_MIN_S`` to ``ISR_RETRY_MAX_S``: a success is definite; a refusal after an unknown
+attempt is answered by reading the key back (a version past the one the change was made from is definite,
+whatever it holds: either the change committed or it never can); an image showing such a version ends the
+wait as well. Until then the high watermark counts the proposed members too, so it can only lag.
+
 A leadership recorded before this broker registered (the state's version below this broker's epoch) is not
 taken: that state names the process this one replaced, whose followers' progress this process never saw;
 the controller elects anew and the new state arrives with the next image (Kafka's broker-epoch check,
@@ -51,6 +65,10 @@ PARTITION_METADATA_FILE = "partition.metadata"
 DISK_STEP_TIMEOUT_S = 5.0
 # After an image failed to apply, the next attempt (the same image, unless a newer one came meanwhile).
 APPLY_RETRY_S = 0.5
+# An ISR change whose outcome is unknown (the etcd call timed out) is sent again after this, doubling up to
+# the maximum, until a definite answer: short against replica.lag.time.max.ms (30 s; 4 s in the tests), as
+# the maximal ISR holds the high watermark meanwhile.
+ISR_RETRY_MIN_S, ISR_RETRY_MAX_S = 0.1, 1.0
 
 
 def read_topic_id(directory: Path) -> uuid.UUID | None:
@@ -100,7 +118,8 @@ class ReplicaManager:
         # and (partition, False) when it stops: the group coordinator follows its offsets partitions so.
         self.leadership_listeners: list[Callable[[Partition, bool], None]] = []
         self.closing = False
-        self.stats = {"isr_shrinks": 0, "isr_expands": 0, "isr_changes_refused": 0, "truncations": 0}
+        self.stats = {"isr_shrinks": 0, "isr_expands": 0, "isr_changes_refused": 0, "isr_changes_unknown": 0,
+                      "truncations": 0}
 
     # --- lookups (loop thread) -------------------------------------------------------------------------------
 
@@ -292,6 +311,7 @@ class ReplicaManager:
                                       producers=self.broker.producers, notifier=self.broker.appends,
                                       lease_valid=self._lease_valid,
                                       txns=self.broker.txn_partitions.get(*key))
+                partition.on_mutation_end = self._resume_role_change
                 self.partitions[key] = partition
             try:
                 self._configure(partition, info)
@@ -328,6 +348,8 @@ class ReplicaManager:
     def _apply_state(self, partition: Partition, state: PartitionState) -> None:
         if state.leader_epoch < partition.leader_epoch:
             return  # an older state than the one applied: images never go back, but be safe
+        if partition.defer_role_change(state):
+            return  # a truncation is cutting the log: the change is applied when it ends (module docstring)
         if state.leader == self.node_id and state.version >= self.broker_epoch:
             if partition.role is Role.LEADER and state.leader_epoch == partition.leader_epoch:
                 if state.version > partition.state_version:
@@ -347,6 +369,16 @@ class ReplicaManager:
         if was_leader:
             self._notify_leadership(partition, False)
         self.on_follower(partition, changed if state.leader >= 0 else None)
+
+    def _resume_role_change(self, partition: Partition) -> None:
+        """A follower's log mutation ended with a role change waiting: apply it now (the latest one)."""
+        state = partition.take_deferred_role_change()
+        if state is None or self.closing or self.partitions.get(partition.key) is not partition:
+            return
+        try:
+            self._apply_state(partition, state)
+        except Exception:
+            log.exception("%s-%d: applying the state deferred by a truncation failed", *partition.key)
 
     def _notify_leadership(self, partition: Partition, leading: bool) -> None:
         for listener in self.leadership_listeners:
@@ -401,28 +433,59 @@ class ReplicaManager:
             return
         state = PartitionState(partition.leader_id, partition.leader_epoch, partition.isr, partition.replicas,
                                partition.state_version)
-        partition.begin_isr_change(proposed)
+        number = partition.begin_isr_change(proposed)
         log.info("%s-%d: proposing ISR %s -> %s (%s)", partition.topic, partition.partition, list(partition.isr),
                  list(proposed), reason)
-        asyncio.get_running_loop().create_task(self._write_isr(partition, state, proposed, joining_epochs))
+        asyncio.get_running_loop().create_task(self._write_isr(partition, state, proposed, joining_epochs, number))
 
     async def _write_isr(self, partition: Partition, state: PartitionState, proposed: tuple[int, ...],
-                         joining_epochs: dict[int, int] | None = None) -> None:
-        new_state = None
-        try:
-            new_state = await self.broker.metadata.alter_isr(partition.topic, partition.partition, state, proposed,
-                                                             joining_epochs)
-        except Exception as exc:
-            log.warning("%s-%d: ISR change not written: %s", partition.topic, partition.partition, exc)
+                         joining_epochs: dict[int, int] | None = None, number: int | None = None) -> None:
+        """Send the change until the store gives a definite answer (module docstring, "ISR changes")."""
+        metadata = self.broker.metadata
+        unknown = False  # an earlier attempt's outcome is unknown: it may have committed
+        retry_s = ISR_RETRY_MIN_S
+        while True:
+            try:
+                new_state = await metadata.alter_isr(partition.topic, partition.partition, state, proposed,
+                                                     joining_epochs)
+                if new_state is None and unknown:
+                    # Refused: the state moved, perhaps by that earlier attempt. What the store holds now is
+                    # the answer (a state past the one the change was made from is definite).
+                    new_state = await metadata.read_partition_state(partition.topic, partition.partition)
+                    if new_state is None or new_state.version <= state.version:
+                        raise ConnectionError(f"read back version {getattr(new_state, 'version', None)}, "
+                                              f"not past {state.version}")
+                break
+            except Exception as exc:
+                unknown = True
+                self.stats["isr_changes_unknown"] += 1
+                if number is not None and not partition.isr_change_pending(number):
+                    # Answered meanwhile by a newer state from the watch (or the leadership moved).
+                    log.info("%s-%d: ISR change %s resolved by the metadata meanwhile", partition.topic,
+                             partition.partition, list(proposed))
+                    return
+                if self.closing:
+                    return
+                log.warning("%s-%d: ISR change %s has no definite answer (%s); the high watermark keeps counting "
+                            "the maximal ISR %s; asking again in %.2f s", partition.topic, partition.partition,
+                            list(proposed), exc, list(partition.maximal_isr), retry_s)
+                await asyncio.sleep(retry_s)
+                retry_s = min(retry_s * 2, ISR_RETRY_MAX_S)
+                if number is not None and not partition.isr_change_pending(number):
+                    return
         if new_state is None:
             self.stats["isr_changes_refused"] += 1
             log.info("%s-%d: ISR change %s refused (the partition's state moved on); waiting for the new state",
                      partition.topic, partition.partition, list(proposed))
+        elif new_state.isr != tuple(proposed):
+            self.stats["isr_changes_refused"] += 1
+            log.info("%s-%d: ISR change %s superseded: the store holds %s at version %d", partition.topic,
+                     partition.partition, list(proposed), list(new_state.isr), new_state.version)
         elif len(proposed) < len(state.isr):
             self.stats["isr_shrinks"] += 1
         else:
             self.stats["isr_expands"] += 1
-        partition.end_isr_change(new_state)
+        partition.end_isr_change(new_state, number)
 
     async def maintain_isr(self) -> None:
         """The leader's periodic ISR check, every half ``replica.lag.time.max.ms`` (Kafka's schedule)."""
@@ -436,17 +499,22 @@ class ReplicaManager:
 
     # --- truncation (follower side) --------------------------------------------------------------------------------
 
-    async def truncate(self, partition: Partition, offset: int) -> None:
-        """Cut ``partition``'s log to end at ``offset`` (worker thread; the fetcher has paused it), then drop
-        the producer state past it and clamp the high watermark."""
-        headers = await asyncio.to_thread(self._truncate_blocking, partition, lambda: partition.log.truncate_to(offset))
-        self._after_truncation(partition, headers)
+    async def truncate(self, partition: Partition, offset: int, leader_epoch: int) -> bool:
+        """Cut ``partition``'s log to end at ``offset`` (worker thread), then drop the producer state past it
+        and clamp the high watermark: one step of the partition (``Partition.mutate_as_follower``), run
+        only if it is still a follower at ``leader_epoch``, the epoch the cut was decided under. Returns
+        False when it is not (nothing cut)."""
+        return await partition.mutate_as_follower(
+            leader_epoch, lambda: self._truncate_blocking(partition, lambda: partition.log.truncate_to(offset)),
+            lambda headers: self._after_truncation(partition, headers))
 
-    async def truncate_fully(self, partition: Partition, offset: int) -> None:
-        """Empty ``partition``'s log and restart it at ``offset`` (below the leader's log start)."""
-        headers = await asyncio.to_thread(self._truncate_blocking, partition,
-                                          lambda: partition.log.truncate_fully_and_start_at(offset))
-        self._after_truncation(partition, headers)
+    async def truncate_fully(self, partition: Partition, offset: int, leader_epoch: int) -> bool:
+        """Empty ``partition``'s log and restart it at ``offset`` (below the leader's log start); as
+        ``truncate``."""
+        return await partition.mutate_as_follower(
+            leader_epoch,
+            lambda: self._truncate_blocking(partition, lambda: partition.log.truncate_fully_and_start_at(offset)),
+            lambda headers: self._after_truncation(partition, headers))
 
     @staticmethod
     def _truncate_blocking(partition: Partition, cut) -> list:

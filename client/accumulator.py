@@ -182,6 +182,7 @@ class RecordAccumulator:
         self.wake: asyncio.Event | None = None  # set when a batch becomes sendable (the sender waits on it)
         self.closing = False
         self.fatal: BaseException | None = None
+        self.transactional = False  # batches carry the transactional attribute (a transactional producer)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, wake: asyncio.Event) -> None:
@@ -203,6 +204,17 @@ class RecordAccumulator:
             for batch in queue:
                 self.complete(batch, error)
         self.batches.clear()
+
+    def fail_unsent(self, predicate, error: BaseException) -> None:
+        """Complete with ``error`` and drop every batch never sent whose partition ``predicate((topic,
+        partition))`` holds (an aborted transaction's batches for partitions it never added)."""
+        for tp, queue in self.batches.items():
+            if not predicate(tp):
+                continue
+            for batch in [b for b in queue if not b.in_flight and b.attempts == 0]:
+                queue.remove(batch)
+                self.close_open(batch)
+                self.complete(batch, error)
 
     def continue_run(self, topic: str, value, partition: int | None) -> DeliveryFuture | None:
         """The hot path of ``send`` and ``send_nowait`` for a record without key, headers or timestamp:
@@ -318,7 +330,8 @@ class RecordAccumulator:
             raise self.fatal
         if self.reserved_bytes >= self.buffer_memory:
             raise BufferFullError(f"buffer_memory ({self.buffer_memory} bytes) is full")
-        builder = BatchBuilder(batch_size=self.batch_size, codec=self.codec, gather_min_bytes=self.gather_min_bytes)
+        builder = BatchBuilder(batch_size=self.batch_size, codec=self.codec, gather_min_bytes=self.gather_min_bytes,
+                               transactional=self.transactional)
         future = self._loop.create_future()
         reservation = min(self.batch_size, _INITIAL_RESERVATION_BYTES)
         batch = ProducerBatch(tp[0], tp[1], builder, future, reservation)

@@ -184,8 +184,10 @@ async def _describe_topics(admin, args, earliest_ts: int, latest_ts: int) -> Non
             "log_start_offset": earliest.get((description.name, p.partition)),
             "log_end_offset": latest.get((description.name, p.partition)),
         } for p in description.partitions]
+        # The policy is shown whatever its source: a compacted topic reads differently (gaps, latest per key).
+        policy = next((c.value for c in configs if c.name == "cleanup.policy"), None)
         document.append({
-            "topic": description.name, "internal": description.internal,
+            "topic": description.name, "internal": description.internal, "cleanup_policy": policy,
             "partitions": partitions,
             "replication_factor": max((len(p.replicas) for p in description.partitions), default=0),
             "configs": [{"name": c.name, "value": None if c.sensitive else c.value, "source": c.source,
@@ -198,7 +200,8 @@ async def _describe_topics(admin, args, earliest_ts: int, latest_ts: int) -> Non
         if number:
             print()
         print(f"topic {topic['topic']}  partitions {len(topic['partitions'])}  "
-              f"replication factor {topic['replication_factor']}" + ("  (internal)" if topic["internal"] else ""))
+              f"replication factor {topic['replication_factor']}  cleanup.policy {_show(topic['cleanup_policy'])}"
+              + ("  (internal)" if topic["internal"] else ""))
         shown = [c for c in topic["configs"] if args.all_configs or c["source"] == "DYNAMIC_TOPIC_CONFIG"]
         if shown:
             print("configs: " + ", ".join(f"{c['name']}={_show(c['value'])}" for c in shown))

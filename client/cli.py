@@ -3,6 +3,7 @@ registration of every client command (``topics``, ``groups``, ``cluster`` live i
 
     copyless produce TOPIC [-K :] [-H k=v] [-p N]      each stdin line becomes a record as it arrives
     copyless produce TOPIC --count N --size BYTES      N synthetic records of BYTES each
+    copyless produce TOPIC --transactional-id ID       all of it in one transaction (committed at the end)
     copyless consume TOPIC [-g G] [-o beginning|end|N|-N] [--from-time T] [-e] [-f FMT | --json] [-K :]
 
 Output of ``consume``: the value per line (``-K D``: key D value), a kcat-like ``-f`` format, or with
@@ -70,6 +71,9 @@ def add_parsers(subparsers) -> None:
                          help="bytes per partition batch (default: the producer's, 256 KiB)")
     produce.add_argument("--linger-ms", type=float, default=5, help="wait this long for a batch to fill (default 5)")
     produce.add_argument("--no-idempotence", action="store_true", help="turn the idempotent producer off")
+    produce.add_argument("--transactional-id", metavar="ID",
+                         help="send every record in one transaction of this transactional id: committed at "
+                              "the end of input, aborted on Ctrl-C or an error")
     produce.set_defaults(func=run_produce, command_name="copyless produce")
 
     consume = subparsers.add_parser("consume", help="consume records and print them",
@@ -175,7 +179,7 @@ def _install_stop(on_stop) -> callable:
 
 
 async def _produce(args) -> int:
-    from copyless.client.errors import BufferFullError
+    from copyless.client.errors import BufferFullError, TransactionAbortableError
     from copyless.client.producer import Producer
 
     headers = _parse_headers(args.header)
@@ -187,9 +191,13 @@ async def _produce(args) -> int:
         compression_type=args.compression,
         linger_ms=args.linger_ms,
         enable_idempotence=False if (args.no_idempotence or args.acks not in ("all", "-1")) else None,
+        transactional_id=args.transactional_id,
         security=client_security(args),
     )
     await producer.start()
+    if args.transactional_id is not None:
+        await producer.init_transactions()
+        producer.begin_transaction()
     records = 0
     total_bytes = 0
     last = None
@@ -253,9 +261,18 @@ async def _produce(args) -> int:
         if stopping.is_set():
             try:
                 async with asyncio.timeout(STOP_FLUSH_S):
-                    await producer.flush()
+                    if args.transactional_id is not None:
+                        await producer.abort_transaction()
+                    else:
+                        await producer.flush()
             except TimeoutError:
                 pass
+        elif args.transactional_id is not None:
+            try:
+                await producer.commit_transaction()
+            except TransactionAbortableError:
+                await producer.abort_transaction()
+                raise
         else:
             await producer.flush()
             if last is not None and producer.acks != 0:

@@ -389,8 +389,9 @@ class Cluster:
         except Exception as exc:  # next request_update retries
             log.debug("metadata refresh failed: %s", exc)
 
-    async def coordinator(self, group_id: str, timeout_ms: int = 30_000) -> Connection:
-        """The connection to ``group_id``'s group coordinator (FindCoordinator v1).
+    async def coordinator(self, group_id: str, timeout_ms: int = 30_000, *, key_type: int = 0) -> Connection:
+        """The connection to ``group_id``'s group coordinator (FindCoordinator v1), or with ``key_type`` 1 to
+        the transaction coordinator of the transactional id ``group_id``.
 
         Retried with backoff while the answer is a coordinator error (the group's ``__consumer_offsets``
         partition is moving or loading) or the broker asked cannot be reached, until ``timeout_ms``.
@@ -405,7 +406,7 @@ class Cluster:
             try:
                 connection = await self.any_connection()
                 response = await connection.request_kio(
-                    FindCoordinatorRequest(key=group_id, key_type=0), FindCoordinatorResponse
+                    FindCoordinatorRequest(key=group_id, key_type=key_type), FindCoordinatorResponse
                 )
                 code = int(response.error_code)
                 if code == 0:
@@ -413,7 +414,8 @@ class Cluster:
                     self.metadata.brokers.setdefault(node_id, (response.host, int(response.port)))
                     return await self._open(("coordinator", node_id), response.host, int(response.port), node_id)
                 if code not in COORDINATOR_ERRORS or time.monotonic() > deadline:
-                    raise KafkaError(code, f"FindCoordinator for group {group_id!r}")
+                    what = "transactional id" if key_type else "group"
+                    raise KafkaError(code, f"FindCoordinator for {what} {group_id!r}")
             except (KafkaConnectionError, KafkaTimeoutError):
                 if time.monotonic() > deadline:
                     raise

@@ -18,6 +18,10 @@ __all__ = [
     "BufferFullError",
     "ProducerClosedError",
     "UnsupportedVersionError",
+    "TransactionStateError",
+    "TransactionAbortableError",
+    "TransactionFatalError",
+    "ProducerFencedError",
     "error_name",
 ]
 
@@ -68,6 +72,34 @@ class ProducerClosedError(ClientError):
 
 class UnsupportedVersionError(ClientError):
     """The broker does not support a version of an API the client needs."""
+
+
+class TransactionStateError(ClientError):
+    """A transactional call made in the wrong state (``send`` before ``begin_transaction``, ``commit`` with
+    no transaction open, a non-transactional producer asked to begin one): Kafka's IllegalStateException."""
+
+
+class TransactionAbortableError(ClientError):
+    """The open transaction cannot commit (a batch failed, a partition or the group could not be added):
+    call ``abort_transaction`` and start again. ``cause`` is the error behind it."""
+
+    def __init__(self, message: str, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class TransactionFatalError(ClientError):
+    """The transactional producer cannot go on (authorization, a broken transaction state): close it.
+    ``cause`` is the error behind it."""
+
+    def __init__(self, message: str, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class ProducerFencedError(TransactionFatalError):
+    """A newer producer with the same transactional id (or the coordinator's timeout abort) fenced this one
+    (PRODUCER_FENCED, or INVALID_PRODUCER_EPOCH before KIP-588): close it; its open transaction is aborted."""
 
 
 def error_name(code: int) -> str:

@@ -458,6 +458,7 @@ class Fetcher:
                     positions[tp],
                     check_crcs=self.check_crcs,
                     high_watermark=partition.high_watermark,
+                    aborted_transactions=partition.aborted_transactions,
                 )
                 pending.append(_Fetched(tp, records))
         if isinstance(frame, LeasedFrame) and pending:

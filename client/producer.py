@@ -29,12 +29,19 @@ from copyless.client.accumulator import (
 )
 from copyless.client.cluster import Cluster
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
-from copyless.client.errors import BufferFullError, ClientError, KafkaError, ProducerClosedError
+from copyless.client.errors import (
+    BufferFullError,
+    ClientError,
+    KafkaError,
+    ProducerClosedError,
+    TransactionStateError,
+)
 from copyless.client.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTES
 from copyless.client.protocol.messages import ApiKey
 from copyless.client.protocol.records import CODEC_ZSTD
-from copyless.client.sender import Sender
 from copyless.client.security import resolve as resolve_security
+from copyless.client.sender import Sender
+from copyless.client.transactions import TransactionManager
 
 __all__ = ["Producer", "RecordMetadata", "DeliveryFuture", "NoMetadataError"]
 
@@ -60,6 +67,11 @@ class Producer:
         gather_min_bytes: values at or above this are sent as their own buffer (the writev crossover).
         partitioner: ``f(key, partition_count) -> partition``; default Kafka's murmur2 for keyed records
             and a sticky partition (KIP-480) for unkeyed ones.
+        transactional_id: makes the producer transactional (``init_transactions``, ``begin_transaction``,
+            ``send_offsets_to_transaction``, ``commit_transaction``, ``abort_transaction``; see
+            ``client.transactions``); implies idempotence and acks=all.
+        transaction_timeout_ms: the coordinator aborts (and fences) a transaction open longer than this.
+        max_block_ms: how long a transactional call retries its coordinator before ``KafkaTimeoutError``.
         security, or security_protocol / sasl_mechanism / sasl_plain_username / sasl_plain_password /
             ssl_cafile / ssl_certfile / ssl_keyfile / ssl_password / ssl_check_hostname / ssl_context: TLS and
             SASL (``client.security``).
@@ -84,9 +96,19 @@ class Producer:
         max_request_size: int = 1024 * 1024,
         gather_min_bytes: int = GATHER_MIN_VALUE_BYTES,
         partitioner=None,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+        max_block_ms: int = 60_000,
         security=None,
         **security_options,
     ) -> None:
+        if transactional_id is not None:
+            # Kafka's rules: a transactional producer is idempotent, and so acks=all.
+            if enable_idempotence is False:
+                raise ValueError("a transactional producer needs enable_idempotence")
+            if acks not in ("all", -1, "-1"):
+                raise ValueError("a transactional producer needs acks='all'")
+            enable_idempotence = True
         self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
         if self.acks not in (-1, 0, 1):
             raise ValueError(f"acks must be 0, 1 or 'all', not {acks!r}")
@@ -146,6 +168,19 @@ class Producer:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._txn: TransactionManager | None = None
+        if transactional_id is not None:
+            self._accumulator.transactional = True
+            self._txn = TransactionManager(
+                self._cluster, self._sender, self._accumulator, transactional_id,
+                transaction_timeout_ms=transaction_timeout_ms, retry_backoff_ms=retry_backoff_ms,
+                max_block_ms=max_block_ms)
+            self._sender.txn = self._txn
+            self._sender.need_producer_id = False
+            # The state check goes on the transactional producer's own send methods only: the
+            # non-transactional per-record path stays as it is.
+            self.send = self._send_in_transaction
+            self.send_nowait = self._send_nowait_in_transaction
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -158,7 +193,7 @@ class Producer:
             connection = await self._cluster.any_connection()
             if not connection.supports(ApiKey.PRODUCE, 7):
                 raise ClientError("zstd needs Produce v7, which the broker does not support")
-        if self.enable_idempotence:
+        if self.enable_idempotence and self._txn is None:
             await self._sender.init_producer_id()
         self._sender.start()
 
@@ -256,6 +291,52 @@ class Producer:
                 await waiter
             except NoMetadataError:
                 await self.wait_for_topic(topic)
+
+    # --- transactions -------------------------------------------------------------------------------------
+
+    def _transactions(self) -> TransactionManager:
+        if self._txn is None:
+            raise TransactionStateError("not a transactional producer: pass transactional_id")
+        return self._txn
+
+    async def init_transactions(self) -> None:
+        """Get the transactional id's producer id and a new epoch (InitProducerId), fencing every older
+        producer of the id; an open transaction of theirs is aborted first. Call once, after ``start``."""
+        await self._transactions().init_transactions()
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: records sent from now on commit or abort together."""
+        self._transactions().begin_transaction()
+
+    async def send_offsets_to_transaction(self, offsets: dict, group_id, *, generation_id: int = -1,
+                                          member_id: str = "", group_instance_id: str | None = None) -> None:
+        """Commit ``offsets`` (``{(topic, partition): next offset to consume}``) for ``group_id`` as part of
+        the transaction: the group sees them only if it commits. ``group_id`` may be a group ``Consumer``,
+        whose group id, generation and member id are then checked by the coordinator (KIP-447)."""
+        if not isinstance(group_id, str):
+            consumer = group_id
+            group_id = consumer.group_id
+            membership = getattr(consumer, "_membership", None)
+            if membership is not None and membership.generation >= 0:
+                generation_id, member_id = membership.generation, membership.member_id
+        await self._transactions().send_offsets(offsets, group_id, generation_id, member_id, group_instance_id)
+
+    async def commit_transaction(self) -> None:
+        """Flush, then commit (EndTxn). Raises ``TransactionAbortableError`` when the transaction cannot
+        commit (call ``abort_transaction``), ``ProducerFencedError`` when a newer producer took over."""
+        await self._transactions().commit(self.flush)
+
+    async def abort_transaction(self) -> None:
+        """Abort: records not yet sent are dropped, the rest are never seen by read_committed consumers."""
+        await self._transactions().abort(self.flush)
+
+    def _send_nowait_in_transaction(self, topic: str, value=None, key=None, **kwargs) -> DeliveryFuture:
+        self._txn.check_can_send()
+        return Producer.send_nowait(self, topic, value, key, **kwargs)
+
+    async def _send_in_transaction(self, topic: str, value=None, key=None, **kwargs) -> DeliveryFuture:
+        self._txn.check_can_send()
+        return await Producer.send(self, topic, value, key, **kwargs)
 
     async def send_and_wait(self, topic: str, value=None, key=None, **kwargs) -> RecordMetadata:
         """Send one record and wait for its acknowledgement."""

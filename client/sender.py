@@ -46,6 +46,7 @@ DUPLICATE_SEQUENCE_NUMBER = 46
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 UNKNOWN_PRODUCER_ID = 59
 INVALID_PRODUCER_EPOCH = 47
+PRODUCER_FENCED = 90
 # Errors after which the partition's leader may have moved: refresh metadata before retrying.
 _METADATA_ERRORS = LEADER_ERRORS
 
@@ -91,6 +92,9 @@ class Sender:
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = -1
         self.need_producer_id = enable_idempotence
+        # A transactional producer's TransactionManager: batches wait for their partition to be added to
+        # the transaction, and failures go to it (the producer id is its business, never reset here).
+        self.txn = None
         self._connecting_nodes: set[int] = set()
         self.flushing = 0
         self.closed = False
@@ -124,8 +128,12 @@ class Sender:
             if not error.retriable or time.monotonic() > deadline:
                 raise error
             await asyncio.sleep(self.retry_backoff_ms / 1000)
-        self.producer_id = int(response.producer_id)
-        self.producer_epoch = int(response.producer_epoch)
+        self.set_producer_id(int(response.producer_id), int(response.producer_epoch))
+
+    def set_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+        """A new producer id or epoch: every partition's sequences start again at 0."""
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
         self._next_sequence.clear()
         self.need_producer_id = False
 
@@ -249,6 +257,13 @@ class Sender:
                 due = batch.retry_at - now
                 next_due = due if next_due is None else min(next_due, due)
                 continue
+            txn = self.txn
+            if txn is not None and tp not in txn.added:
+                if txn.error is not None:
+                    self._fail_queue(tp, txn.error)
+                else:
+                    txn.want_partition(tp)  # wakes the sender once added
+                continue
             leader = metadata.leader(tp[0], tp[1])
             if leader < 0:
                 self._cluster.request_update([tp[0]])
@@ -298,7 +313,8 @@ class Sender:
             batch.attempts += 1
             self._in_flight_partitions[tp] += 1
             sent.append(batch)
-        body = encode_produce_request(self.acks, self.request_timeout_ms, topics)
+        transactional_id = self.txn.transactional_id if self.txn is not None else None
+        body = encode_produce_request(self.acks, self.request_timeout_ms, topics, transactional_id)
         try:
             if self.acks == 0:
                 connection.send(ApiKey.PRODUCE, body, expect_response=False)
@@ -372,7 +388,9 @@ class Sender:
             error = KafkaError(code, f"producing to {batch.topic}-{batch.partition}")
             if code in _METADATA_ERRORS:
                 retry_topics.add(batch.topic)
-            if code in (UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH) and self.enable_idempotence:
+            if self.txn is not None and code in (UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH, PRODUCER_FENCED):
+                pass  # the transaction's to handle: fenced (fatal) or lost by the broker (abortable, KIP-360)
+            elif code in (UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH) and self.enable_idempotence:
                 self.need_producer_id = True
                 error.retriable = True
             elif code == OUT_OF_ORDER_SEQUENCE_NUMBER:
@@ -421,7 +439,9 @@ class Sender:
                 queue.extend(ordered)
             return
         self._finish_in_flight_failed(batch)
-        if self.enable_idempotence and isinstance(error, KafkaError):
+        if self.txn is not None:
+            self.txn.fail(error, lost_sequence=True)
+        elif self.enable_idempotence and isinstance(error, KafkaError):
             # A sequence was lost for good: later batches would be out of order. Start a new producer id.
             self.need_producer_id = True
         if expired and retriable:
@@ -439,12 +459,25 @@ class Sender:
                 pass
         self._retrying.discard(tp)
 
+    def _fail_queue(self, tp, error: BaseException) -> None:
+        """Fail every unsent batch of ``tp`` (its partition could not join the transaction)."""
+        acc = self._accumulator
+        queue = acc.batches[tp]
+        for batch in [b for b in queue if not b.in_flight]:
+            queue.remove(batch)
+            acc.close_open(batch)
+            acc.complete(batch, error)
+        self._retrying.discard(tp)
+
     def _expire(self, tp, batch: ProducerBatch) -> None:
         acc = self._accumulator
         queue = acc.batches[tp]
         queue.remove(batch)
         acc.close_open(batch)
-        if batch.built is not None and self.enable_idempotence:
+        if self.txn is not None:
+            lost = batch.built is not None
+            self.txn.fail(KafkaTimeoutError(f"batch for {tp[0]}-{tp[1]} expired"), lost_sequence=lost)
+        elif batch.built is not None and self.enable_idempotence:
             self.need_producer_id = True  # its sequence numbers will never be written: start over
         self._retrying.discard(tp)
         acc.complete(

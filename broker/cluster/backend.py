@@ -9,6 +9,7 @@ replica manager (``ReplicaManager.publish``) and carries out the changes request
     alter_topic_configs           AlterConfigs / IncrementalAlterConfigs on a topic
     alter_broker_configs          AlterConfigs / IncrementalAlterConfigs on a broker ("" = every broker)
     alter_isr                     a leader's ISR change, conditional on the state it saw
+    read_partition_state          a partition's state as stored now (an ISR change's unknown outcome)
     elect_preferred_leaders       ElectLeaders (preferred)
     allocate_producer_id          InitProducerId: ids unique across the cluster and across restarts
 
@@ -237,6 +238,11 @@ class MetadataBackend(abc.ABC):
         """Record ``isr`` if the stored state is still ``state`` (same version); a member joining it is
         admitted under its broker epoch in ``joining_epochs``. Returns the new state, or None when refused
         (the state moved on: the next image carries it)."""
+
+    async def read_partition_state(self, topic: str, partition: int) -> PartitionState | None:
+        """The partition's state as the store holds it now (a read, not the image): the answer to an ISR
+        change whose write timed out. None when the partition has no state. Raises on a failed read."""
+        return self.image.partition_state(topic, partition) if hasattr(self, "image") else None
 
     @abc.abstractmethod
     async def allocate_producer_id(self) -> int:

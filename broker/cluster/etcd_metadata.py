@@ -72,6 +72,7 @@ from copyless.broker.cluster.keys import (
     decode_broker,
     decode_image,
     decode_isr_epochs,
+    decode_state,
     encode_broker,
     encode_state,
     encode_topic,
@@ -603,6 +604,17 @@ class EtcdMetadata(MetadataBackend):
             return None
         self._isr_written[key] = etcd.KeyValue(key, value, current.create_revision, result.revision)
         return PartitionState(new.leader, new.leader_epoch, new.isr, new.replicas, result.revision)
+
+    async def read_partition_state(self, topic: str, partition: int) -> PartitionState | None:
+        """A linearizable read of the partition's state key (etcd's default Range): ``version`` is its
+        mod_revision, as in the image."""
+        info = self.image.topic(topic)
+        if info is None or not 0 <= partition < len(info.assignment):
+            return None
+        kv, _revision = await self.client.get(self.layout.partition(topic, partition))
+        if kv is None:
+            return None
+        return decode_state(kv.value, tuple(info.assignment[partition]), kv.mod_revision)[0]
 
     async def elect_preferred_leaders(self, partitions=None) -> dict:
         if self.controller.active:

@@ -8,15 +8,22 @@ endpoint), the set of partitions fetched from it, and the loop:
    OffsetForLeaderEpoch, where the follower's latest leader epoch ends on the leader, and truncates its log
    to ``min(that offset, where the same epoch ends in its own log)`` (KIP-101, KIP-279). Never to its high
    watermark: a high watermark can lag the records an old leader had acknowledged, and cutting there after
-   a quick double failover loses them (the bug KIP-101 fixed);
+   a quick double failover loses them (the bug KIP-101 fixed). When the leader's answer names an epoch this
+   log does not have (it skipped epochs the leader has), the log is cut where its largest epoch below that
+   ends and the exchange repeats for the epoch then latest, until the epochs agree (``truncation_step``);
+   each round removes at least one epoch, so it ends. The cut runs through the partition
+   (``Partition.mutate_as_follower``), at the epoch it was decided under, and a role change waits for it;
 2. fetch: Fetch v11 with ``replica_id`` = this broker and each partition's log end as its fetch offset
    (which tells the leader how far this follower is: its ISR and high watermark follow from it), and the
    leader epoch this broker knows (so a leader that has moved on fences the fetch);
 3. append: the leader's batches go into the log as they are (offsets, leader epochs, timestamps kept;
    CRC-32C checked by storage), producer state is rebuilt from their headers, and the follower's high
-   watermark becomes ``min(the leader's, its own log end)``. Under ``--flush-mode sync`` the round's
-   appends are fdatasynced before the next fetch reports the new log end, so the leader counts only
-   durable records towards its high watermark.
+   watermark becomes ``min(the leader's, its own log end)``. The append goes through the partition at the
+   epoch the fetch was sent under: if the role or epoch moved during any await, nothing more of that
+   answer is appended and its high watermark is ignored. Under ``--flush-mode sync`` the round's appends
+   are fdatasynced before the next fetch reports the new log end, so the leader counts only durable
+   records towards its high watermark; the wait is bounded (``FLUSH_WAIT_S``): a partition whose flush
+   outlasts it is not fetched again (its log end not reported) until the flush ends.
 
 The response's record bytes are received straight into a pooled buffer (``recv_into``) and copied once into
 the log: the leader sent them with sendfile, so replication costs the leader no copy through Python.
@@ -31,7 +38,7 @@ log at the leader's log start; above its end, the partition truncates again. A l
 with backoff. A partition whose role or leader changed while a fetch was in flight ignores that fetch's
 answer.
 
-Loop thread; truncation runs on a worker thread while that partition is not fetched.
+Loop thread; truncation runs on a worker thread, serialized by the partition.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from copyless.broker.cluster.backend import replica_client_id
 from copyless.broker.partition import Partition, Role
 from copyless.broker.storage.errors import UnexpectedAppendOffsetError
 
-__all__ = ["FetcherManager", "ReplicaFetcher"]
+__all__ = ["FetcherManager", "ReplicaFetcher", "truncation_step"]
 
 log = logging.getLogger("copyless.replication")
 
@@ -60,6 +67,36 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 1.0
 # within milliseconds of a follower, so half a second is long enough to skip the useless retries and short
 # enough to stay far inside replica.lag.time.max.ms (30 s; 4 s in the cluster tests).
 FENCED_RETRY_S = 0.5
+# How long a fetch round waits for the fdatasync of its appends under --flush-mode sync (as the replica
+# manager waits for a disk step): past it, the other partitions go on fetching and the ones whose flush is
+# still running wait for it, unreported, so a stalled disk stalls only its own partitions, which leave the
+# ISR after replica.lag.time.max.ms as any follower that stops fetching does.
+FLUSH_WAIT_S = 5.0
+
+
+def truncation_step(own_epochs: Any, log_end: int, leader_epoch: int, leader_end: int) -> tuple[int, bool]:
+    """One round of truncation by leader epoch (KIP-279), pure: the offset this log is cut to, and whether
+    it then agrees with the leader (True) or must ask again for the epoch that is then its latest (False).
+
+    ``own_epochs`` is this log's leader epoch cache, ``(leader_epoch, leader_end)`` the leader's answer for
+    this log's latest epoch: the largest epoch the leader has at or below it, and where that epoch ends on
+    the leader. When this log has that epoch too, both logs agree up to where it ends on both: cut there.
+    When it has not (its latest epoch is one the leader never had, and below it this log skips the
+    leader's epoch: follower [(0, 0), (2, 10)] against leader [(0, 0), (1, 5), (3, 15)], answered (1, 15)),
+    only this log's own epochs below the answer are known to be the leader's: cut where the largest of
+    them ends (10), then ask again, for epoch 0 (answered (0, 5): cut to 5). Each round that asks again
+    removes at least this log's latest epoch, so the exchange ends."""
+    if leader_epoch < 0:
+        # The leader knows no epoch at or below ours: our records predate its log; the fetch's
+        # OFFSET_OUT_OF_RANGE handling restarts the log at the leader's log start if needed.
+        return log_end, True
+    own_epoch, own_end = own_epochs.end_offset_for(leader_epoch, log_end)
+    if own_epoch < 0 or own_end < 0:
+        return log_end, True
+    if own_epoch == leader_epoch:
+        return min(leader_end, own_end, log_end), True
+    target = min(own_end, log_end)
+    return target, target >= log_end
 
 
 @dataclasses.dataclass
@@ -68,6 +105,9 @@ class _Follow:
     leader_epoch: int
     needs_truncation: bool = True
     retry_at: float = 0.0  # after a fenced answer: the monotonic time to ask again if no image came first
+    # Under --flush-mode sync, an fdatasync of this partition's appends that outlasted FLUSH_WAIT_S: the
+    # partition is not fetched (its log end is not reported) until it is done.
+    flushing: asyncio.Future | None = None
 
 
 class FetcherManager:
@@ -141,7 +181,8 @@ class ReplicaFetcher:
         backoff = BACKOFF_MIN_S
         while not self._closing and self.partitions:
             now = time.monotonic()
-            active = [f for f in self.partitions.values() if f.retry_at <= now and self._current(f)]
+            active = [f for f in self.partitions.values()
+                      if f.retry_at <= now and f.flushing is None and self._current(f)]
             if not active:
                 self._wake.clear()
                 waiting = [f.retry_at - now for f in self.partitions.values() if f.retry_at > now]
@@ -229,22 +270,20 @@ class ReplicaFetcher:
                 self._on_error(follow, code, "OffsetForLeaderEpoch")
                 continue
             partition = follow.partition
+            if latest != partition.log.leader_epochs.latest_epoch():
+                continue  # the log changed while the question was out: ask again
             log_end = partition.log.log_end_offset
-            if answer.leader_epoch < 0:
-                # The leader knows no epoch at or below ours: our records predate its log; the fetch's
-                # OFFSET_OUT_OF_RANGE handling restarts the log at the leader's log start if needed.
-                target = log_end
-            else:
-                _epoch, own_end = partition.log.leader_epochs.end_offset_for(answer.leader_epoch, log_end)
-                target = min(answer.end_offset, own_end if own_end >= 0 else log_end, log_end)
+            target, done = truncation_step(partition.log.leader_epochs, log_end, answer.leader_epoch,
+                                           answer.end_offset)
             if target < log_end:
                 self.stats["truncations"] += 1
-                log.info("%s-%d: truncating from %d to %d (leader %d, epoch %d ends at %d there)", partition.topic,
+                log.info("%s-%d: truncating from %d to %d (leader %d, epoch %d ends at %d there%s)", partition.topic,
                          partition.partition, log_end, target, self.leader_id, answer.leader_epoch,
-                         answer.end_offset)
-                await self.broker.replicas.truncate(partition, target)
+                         answer.end_offset, "" if done else "; this log lacks that epoch: asking again after")
+                if not await self.broker.replicas.truncate(partition, target, follow.leader_epoch):
+                    continue  # no longer a follower at this epoch: the new role's own truncation follows
             if self._current(follow):
-                follow.needs_truncation = False
+                follow.needs_truncation = not done
 
     # --- fetching -------------------------------------------------------------------------------------------------
 
@@ -302,7 +341,9 @@ class ReplicaFetcher:
                 if answer.records_end > answer.records_start:
                     records = view[answer.records_start:answer.records_end]
                     try:
-                        await partition.append_as_follower(records)
+                        # Through the Partition, at the epoch this fetch was sent under: after an await
+                        # (storage, another mutation) it appends nothing if the role or epoch moved.
+                        appended_to = await partition.append_as_follower(records, follow.leader_epoch)
                     except UnexpectedAppendOffsetError as exc:
                         # The log moved under the fetch (a truncation): ask where to cut again.
                         log.info("%s-%d: %s; truncating again", partition.topic, partition.partition, exc)
@@ -310,6 +351,8 @@ class ReplicaFetcher:
                         continue
                     finally:
                         records.release()
+                    if appended_to is None or not self._current(follow):
+                        continue
                     self.stats["bytes"] += answer.records_end - answer.records_start
                     appended.append(partition)
                 partition.update_follower_high_watermark(answer.high_watermark)
@@ -321,24 +364,56 @@ class ReplicaFetcher:
                 frame.release()
         for partition, leader_log_start in log_starts:
             # Kafka's follower moves its log start with the leader's (DeleteRecords must not come back on
-            # a new leader), as far as its own high watermark; storage fsyncs the checkpoint, so a thread.
+            # a new leader), as far as its own high watermark; storage fsyncs the checkpoint, so a thread,
+            # as one step of the partition (after its other mutations, at this fetch's epoch only).
             target = min(leader_log_start, partition.high_watermark)
-            if target > partition.log.log_start_offset:
-                await asyncio.to_thread(partition.log.delete_records_before, target)
+            follow = follows_by_key[partition.key]
+            if target > partition.log.log_start_offset and self._current(follow):
+                await partition.mutate_as_follower(follow.leader_epoch,
+                                                   lambda p=partition, t=target: p.log.delete_records_before(t),
+                                                   lambda _start: None)
         if appended and config.flush_mode == "sync":
             # The next fetch's offset tells the leader how far this replica is, and the leader's high
             # watermark (so acks=all) follows from it: under the sync flush mode that offset must be durable
             # here, so an acknowledged record survives a power loss of every replica (KIP-966's stronger
             # promise), at the cost of one group-committed fdatasync per fetch round.
-            await asyncio.gather(*(asyncio.wrap_future(p.log.flush()) for p in appended))
+            await self._wait_flushed(appended, follows_by_key)
         return retriable
+
+    async def _wait_flushed(self, appended: list[Partition], follows_by_key: dict) -> None:
+        """The fdatasync of this round's appends, waited for FLUSH_WAIT_S at most (see FLUSH_WAIT_S)."""
+        flushes = {partition.key: asyncio.wrap_future(partition.log.flush()) for partition in appended}
+        _done, pending = await asyncio.wait(flushes.values(), timeout=FLUSH_WAIT_S)
+        failed = None
+        for key, flush in flushes.items():
+            follow = follows_by_key[key]
+            if flush in pending:
+                log.warning("%s-%d: the fdatasync of replicated records still runs after %.0f s (a stalled disk?); "
+                            "the partition is not fetched until it ends", key[0], key[1], FLUSH_WAIT_S)
+                follow.flushing = flush
+                flush.add_done_callback(lambda done, follow=follow: self._flushed(follow, done))
+            elif flush.exception() is not None:
+                failed = flush.exception()
+        if failed is not None:
+            raise failed
+
+    def _flushed(self, follow: _Follow, flush: asyncio.Future) -> None:
+        """A late fdatasync ended: fetch the partition again, unless it failed (then what was appended is not
+        durable and is never reported: the partition stays out of the fetch, so out of the ISR, until its
+        state changes)."""
+        if flush.cancelled() or flush.exception() is not None:
+            log.error("%s-%d: the fdatasync of replicated records failed (%s); the partition stops fetching",
+                      *follow.partition.key, flush.exception() if not flush.cancelled() else "cancelled")
+            return
+        follow.flushing = None
+        self._wake.set()
 
     async def _out_of_range(self, follow: _Follow, leader_log_start: int) -> None:
         partition = follow.partition
         if partition.log.log_end_offset < leader_log_start:
             log.info("%s-%d: log end %d is below the leader's log start %d: restarting the log there",
                      partition.topic, partition.partition, partition.log.log_end_offset, leader_log_start)
-            await self.broker.replicas.truncate_fully(partition, leader_log_start)
+            await self.broker.replicas.truncate_fully(partition, leader_log_start, follow.leader_epoch)
         else:
             follow.needs_truncation = True
 

@@ -1,14 +1,20 @@
-"""Named crash points for the kill -9 tests.
+"""Named crash points for the kill -9 tests, and named delay points for the overlapping-fault tests.
 
 Once ``arm(name, skip)`` names a point, the process SIGKILLs itself the moment it reaches it: the files are
 left exactly as a crash at that step leaves them. ``skip=N`` lets the first N hits pass (to crash on, say, the
 third roll). Armed by the crash tests' scenario processes; unarmed, a failpoint costs one comparison.
+
+A delay point (``DELAY_POINTS``) sleeps instead, on the worker thread that reaches it: it widens a window
+that timing alone rarely opens (a truncation still running when the partition's role changes). Armed in a
+broker process by the environment, ``COPYLESS_DELAYPOINTS="name=seconds[,name=seconds]"``, read once at
+import; a broker started without it has no delay point armed, and checking one costs a dict lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 _ARMED: str | None = None
 _skip = 0
@@ -47,6 +53,34 @@ COMPACTION_POINTS = (
     "clean.before_manifest_removed",  # every group swapped on disk and in memory, the manifest still there
     "clean.after_checkpoint",  # the cleaner checkpoint written: the cleaning is over
 )
+
+
+# Points that sleep when armed (worker threads only: a sleep on the event loop would stall the broker).
+DELAY_POINTS = (
+    "truncate.before_cut",  # a follower's truncation has started on its worker thread, nothing cut yet
+)
+
+DELAYPOINTS_ENV = "COPYLESS_DELAYPOINTS"
+
+
+def _parse_delays(text: str) -> dict[str, float]:
+    delays: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, seconds = item.partition("=")
+        if name not in DELAY_POINTS:
+            raise ValueError(f"unknown delay point {name!r} in {DELAYPOINTS_ENV}")
+        delays[name] = float(seconds)
+    return delays
+
+
+_DELAYS: dict[str, float] = _parse_delays(os.environ.get(DELAYPOINTS_ENV, ""))
+
+
+def delaypoint(name: str) -> None:
+    """Sleep here for the armed number of seconds if ``name`` is armed (see the module docstring)."""
+    seconds = _DELAYS.get(name)
+    if seconds:
+        time.sleep(seconds)
 
 
 # The transaction coordinator's steps (broker.txn.service): the broker process arms one from the environment

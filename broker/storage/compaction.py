@@ -59,7 +59,7 @@ from copyless.client.protocol.records import (
     read_varint,
 )
 
-__all__ = ["DELETE_HORIZON_BIT", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
+__all__ = ["DELETE_HORIZON_BIT", "count_tombstones", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
            "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
 
 # KIP-534: set when the batch's base timestamp holds the delete horizon of its tombstones.
@@ -179,15 +179,66 @@ def iter_record_keys(batch, header: BatchHeader):
         yield header.base_offset + record.offset_delta, record.key
 
 
+def count_tombstones(batch, header: BatchHeader) -> int:
+    """How many records of one batch have a null value (``copyless inspect``). Raises InvalidBatchError."""
+    if header.is_control or header.records_count == 0:
+        return 0
+    return sum(record.is_tombstone for record in parse_records(_payload(batch, header), header.records_count))
+
+
 def first_keyless_offset_delta(batch, header: BatchHeader) -> int | None:
     """The offset delta of the batch's first record without a key, None when every record has one (the
     produce path's check on a compacted topic: Kafka's LogValidator). Raises InvalidBatchError."""
     if header.is_control:
         return None
-    for record in parse_records(_payload(batch, header), header.records_count):
-        if record.key is None:
-            return record.offset_delta
+    data = _payload(batch, header)
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    # Only each record's length and key length are read, not its fields: this runs on the event loop for
+    # every produce to a compacted topic, where building every record (parse_records) cost about 2.5 us per
+    # 1 KB record, half of what produce to a compacted topic paid over `delete`.
+    size, cursor = len(data), 0
+    for _ in range(header.records_count):
+        if cursor >= size:
+            raise InvalidBatchError("truncated record", f"varint at {cursor}")
+        byte = data[cursor]
+        if byte < 0x80:
+            length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+        elif cursor + 1 < size and data[cursor + 1] < 0x80:
+            raw = (byte & 0x7F) | (data[cursor + 1] << 7)
+            length, cursor = (raw >> 1) ^ -(raw & 1), cursor + 2
+        else:
+            length, cursor = read_varint(data, cursor)
+        end = cursor + length
+        if length < 3 or end > size:  # attributes, timestamp delta, offset delta, key length: 4 bytes at least
+            raise InvalidBatchError("truncated record", f"length {length} at {cursor}")
+        at = cursor + 1  # past the attributes
+        if data[at] < 0x80:  # the timestamp delta
+            at += 1
+        else:
+            _, at = _varint(data, at, end)
+        byte = data[at] if at < end else 0x80
+        if byte < 0x80:
+            offset_delta, at = (byte >> 1) ^ -(byte & 1), at + 1
+        else:
+            offset_delta, at = _varint(data, at, end)
+        if at >= end:
+            raise InvalidBatchError("truncated record", f"no key length at {at}")
+        if data[at] == 1:  # the key length -1, zigzag-encoded
+            return offset_delta
+        cursor = end
     return None
+
+
+def _varint(data: bytes, cursor: int, end: int) -> tuple[int, int]:
+    """One zigzag varint at ``cursor`` (not past ``end``): (value, next cursor). One byte inline."""
+    if cursor < end:
+        byte = data[cursor]
+        if byte < 0x80:
+            return (byte >> 1) ^ -(byte & 1), cursor + 1
+    if cursor >= end:
+        raise InvalidBatchError("truncated record", f"varint at {cursor}")
+    return read_varint(data, cursor)
 
 
 class OffsetMap:

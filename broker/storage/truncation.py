@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 
-from ._failpoints import failpoint
+from ._failpoints import delaypoint, failpoint
 from .checkpoint import fsync_directory
 from .errors import StorageError, storage_error_from
 from .clock import now_ms
@@ -53,6 +53,7 @@ class TruncationMixin:
         Raises:
             StorageError: an I/O failure (the log is then a prefix of what it was, as after a crash).
         """
+        delaypoint("truncate.before_cut")
         if offset >= self.log_end_offset:
             return
         if offset < self.log_start_offset:

@@ -41,6 +41,7 @@ from copyless.client.protocol.records import (
     LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
     BatchHeader,
     InvalidBatchError,
     decompress,
@@ -399,6 +400,8 @@ class PartitionRecords:
         "truncated_first_batch",
         "high_watermark",
         "on_done",
+        "_aborted",
+        "_aborted_producers",
     )
 
     def __init__(
@@ -412,6 +415,7 @@ class PartitionRecords:
         *,
         check_crcs: bool = True,
         high_watermark: int = -1,
+        aborted_transactions=(),
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -424,6 +428,11 @@ class PartitionRecords:
         self.truncated_first_batch = False
         self.high_watermark = high_watermark
         self.on_done = None  # called once when the region is exhausted (releases the response buffer)
+        # read_committed (Kafka's CompletedFetch): the aborted transactions, by first offset, latest first
+        # so the next to start is popped from the end; and the producers whose aborted transaction the
+        # batches are inside (until that transaction's marker, a control batch of the producer).
+        self._aborted = sorted(aborted_transactions, key=lambda a: a[1], reverse=True)
+        self._aborted_producers: set[int] = set()
 
     @property
     def exhausted(self) -> bool:
@@ -471,6 +480,10 @@ class PartitionRecords:
         fetch_position = self.next_fetch_offset
         next_offset = header.base_offset + header.last_offset_delta + 1
         out: list = []
+        if (self._aborted or self._aborted_producers) and self._skip_aborted(header, next_offset):
+            if next_offset > fetch_position:
+                self.next_fetch_offset = next_offset
+            return out
         if next_offset > fetch_position:
             self.next_fetch_offset = next_offset
             if not header.attributes & CONTROL_BIT:
@@ -479,6 +492,22 @@ class PartitionRecords:
                 data = bytes(records) if codec == CODEC_NONE else decompress(codec, records)
                 decode_batch_records(data, header, self.topic, self.partition, fetch_position, out)
         return out
+
+    def _skip_aborted(self, header: BatchHeader, next_offset: int) -> bool:
+        """Whether a read_committed consumer skips this batch: a transactional batch of a producer inside
+        one of the aborted transactions the broker listed, or that transaction's marker (which ends it)."""
+        if not header.attributes & TRANSACTIONAL_BIT:
+            return False
+        aborted = self._aborted
+        producers = self._aborted_producers
+        last_offset = next_offset - 1
+        while aborted and aborted[-1][1] <= last_offset:
+            producers.add(aborted.pop()[0])
+        if header.producer_id not in producers:
+            return False
+        if header.attributes & CONTROL_BIT:
+            producers.discard(header.producer_id)  # the abort marker: the producer's later batches count
+        return True
 
     def scan_next_offset(self) -> int | None:
         """The offset after the last complete batch in the region (header-only walk, no CRC, no decoding),

@@ -142,15 +142,16 @@ def kio_decoder(response_cls, *, skip_tagged_header: bool = False):
 # --- Produce v7 ------------------------------------------------------------------------------------------
 
 
-def encode_produce_request(acks: int, timeout_ms: int, topics: dict) -> list:
+def encode_produce_request(acks: int, timeout_ms: int, topics: dict, transactional_id: str | None = None) -> list:
     """ProduceRequest v7 body as a list of buffers.
 
     Args:
         topics: ``{topic: [(partition, batch_buffers, batch_size_bytes), ...]}``; ``batch_buffers`` appear
             in the output unchanged (each batch is one RecordBatch, as Kafka requires for magic 2).
+        transactional_id: the transactional producer's id (Kafka rejects transactional batches without it).
     """
-    # transactional_id null, acks, timeout, topic count
-    head = bytearray(b"\xff\xff")
+    # transactional_id (null unless the batches are transactional), acks, timeout, topic count
+    head = bytearray(_string(transactional_id))
     head += struct.pack(">hii", acks, timeout_ms, len(topics))
     out: list = [head]
     for topic, partitions in topics.items():
@@ -245,9 +246,12 @@ class FetchPartitionResponse(NamedTuple):
     log_start_offset: int
     records_start: int  # position of the records bytes in the frame
     records_end: int
+    # read_committed: the aborted transactions the records overlap, ((producer_id, first_offset), ...)
+    aborted_transactions: tuple = ()
 
 
 _FETCH_PARTITION = struct.Struct(">ihqqq")
+_ABORTED = struct.Struct(">qq")
 
 
 def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartitionResponse]]:
@@ -275,7 +279,11 @@ def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartit
                 offset += _FETCH_PARTITION.size
                 (aborted_count,) = _I32.unpack_from(frame, offset)
                 offset += 4
+                aborted = ()
                 if aborted_count > 0:
+                    if offset + 16 * aborted_count > frame_length:
+                        raise ValueError("aborted transactions run past the end of the response")
+                    aborted = tuple(_ABORTED.iter_unpack(bytes(frame[offset : offset + 16 * aborted_count])))
                     offset += 16 * aborted_count  # producer_id int64, first_offset int64
                 offset += 4  # preferred_read_replica
                 (records_length,) = _I32.unpack_from(frame, offset)
@@ -294,6 +302,7 @@ def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartit
                         log_start,
                         offset,
                         offset + records_length,
+                        aborted,
                     )
                 )
                 offset += records_length

@@ -277,6 +277,25 @@ def _check_compaction(document: dict) -> None:
         assert f"mb_per_s_{record_bytes}B_{keys}keys" in document["ratios"]
 
 
+def _check_compaction_offsets(document: dict) -> None:
+    rows = {row["log"]: row for row in document["rows"]}
+    assert set(rows) == {"before cleaning", "after cleaning", "live keys only"}, rows
+    keys = document["keys"]
+    assert rows["before cleaning"]["records"] == document["commits"] and rows["live keys only"]["records"] == keys
+    # A cleaning of a log whose every segment is sealed leaves one record per key.
+    assert rows["after cleaning"]["records"] == keys
+    assert rows["after cleaning"]["log_mb"] < rows["before cleaning"]["log_mb"]
+    for key in ("bytes_after_over_live", "load_cpu_after_over_live", "bytes_before_over_after"):
+        assert document["ratios"][key] > 0, key
+
+
+def _check_compaction_produce(document: dict) -> None:
+    assert {row["policy"] for row in document["rows"]} == {"compact", "delete"}
+    for row in document["rows"]:
+        assert row["records"] == document["records_per_round"] and row["mb_per_s"] > 0, row
+    assert document["ratios"]["mb_per_s_compact_over_delete"] > 0
+
+
 def _check_transactions(document: dict) -> None:
     from benchmarks import transactions
 
@@ -314,6 +333,8 @@ CHECKS = {
     "cluster_metadata": _check_cluster_metadata,
     "security": _check_security,
     "compaction": _check_compaction,
+    "compaction_offsets": _check_compaction_offsets,
+    "compaction_produce": _check_compaction_produce,
     "transactions": _check_transactions,
     "nemesis": _check_nemesis,
 }

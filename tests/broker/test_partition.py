@@ -22,6 +22,8 @@ from copyless.broker.errors import (
     UnknownLeaderEpoch,
 )
 from copyless.broker.partition import Partition, PartitionState, Role
+from tests.support.batches import build_batch
+from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
 
 LEADER, F1, F2 = 1, 2, 3
 
@@ -35,11 +37,18 @@ class FakeLog:
         self.high_watermark = 0
         self.epochs: list[tuple[int, int]] = []
         self.config = SimpleNamespace(flush_mode="async")
+        self.read_from: list[int] = []
         self.leader_epochs = SimpleNamespace(assign=lambda epoch, start: self.epochs.append((epoch, start)),
                                              latest_epoch=lambda: self.epochs[-1][0] if self.epochs else -1)
 
     def set_high_watermark(self, value: int) -> None:
         self.high_watermark = value
+
+    def read(self, offset, max_bytes, *, min_one_message, max_offset=None):
+        if not self.log_start_offset <= offset <= self.log_end_offset:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
+        self.read_from.append(offset)
+        return SimpleNamespace(slice=None)
 
     def append(self, records, *, leader_epoch: int, log_append_time_ms=None):
         base = self.log_end_offset
@@ -156,6 +165,90 @@ def test_while_an_isr_change_is_in_flight_the_high_watermark_counts_both_sets():
     assert partition.high_watermark == 4
     partition.end_isr_change(PartitionState(LEADER, 3, (LEADER, F1), (LEADER, F1, F2), version=12))
     assert partition.isr == (LEADER, F1)
+
+
+def test_a_follower_fetch_offset_past_the_log_end_is_refused_and_credits_nothing():
+    partition, _ = make()
+    append(partition, 10)
+    partition.update_follower_fetch_state(F1, 10)
+    with pytest.raises(OffsetOutOfRangeError):
+        partition.update_follower_fetch_state(F2, 11)  # F2 claims a record the leader does not have
+    assert partition.high_watermark == 0
+    assert partition.followers[F2].log_end_offset == -1
+    with pytest.raises(OffsetOutOfRangeError):
+        partition.read_for_follower(F2, 1_000, 1 << 20, min_one_message=True)
+    assert partition.high_watermark == 0
+    partition.update_follower_fetch_state(F2, 10)
+    assert partition.high_watermark == 10
+
+
+class TimingOutStore:
+    """A metadata store whose first ISR write commits but answers with a timeout (its outcome unknown to the
+    leader); later calls wait for ``release``, so the test looks at the leader inside the window."""
+
+    def __init__(self, isr, version: int) -> None:
+        self.state = PartitionState(LEADER, 3, tuple(isr), (LEADER, F1, F2), version)
+        self.release = asyncio.Event()
+        self.calls: list[str] = []
+
+    async def alter_isr(self, topic, partition, state, isr, joining_epochs=None):
+        self.calls.append("alter_isr")
+        if len(self.calls) > 1:
+            await self.release.wait()
+        if state.version != self.state.version:
+            return None
+        self.state = PartitionState(LEADER, 3, tuple(isr), self.state.replicas, self.state.version + 1)
+        if len(self.calls) == 1:
+            raise TimeoutError("etcd call deadline passed")
+        return self.state
+
+    async def read_partition_state(self, topic, partition):
+        self.calls.append("read")
+        await self.release.wait()
+        return self.state
+
+
+def test_an_isr_change_whose_write_timed_out_keeps_the_maximal_isr_until_a_definite_answer():
+    """The write that adds F1 committed, but the leader only saw a timeout. Etcd lists F1 in the ISR, so F1
+    may be elected next: until the leader knows, its high watermark must count F1, or it acknowledges
+    records F1 does not have (KIP-497's maximal ISR)."""
+    from copyless.broker.replica_manager import ReplicaManager
+
+    partition, _ = make(isr=(LEADER,))
+    store = TimingOutStore((LEADER,), version=10)
+
+    async def scenario():
+        manager = ReplicaManager(SimpleNamespace(node_id=LEADER, metadata=store))
+        partition.update_follower_fetch_state(F1, 0)
+        manager._change_isr(partition, (LEADER, F1), "caught up", {F1: 1})
+        async with asyncio.timeout(5):  # the write is sent again after its unknown outcome
+            while len(store.calls) < 2:
+                await asyncio.sleep(0.01)
+        assert manager.stats["isr_changes_unknown"] == 1
+        await append_async(partition, 5, acks=1)
+        assert partition.maximal_isr == (LEADER, F1)
+        assert partition.high_watermark == 0, "records F1 lacks counted as replicated while etcd lists F1"
+        store.release.set()
+        async with asyncio.timeout(5):
+            while partition.pending_isr is not None:
+                await asyncio.sleep(0.01)
+        return manager
+
+    manager = asyncio.run(scenario())
+    assert partition.isr == (LEADER, F1) and partition.state_version == 11
+    assert partition.high_watermark == 0
+    assert manager.stats["isr_expands"] == 1
+    partition.update_follower_fetch_state(F1, 5)
+    assert partition.high_watermark == 5
+
+
+def test_a_newer_state_from_the_watch_answers_an_isr_change_of_unknown_outcome():
+    partition, _ = make(isr=(LEADER,))
+    partition.begin_isr_change((LEADER, F1))
+    partition.make_leader(PartitionState(LEADER, 3, (LEADER,), (LEADER, F1, F2), version=10))
+    assert partition.pending_isr == (LEADER, F1)  # the same state it was made from: no answer yet
+    partition.make_leader(PartitionState(LEADER, 3, (LEADER, F1), (LEADER, F1, F2), version=12))
+    assert partition.pending_isr is None and partition.isr == (LEADER, F1)
 
 
 def test_epoch_fencing_follows_kip_320():
@@ -277,3 +370,83 @@ class HighWatermarkMachine(RuleBasedStateMachine):
 
 TestHighWatermark = HighWatermarkMachine.TestCase
 TestHighWatermark.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class StallingLog(FakeLog):
+    """A log whose next append must wait for a worker thread (a segment being prepared): AppendNotReady
+    with a concurrent future the test resolves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import concurrent.futures
+        self.ready = concurrent.futures.Future()
+        self.follower_appends: list = []
+
+    def append(self, records, *, leader_epoch: int, log_append_time_ms=None):
+        if not self.ready.done():
+            raise AppendNotReady("a segment", self.ready)
+        return super().append(records, leader_epoch=leader_epoch)
+
+    def append_as_follower(self, records):
+        if not self.ready.done():
+            raise AppendNotReady("a segment", self.ready)
+        self.follower_appends.append(bytes(records))
+        self.log_end_offset += FIVE_RECORDS_COUNT
+        return SimpleNamespace(headers=())
+
+
+FIVE_RECORDS_COUNT = 5
+FIVE_RECORDS = build_batch([b"fetched"] * FIVE_RECORDS_COUNT)
+
+
+def stalling_partition():
+    partition = Partition("t", 0, StallingLog(), node_id=F1, producers=FakeProducers(), notifier=Notifier())
+    partition.make_follower(PartitionState(LEADER, 3, (LEADER, F1), (LEADER, F1, F2), version=10))
+    return partition
+
+
+def test_a_follower_append_that_waited_for_storage_lands_nothing_after_the_epoch_moved():
+    """Records fetched from the old leader at epoch 3 must not land once this replica follows (or leads) at
+    a later epoch: the append re-checks its epoch after the await."""
+    partition = stalling_partition()
+
+    async def scenario():
+        append = asyncio.ensure_future(partition.append_as_follower(FIVE_RECORDS, 3))
+        await asyncio.sleep(0.01)
+        assert not append.done()
+        partition.make_leader(PartitionState(F1, 4, (F1,), (LEADER, F1, F2), version=11))
+        partition.log.ready.set_result(None)
+        return await append
+
+    assert asyncio.run(scenario()) is None
+    assert partition.log.follower_appends == [] and partition.log_end_offset == 0
+
+
+def test_a_follower_append_at_its_epoch_lands_after_the_wait():
+    partition = stalling_partition()
+
+    async def scenario():
+        append = asyncio.ensure_future(partition.append_as_follower(FIVE_RECORDS, 3))
+        await asyncio.sleep(0.01)
+        partition.log.ready.set_result(None)
+        return await append
+
+    assert asyncio.run(scenario()) == 5
+    assert partition.log.follower_appends == [FIVE_RECORDS]
+
+
+def test_a_leader_append_that_waited_for_storage_is_not_written_under_a_later_epoch():
+    partition = stalling_partition()
+    partition.make_leader(PartitionState(F1, 4, (F1,), (LEADER, F1, F2), version=11))
+
+    async def scenario():
+        append = asyncio.ensure_future(append_async(partition, 5, acks=1))
+        await asyncio.sleep(0.01)
+        partition.make_follower(PartitionState(LEADER, 5, (LEADER, F1), (LEADER, F1, F2), version=12))
+        partition.make_leader(PartitionState(F1, 6, (F1,), (LEADER, F1, F2), version=13))
+        partition.log.ready.set_result(None)
+        await append
+
+    with pytest.raises(NotLeaderOrFollower):
+        asyncio.run(scenario())
+    assert partition.log_end_offset == 0

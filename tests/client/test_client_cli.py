@@ -190,6 +190,12 @@ def test_alter_config_add_partitions_and_delete_group(broker):
     configs = {c["name"]: c for c in json.loads(ok("topics", "describe", topic, "--json", *b))[0]["configs"]}
     assert configs["retention.ms"]["value"] == "3600000" and configs["retention.ms"]["source"] == "DYNAMIC_TOPIC_CONFIG"
     ok("topics", "alter-config", topic, "--delete", "retention.ms", *b)
+    assert f"topic {topic}  partitions 2  replication factor 1  cleanup.policy delete" in ok("topics", "describe",
+                                                                                          topic, *b)
+    ok("topics", "alter-config", topic, "--set", "cleanup.policy=compact,delete", *b)
+    assert json.loads(ok("topics", "describe", topic, "--json", *b))[0]["cleanup_policy"] == "compact,delete"
+    assert "cleanup.policy compact,delete" in ok("topics", "describe", topic, *b)
+    ok("topics", "alter-config", topic, "--delete", "cleanup.policy", *b)
     ok("topics", "add-partitions", topic, "--total", "5", *b)
     assert len(json.loads(ok("topics", "describe", topic, "--json", *b))[0]["partitions"]) == 5
     ok("produce", topic, "-p", "4", *b, input=b"late\n")

@@ -274,3 +274,50 @@ def test_column_wise_decoding_refuses_offset_gaps_and_attributes():
     struct.pack_into(">I", data, 17, records.crc32c(bytes(data[21:])))
     fast, slow, took_columns = _decoded_both_ways(bytes(data))
     assert not took_columns and fast == slow
+
+
+def _txn_batch(offset: int, producer_id: int, *, control: bool = False, commit: bool = False) -> bytes:
+    """One transactional batch of one record at ``offset`` (a data record, or a COMMIT/ABORT marker)."""
+    builder = BatchBuilder(batch_size=1 << 30, transactional=True)
+    if control:
+        builder.append(1000 + offset, struct.pack(">hh", 0, 1 if commit else 0), struct.pack(">hi", 0, 0))
+    else:
+        builder.append(1000 + offset, None, b"%d-%d" % (producer_id, offset))
+    batch = bytearray(builder.build(producer_id, 0, 0).to_bytes())
+    records.set_base_offset(batch, 0, offset)
+    if control:
+        struct.pack_into(">h", batch, 21, records.CONTROL_BIT | records.TRANSACTIONAL_BIT)
+    batch[17:21] = struct.pack(">I", records.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["data", "data", "commit", "abort"])), max_size=40),
+       st.integers(0, 60))
+def test_read_committed_skips_exactly_the_aborted_transactions(events, start):
+    """Interleaved transactions of four producers, ended by COMMIT or ABORT markers, decoded with the
+    aborted-transactions list the broker sends (producer id, first offset): the records handed out are
+    exactly those of committed transactions at or after the fetch offset, and no marker is ever one."""
+    log = bytearray()
+    open_first: dict[int, int] = {}
+    members: dict[int, list[bytes]] = {}
+    aborted, committed = [], set()
+    offset = 0
+    for producer, kind in events + [(p, "abort") for p in range(4)]:
+        if kind == "data":
+            log += _txn_batch(offset, producer)
+            open_first.setdefault(producer, offset)
+            members.setdefault(producer, []).append((offset, b"%d-%d" % (producer, offset)))
+        elif producer in open_first:
+            log += _txn_batch(offset, producer, control=True, commit=kind == "commit")
+            if kind == "commit":
+                committed.update(value for at, value in members[producer] if at >= start)
+            else:
+                aborted.append((producer, open_first[producer]))
+            del open_first[producer], members[producer]
+        else:
+            continue
+        offset += 1
+    got = _drain(PartitionRecords("t", 0, bytes(log), 0, len(log), start, aborted_transactions=tuple(aborted)))
+    assert sorted(r.value for r in got) == sorted(committed)
+    assert all(r.offset >= start for r in got)

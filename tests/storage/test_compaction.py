@@ -6,14 +6,16 @@ same after a restart. Batches come from tests/support/batches.py (an encoder ind
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 from copyless.broker.inspect_log import check_partition
+from copyless.broker.storage import LogConfig
 from copyless.broker.storage.cleaner import clean_log, dirty_ratio
 from copyless.broker.storage.compaction import DELETE_HORIZON_BIT
 from copyless.client.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
-
-from copyless.broker.storage import LogConfig
+from tests.support.subprocesses import python_env
 
 # The storage suite's small segments (tests/storage/conftest.py), compacted at any dirty ratio.
 SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None,
@@ -148,6 +150,38 @@ def test_tombstones_stay_until_their_horizon_then_go(manager_factory):
     result = clean_log(log_, force=True, now=now + 60_000)
     assert result.tombstones_dropped == 5
     check_against_model(read_all(log_), model, tombstones_gone=True)
+
+
+def test_inspect_shows_tombstones_and_their_delete_horizon(manager_factory):
+    """``copyless inspect`` on a cleaned segment: the batch of tombstones with the horizon the cleaning stored
+    in it (KIP-534), the others with none."""
+    config = dataclasses.replace(COMPACT, delete_retention_ms=60_000)
+    manager = manager_factory(config)
+    log_ = manager.create_log("table", 0)
+    model = {}
+    keys = [b"k%02d" % number for number in range(10)]
+    append_round(log_, model, keys, 0)
+    append_round(log_, model, keys, 1, tombstones=set(keys[:5]))
+    for round_number in range(2, 16):
+        append_round(log_, model, keys[5:], round_number)
+    manager.wait_for_background()
+    before = inspect_lines(log_.segments[0].log_path)
+    assert any("tombstones: 5 deleteHorizonMs: none" in line for line in before), before
+    now = 1_800_000_000_000
+    assert clean_log(log_, force=True, now=now) is not None
+    lines = [line for segment in log_.segments[:-1] for line in inspect_lines(segment.log_path)]
+    with_tombstones = [line for line in lines if "tombstones: 0 " not in line]
+    assert len(with_tombstones) == 1, lines
+    assert with_tombstones[0].endswith(f"tombstones: 5 deleteHorizonMs: {now + 60_000} (2027-01-15T08:01:00.000000Z)")
+    assert all(line.endswith("deleteHorizonMs: none") for line in lines if line not in with_tombstones)
+    assert all("isvalid: true" in line for line in lines)
+
+
+def inspect_lines(segment_path):
+    done = subprocess.run([sys.executable, "-m", "copyless", "inspect", str(segment_path)], capture_output=True,
+                          text=True, timeout=60, env=python_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line for line in done.stdout.splitlines() if line.startswith("baseOffset: ")]
 
 
 def test_an_idempotent_producers_last_batch_stays_as_an_empty_batch(manager_factory):

@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copyless.broker.storage.compaction import parse_records
-from copyless.client.protocol.records import InvalidBatchError
-from tests.support.batches import encode_record
+from copyless.broker.storage.compaction import first_keyless_offset_delta, parse_records
+from copyless.client.protocol.records import InvalidBatchError, read_header
+from tests.support.batches import GZIP, NONE, build_batch, encode_record
 
 RECORD = st.tuples(
     st.integers(0, 1 << 20),  # offset delta: one byte below 64, more above
@@ -51,3 +51,17 @@ def test_a_cut_or_damaged_blob_raises_invalid_batch(records, data):
     except InvalidBatchError:
         return
     assert not expect_error, "a cut blob parsed"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=40)), st.binary(max_size=300)), min_size=1,
+                max_size=30),
+       st.sampled_from([NONE, GZIP]))
+def test_the_produce_paths_keyless_scan_agrees_with_the_full_parse(records, codec):
+    """The produce path's scan reads only lengths; its answer is the first keyless record's offset delta, the
+    one a full parse gives."""
+    keys, values = [k for k, _ in records], [v for _, v in records]
+    batch = build_batch(values, keys=keys, codec=codec)
+    header = read_header(batch)
+    expected = next((i for i, key in enumerate(keys) if key is None), None)
+    assert first_keyless_offset_delta(batch, header) == expected

@@ -82,6 +82,8 @@ class BrokerProcess:
     wrapper: tuple[str, ...] = ()
     # The address to listen on (port 0 picks one); a broker in a network namespace listens on its host's.
     listen_host: str = "127.0.0.1"
+    # Extra environment for the broker process (e.g. COPYLESS_DELAYPOINTS to arm a delay point).
+    env: dict = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
@@ -143,7 +145,7 @@ class BrokerProcess:
         with open(self.log_path, "ab", buffering=0) as log_file:
             log_file.write(f"\n==== start: {' '.join(self.command(f'{self.listen_host}:{port}'))}\n".encode())
             log_offset = self.log_path.stat().st_size
-            env = python_env(PYTHONUNBUFFERED="1")
+            env = python_env(PYTHONUNBUFFERED="1", **self.env)
             self.process = subprocess.Popen(
                 self.command(f"{self.listen_host}:{port}"),
                 stdout=log_file,

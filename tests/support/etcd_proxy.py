@@ -10,10 +10,12 @@ answer: the caller's deadline passes and it sees the "maybe applied" outcome eve
     cluster = Cluster(workdir, proxy, 2)                 # brokers reach etcd through the proxy only
     rule = proxy.lose_answer(TXN, b'{"broker_id": 2}')  # the next Txn whose request holds those bytes
 
-A rule matches raw request bytes (the protobuf carries keys and values verbatim). ``delay_s`` (0 unless
-set) slows etcd down as seen through the proxy: every unary call, and every message of a stream in either
-direction, waits that long first (streams stay in order). ``host`` picks the address the proxy listens on
-(a NetLab's bridge address, for brokers on hosts of a lab). ``url()`` stands in for
+``hold_watches()`` keeps every Watch stream's answers at the proxy until ``release_watches()`` (they are then
+delivered in order): the brokers' images stand still while their calls still go through, as when etcd's
+watch path lags its writes. ``delay_s`` (0 unless set) slows etcd down as seen through the proxy: every
+unary call, and every message of a stream in either direction, waits that long first (streams stay in
+order). ``host`` picks the address the proxy listens on (a NetLab's bridge address, for brokers on hosts of
+a lab). A rule matches raw request bytes (the protobuf carries keys and values verbatim). ``url()`` stands in for
 ``EtcdProcess.url`` so a ``Cluster`` can be pointed at the proxy. The proxy runs its own event loop on a
 thread of the test process.
 """
@@ -32,6 +34,7 @@ from tests.support.etcd import unique_root
 __all__ = ["EtcdFaultProxy", "TXN", "LostAnswer"]
 
 TXN = "/etcdserverpb.KV/Txn"
+WATCH = "/etcdserverpb.Watch/Watch"
 # etcd's bidirectional streams; every other method the brokers use is unary.
 _STREAMS = {"/etcdserverpb.Watch/Watch", "/etcdserverpb.Lease/LeaseKeepAlive"}
 # How long a lost answer is held before the proxy fails the call: past every broker's call deadline.
@@ -45,6 +48,9 @@ class LostAnswer:
     method: str
     needle: bytes
     count: int = 1
+    # Also hold every Watch stream from the moment the call is matched, before etcd sees it: no image can
+    # carry the applied change to the caller until ``release_watches``.
+    hold_watches: bool = False
     lost: list[bytes] = field(default_factory=list)  # the requests whose answers were dropped, applied
 
     def matches(self, method: str, request: bytes) -> bool:
@@ -64,6 +70,7 @@ class EtcdFaultProxy:
         self._server: aio.Server | None = None
         self._channel: aio.Channel | None = None
         self._lock = threading.Lock()
+        self._watches_flowing: asyncio.Event | None = None  # made on the proxy's loop
 
     @property
     def endpoint(self) -> str:
@@ -78,17 +85,33 @@ class EtcdFaultProxy:
         return self
 
     async def _start(self) -> None:
+        self._watches_flowing = asyncio.Event()
+        self._watches_flowing.set()
         self._channel = aio.insecure_channel(self.target)
         self._server = aio.server()
         self._server.add_generic_rpc_handlers([_Handler(self)])
         self.port = self._server.add_insecure_port(f"{self.host}:0")
         await self._server.start()
 
-    def lose_answer(self, method: str, needle: bytes, count: int = 1) -> LostAnswer:
-        rule = LostAnswer(method, needle, count)
+    def lose_answer(self, method: str, needle: bytes, count: int = 1, *, hold_watches: bool = False) -> LostAnswer:
+        rule = LostAnswer(method, needle, count, hold_watches=hold_watches)
         with self._lock:
             self.rules.append(rule)
         return rule
+
+    def hold_watches(self) -> None:
+        """Keep the Watch streams' answers here from now on (see the module docstring)."""
+        asyncio.run_coroutine_threadsafe(self._set_watches(False), self._loop).result(10)
+
+    def release_watches(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._set_watches(True), self._loop).result(10)
+
+    async def _set_watches(self, flowing: bool) -> None:
+        assert self._watches_flowing is not None
+        if flowing:
+            self._watches_flowing.set()
+        else:
+            self._watches_flowing.clear()
 
     def _rule_for(self, method: str, request: bytes) -> LostAnswer | None:
         with self._lock:
@@ -132,6 +155,8 @@ class _Handler(grpc.GenericRpcHandler):
                 # Claimed before the call goes out, so two racing calls never both count against one rule.
                 with proxy._lock:
                     rule.lost.append(request)
+                if rule.hold_watches:
+                    await proxy._set_watches(False)
             answer = await proxy._channel.unary_unary(method)(request, timeout=30)
             if rule is not None:
                 # etcd has applied it; the caller never learns so.
@@ -155,6 +180,8 @@ class _Handler(grpc.GenericRpcHandler):
 
             upstream = proxy._channel.stream_stream(method)(slowed())
             async for answer in upstream:
+                if method == WATCH:
+                    await proxy._watches_flowing.wait()
                 if proxy.delay_s > 0:
                     await asyncio.sleep(proxy.delay_s)
                 yield answer
