@@ -33,13 +33,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
-<<<<<<< HEAD
+         "compaction_offsets", "compaction_produce",
          "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions",
          "nemesis")
-=======
-         "compaction_offsets", "compaction_produce",
-         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions")
->>>>>>> main
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
