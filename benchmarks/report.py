@@ -34,7 +34,8 @@ REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
          "compaction_offsets", "compaction_produce",
-         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions")
+         "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions",
+         "nemesis")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -51,6 +52,7 @@ TITLES = {
     "throughput": "End to end: copyless vs Apache Kafka",
     "replication": "Replication: three brokers each, copyless vs Apache Kafka",
     "cluster_metadata": "Cluster metadata in etcd",
+    "nemesis": "Overlapping faults: the nemesis soak and the checker",
     "transactions": "Transactions: transactional produce, commit latency, read_committed consume",
 }
 
@@ -213,6 +215,15 @@ def _headline_cluster_metadata(d: dict) -> str:
             f"(acks=1), {_fmt(ratios.get('etcd_calls_per_produce_request_acks_all'))} (acks=all)")
 
 
+def _headline_nemesis(d: dict) -> str:
+    faults = d.get("faults", {})
+    anomalies = {k: v for k, v in d.get("anomaly_counts", {}).items() if v}
+    acknowledged = next((r["count"] for r in d.get("rows", []) if r.get("kind") == "records acknowledged"), "?")
+    return (f"{_fmt(d.get('minutes'))} min, seed {d.get('seed')}: {sum(faults.values())} faults "
+            f"({len(faults)} kinds, overlapping), {acknowledged} records acknowledged, anomalies: "
+            + (", ".join(f"{k} {v}" for k, v in anomalies.items()) if anomalies else "none"))
+
+
 def _headline_security(d: dict) -> str:
     ratios = d.get("ratios", {})
     parts = []
@@ -262,6 +273,7 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "throughput": _headline_throughput,
     "replication": _headline_replication,
     "cluster_metadata": _headline_cluster_metadata,
+    "nemesis": _headline_nemesis,
     "security": _headline_security,
     "compaction": _headline_compaction,
     "transactions": _headline_transactions,

@@ -308,6 +308,19 @@ def _check_transactions(document: dict) -> None:
         assert row["commit_p99_ms"] >= row["commit_p50_ms"], row
 
 
+def _check_nemesis(document: dict) -> None:
+    from tests.support.checker import KINDS as ANOMALY_KINDS
+    from tests.support.nemesis import KINDS
+
+    assert [r["kind"] for r in _rows_with(document, table="faults")] == list(KINDS)
+    assert sum(document["faults"].values()) >= 1, "the tiny run injected no fault"
+    assert [r["kind"] for r in _rows_with(document, table="anomalies")] == list(ANOMALY_KINDS)
+    assert document["anomaly_counts"] == dict.fromkeys(ANOMALY_KINDS, 0), document["anomalies"]
+    acknowledged = _rows_with(document, table="records", kind="records acknowledged")
+    assert acknowledged and acknowledged[0]["count"] > 0
+    assert document["timeline"] and isinstance(document["seed"], int)
+
+
 CHECKS = {
     "zero_copy": _check_zero_copy,
     "file_copy": _check_file_copy,
@@ -323,6 +336,7 @@ CHECKS = {
     "compaction_offsets": _check_compaction_offsets,
     "compaction_produce": _check_compaction_produce,
     "transactions": _check_transactions,
+    "nemesis": _check_nemesis,
 }
 
 

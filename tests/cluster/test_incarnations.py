@@ -19,60 +19,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import struct
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from copyless.broker.storage.checkpoint import read_checkpoint
 from tests.cluster.test_failover import acks_all, log_batches, partition_view, read_values
 from tests.support.polling import wait_until
+from tests.support.power_loss import in_another_boot, lose_unflushed
 from tests.support.topics import unique_topic
 
 LEASE_S = 2.0
-UNSHARE = shutil.which("unshare")
-
-
-def lose_unflushed(data_dir: Path) -> int:
-    """A power loss: every log of ``data_dir`` loses what lies past its last flushed offset (the recovery
-    point checkpoint), its pages zeroed as never-written blocks of a preallocated file read. Returns the
-    number of bytes zeroed."""
-    recovery_points = read_checkpoint(data_dir / "recovery-point-offset-checkpoint")
-    zeroed = 0
-    for directory in sorted(p for p in data_dir.iterdir() if p.is_dir() and "-" in p.name):
-        topic, _, index = directory.name.rpartition("-")
-        if not index.isdigit():
-            continue
-        flushed = recovery_points.get((topic, int(index)), 0)
-        for segment in sorted(directory.glob("*.log")):
-            with open(segment, "r+b") as file:
-                data = file.read()
-                position = 0
-                while position + 61 <= len(data):
-                    base_offset, length = struct.unpack_from(">qi", data, position)
-                    last_offset = base_offset + struct.unpack_from(">i", data, position + 23)[0]
-                    if length <= 0 or last_offset >= flushed:
-                        break
-                    position += length + 12
-                file.seek(position)
-                file.write(bytes(len(data) - position))
-                file.flush()
-                os.fsync(file.fileno())
-                zeroed += len(data) - position
-    return zeroed
-
-
-def in_another_boot(broker, tmp_path: Path) -> None:
-    """Run ``broker`` from now on as after a reboot: a new boot id, seen only by it."""
-    if UNSHARE is None or os.geteuid() != 0:
-        pytest.skip("a simulated reboot needs unshare(1) and root (a mount namespace)")
-    boot_id = tmp_path / f"boot_id-{uuid.uuid4().hex[:8]}"
-    boot_id.write_text(f"{uuid.uuid4()}\n")
-    broker.wrapper = (UNSHARE, "--mount", "sh", "-c",
-                      f'mount --bind {boot_id} /proc/sys/kernel/random/boot_id && exec "$@"', "sh")
 
 
 def kill_all(cluster) -> None:

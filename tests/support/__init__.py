@@ -22,4 +22,9 @@ code could hide in the test too: the batch codec and the hand-written protocol i
     subprocesses     REPO_ROOT and python_env() for child processes that run this checkout.
     tmpfs            mounted_tmpfs(): a small real filesystem for full-disk tests; take_every_free_byte().
     (fixtures)       the one etcd (``etcd_server``, session-scoped) is in tests/conftest.py.
+    power_loss       lose_unflushed(), in_another_boot(): a simulated power loss of one broker.
+    nemesis          faults that start and heal, the stage they run on, a seeded overlapping schedule.
+    kafka_workload   the fault tests' producer, poller and group, and the History they leave.
+    checker          the pure checker of a History: Jepsen's Kafka workload anomalies.
+    jepsen           one run: workload + nemesis + heal + read back + check (suite and soak).
 """

@@ -12,7 +12,10 @@ answer: the caller's deadline passes and it sees the "maybe applied" outcome eve
 
 ``hold_watches()`` keeps every Watch stream's answers at the proxy until ``release_watches()`` (they are then
 delivered in order): the brokers' images stand still while their calls still go through, as when etcd's
-watch path lags its writes. A rule matches raw request bytes (the protobuf carries keys and values verbatim). ``url()`` stands in for
+watch path lags its writes. ``delay_s`` (0 unless set) slows etcd down as seen through the proxy: every
+unary call, and every message of a stream in either direction, waits that long first (streams stay in
+order). ``host`` picks the address the proxy listens on (a NetLab's bridge address, for brokers on hosts of
+a lab). A rule matches raw request bytes (the protobuf carries keys and values verbatim). ``url()`` stands in for
 ``EtcdProcess.url`` so a ``Cluster`` can be pointed at the proxy. The proxy runs its own event loop on a
 thread of the test process.
 """
@@ -55,9 +58,11 @@ class LostAnswer:
 
 
 class EtcdFaultProxy:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, host: str = "127.0.0.1") -> None:
         self.target = target
+        self.host = host
         self.port = 0
+        self.delay_s = 0.0
         self.rules: list[LostAnswer] = []
         self.calls = 0
         self._loop = asyncio.new_event_loop()
@@ -69,7 +74,7 @@ class EtcdFaultProxy:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def url(self, root: str | None = None) -> str:
         return f"etcd://{self.endpoint}/{root or unique_root()}"
@@ -85,7 +90,7 @@ class EtcdFaultProxy:
         self._channel = aio.insecure_channel(self.target)
         self._server = aio.server()
         self._server.add_generic_rpc_handlers([_Handler(self)])
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"{self.host}:0")
         await self._server.start()
 
     def lose_answer(self, method: str, needle: bytes, count: int = 1, *, hold_watches: bool = False) -> LostAnswer:
@@ -143,6 +148,8 @@ class _Handler(grpc.GenericRpcHandler):
 
         async def forward(request: bytes, context) -> bytes:
             proxy.calls += 1
+            if proxy.delay_s > 0:
+                await asyncio.sleep(proxy.delay_s)
             rule = proxy._rule_for(method, request)
             if rule is not None:
                 # Claimed before the call goes out, so two racing calls never both count against one rule.
@@ -164,10 +171,19 @@ class _Handler(grpc.GenericRpcHandler):
 
         async def forward(requests, context):
             proxy.calls += 1
-            upstream = proxy._channel.stream_stream(method)(requests.__aiter__())
+
+            async def slowed():
+                async for request in requests:
+                    if proxy.delay_s > 0:
+                        await asyncio.sleep(proxy.delay_s)
+                    yield request
+
+            upstream = proxy._channel.stream_stream(method)(slowed())
             async for answer in upstream:
                 if method == WATCH:
                     await proxy._watches_flowing.wait()
+                if proxy.delay_s > 0:
+                    await asyncio.sleep(proxy.delay_s)
                 yield answer
 
         return forward

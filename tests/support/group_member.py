@@ -10,6 +10,7 @@ committed synchronously; a commit that succeeded is written as its own event. Ev
     {"t": ..., "event": "consumed", "partition": p, "offset": o, "value": "..."}
     {"t": ..., "event": "committed", "offsets": {"p": next_offset, ...}}
     {"t": ..., "event": "assigned", "partitions": [...]}
+    {"t": ..., "event": "revoked", "partitions": [...]}      (kafka-python and confluent)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def run_kafka_python() -> None:
 
     class Listener(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked):
-            pass
+            emit("revoked", partitions=sorted(tp.partition for tp in revoked))
 
         def on_partitions_assigned(self, assigned):
             emit("assigned", partitions=sorted(tp.partition for tp in assigned))
@@ -64,7 +65,12 @@ def run_kafka_python() -> None:
                              client_id="member-kafka-python")
     consumer.subscribe([topic], listener=Listener())
     while not stop:
-        batch = consumer.poll(timeout_ms=200)
+        try:
+            batch = consumer.poll(timeout_ms=200)
+        except KafkaError as exc:  # a broker down or restarting: a consumer application retries
+            emit("poll_failed", error=repr(exc))
+            time.sleep(0.2)
+            continue
         if not batch:
             continue
         offsets = {}
@@ -125,12 +131,15 @@ def run_confluent() -> None:
     def on_assign(consumer, partitions):
         emit("assigned", partitions=sorted(tp.partition for tp in partitions))
 
+    def on_revoke(consumer, partitions):
+        emit("revoked", partitions=sorted(tp.partition for tp in partitions))
+
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
         "auto.offset.reset": "earliest", "session.timeout.ms": session_ms,
         "heartbeat.interval.ms": heartbeat_ms, "fetch.wait.max.ms": 100, "client.id": "member-confluent",
     })
-    consumer.subscribe([topic], on_assign=on_assign)
+    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
     while not stop:
         messages = [m for m in consumer.consume(num_messages=500, timeout=0.2) if m.error() is None]
         if not messages:

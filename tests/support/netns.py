@@ -4,7 +4,9 @@
 with one address on the bridge's subnet. The test process stays in the root namespace and reaches every
 host through the bridge, like a client on the LAN. ``cut(a, b)`` drops every packet between two hosts in
 both directions (iptables DROP rules inside each namespace), so their TCP connections stall exactly as on
-a partitioned network, while clients still reach both; ``heal`` removes the rules.
+a partitioned network, while clients still reach both; ``uncut(a, b)`` restores that link, ``heal`` every
+link. ``cut_port(host, address, port)`` drops only ``host``'s TCP traffic with one service (a proxy on the
+bridge's own address, which clients in the root namespace also use as their source address).
 
 Needs root (CAP_NET_ADMIN); ``NetLab.available()`` says whether this machine allows it, so a test can skip
 with the reason. Everything a lab creates carries its name prefix and is removed by ``close()`` (and by
@@ -58,6 +60,7 @@ class NetLab:
         self.gateway = f"{self.subnet}.1"
         self.hosts: dict[str, Host] = {}
         self._cuts: set[tuple[str, str]] = set()
+        self._port_cuts: set[tuple[str, str, int]] = set()
         self._created = False
 
     @staticmethod
@@ -128,6 +131,34 @@ class NetLab:
                 self._iptables(host, "-A", rule)
         self._cuts.add((a.name, b.name))
 
+    def uncut(self, a: Host, b: Host) -> None:
+        """Undo ``cut(a, b)`` (either order)."""
+        for key in ((a.name, b.name), (b.name, a.name)):
+            if key in self._cuts:
+                self._cuts.discard(key)
+                for host, other in ((a, b), (b, a)):
+                    for rule in self._drop_rules(host, other):
+                        self._iptables(host, "-D", rule)
+
+    @staticmethod
+    def _port_rules(address: str, port: int) -> list[list[str]]:
+        return [["OUTPUT", "-d", address, "-p", "tcp", "--dport", str(port), "-j", "DROP"],
+                ["INPUT", "-s", address, "-p", "tcp", "--sport", str(port), "-j", "DROP"]]
+
+    def cut_port(self, host: Host, address: str, port: int) -> None:
+        """Drop ``host``'s TCP packets to and from ``address:port``, silently, both ways."""
+        if (host.name, address, port) in self._port_cuts:
+            return
+        for rule in self._port_rules(address, port):
+            self._iptables(host, "-A", rule)
+        self._port_cuts.add((host.name, address, port))
+
+    def uncut_port(self, host: Host, address: str, port: int) -> None:
+        if (host.name, address, port) in self._port_cuts:
+            self._port_cuts.discard((host.name, address, port))
+            for rule in self._port_rules(address, port):
+                self._iptables(host, "-D", rule)
+
     def isolate(self, host: Host) -> None:
         """Cut ``host`` off from every other host (clients in the root namespace still reach it)."""
         for other in self.hosts.values():
@@ -141,6 +172,8 @@ class NetLab:
                 for rule in self._drop_rules(host, other):
                     self._iptables(host, "-D", rule)
         self._cuts.clear()
+        for name, address, port in list(self._port_cuts):
+            self.uncut_port(self.hosts[name], address, port)
 
     def close(self) -> None:
         for host in self.hosts.values():
