@@ -345,6 +345,8 @@ def test_article_benchmarks_are_present():
     assert set(CHECKS) <= set(_benchmark_names())
 
 
+# Each runs a benchmark module end to end (brokers, Kafka clients): 5-40 s apiece, about 5 minutes in all.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _benchmark_names())
 def test_benchmark_quick_mode_writes_json_and_chart(name, tmp_path):
     try:

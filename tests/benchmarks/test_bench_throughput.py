@@ -195,6 +195,7 @@ class _TricklingLink:
                 pass
 
 
+@pytest.mark.slow
 def test_a_consumer_starved_by_its_link_shows_it_waited(broker_factory):
     """``consumer_waited_share`` is the client waiting for records. Read through a link that trickles the
     broker's responses out (the broker advertises the link, so every connection goes through it), the

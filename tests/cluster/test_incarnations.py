@@ -39,7 +39,7 @@ def kill_all(cluster) -> None:
         broker.kill()
 
 
-@pytest.mark.parametrize("fault", ["wiped disk", "power loss", "kill -9 only"])
+@pytest.mark.parametrize("fault", ["wiped disk", "power loss", pytest.param("kill -9 only", marks=pytest.mark.slow)])
 def test_a_replica_without_the_data_its_isr_entry_promised_is_never_elected(cluster_factory, tmp_path, fault):
     cluster = cluster_factory(3, config={"offsets.topic.replication.factor": 1})
     topic = unique_topic("incarnation")

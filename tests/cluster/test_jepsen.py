@@ -37,7 +37,6 @@ PARTITIONS = 3
 SCHEDULE_LIMIT_S = 130
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_acknowledged_records_survive_overlapping_faults(tmp_path):
     available, why = NetLab.available()

@@ -78,7 +78,8 @@ def aiokafka_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("down", ["both followers", "the leader and a follower"])
+# The second variant takes 36 s and differs only in which broker is down: slow (tests/run.sh -m slow).
+@pytest.mark.parametrize("down", ["both followers", pytest.param("the leader and a follower", marks=pytest.mark.slow)])
 def test_with_two_of_three_brokers_down_acks_all_is_never_acknowledged_and_acks_1_is(cluster_factory, down):
     cluster = cluster_factory(3)
     topic = unique_topic("min-isr")

@@ -44,7 +44,8 @@ def log_end(cluster, node_id: int, topic: str) -> int:
     return batches[-1].last_offset + 1 if batches else 0
 
 
-@pytest.mark.parametrize("common", [200, 0], ids=["after-200-common-records", "from-the-first-record"])
+@pytest.mark.parametrize("common", [200, pytest.param(0, marks=pytest.mark.slow)],
+                         ids=["after-200-common-records", "from-the-first-record"])
 def test_a_deposed_leaders_unreplicated_tail_is_cut_exactly_at_the_divergence(net_cluster_factory, common):
     """``common`` records are on every replica before the leader is cut off. With none, the new leader has no
     record of the old leader's epoch at all: it must still say where that epoch ends for it (where its own

@@ -17,7 +17,8 @@ import pytest
 from tests.docker import docker_harness as harness
 from tests.support.polling import wait_until
 
-pytestmark = pytest.mark.timeout(900)
+# The etcd cluster alone (the compose cluster tests kill one of its nodes too): slow, for CI's 45 minutes.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 ETCD = ("etcd1", "etcd2", "etcd3")
 

@@ -17,7 +17,8 @@ import pytest
 from tests.docker import docker_harness as harness
 from tests.support.polling import wait_until
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_mode")]
+# Prometheus scraping the compose cluster (tests/cluster/test_cluster_metrics.py checks the metrics themselves): slow.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("cluster_mode"), pytest.mark.slow]
 
 BROKERS = {"broker1", "broker2", "broker3"}
 
