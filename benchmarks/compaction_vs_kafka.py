@@ -8,8 +8,8 @@ config file; Kafka's as a dynamic broker config) and Kafka's ``kafka.log.LogClea
 
 The same workload goes to both, on a fresh topic of one partition a round (``cleanup.policy=compact``,
 ``segment.bytes`` small enough that all but the last segment are sealed, ``min.compaction.lag.ms`` 0):
-confluent-kafka (acks=1, linger 5 ms, batches up to 128 KiB, no compression) writes every key of the key space once, each pass in a
-different order over K keys with 1 KB values. One pass, then the broker's cleaner cleans it
+confluent-kafka (acks=1, linger 5 ms, batches up to 128 KiB, no compression) writes passes of K keys with 1 KB
+values, every key once a pass, in a different order each pass. One pass, then the broker's cleaner cleans it
 (``min.cleanable.dirty.ratio`` 0.01) and goes idle: the log's clean part. Then ``min.cleanable.dirty.ratio``
 goes to 0.99 (so neither cleaner starts early) and nine more passes are written: a dirty ratio of 0.9 over
 the sealed segments. Then ``min.cleanable.dirty.ratio`` goes to 0.5 (IncrementalAlterConfigs, the same
@@ -228,6 +228,10 @@ def _measure(bench: Benchmark, side: Side, topic: str, keys: int, segment_bytes:
             "end_mb": round(cleaning.end_bytes / MIB, 2), "wall_s": round(wall, 2)}
 
 
+class BackoffNotSet(RuntimeError):
+    """Kafka refused the dynamic ``log.cleaner.backoff.ms``."""
+
+
 def _raise_kafka_cleaner_logging(kafka_home: Path, bootstrap: str) -> None:
     """``kafka.log.LogCleaner`` to INFO and the cleaner's backoff to BACKOFF_MS on the running broker (node 1)."""
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
@@ -241,7 +245,11 @@ def _raise_kafka_cleaner_logging(kafka_home: Path, bootstrap: str) -> None:
     entry = ConfigEntry("log.cleaner.backoff.ms", str(BACKOFF_MS), incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[entry])
     admin = _admin(bootstrap)
-    _wait_all(admin, admin.incremental_alter_configs([resource]))
+    try:
+        _wait_all(admin, admin.incremental_alter_configs([resource]))
+    except Exception as exc:  # only the waits grow (Kafka's default backoff is 15 s): the figures stand
+        raise BackoffNotSet(str(exc)) from exc
+
 
 
 def _kafka_available(bench: Benchmark) -> tuple[bool, str]:
@@ -287,7 +295,10 @@ def main(argv=None) -> dict[str, Any]:
             try:
                 kafka = start_kafka(bench.args.kafka_home, scratch / "kafka-data")
                 stack.callback(kafka.stop)
-                _raise_kafka_cleaner_logging(bench.args.kafka_home, kafka.bootstrap)
+                try:
+                    _raise_kafka_cleaner_logging(bench.args.kafka_home, kafka.bootstrap)
+                except BackoffNotSet as exc:
+                    bench.note(f"Kafka's log.cleaner.backoff.ms stays at its default: {exc}")
                 sides.append(Side("kafka", kafka, kafka.log_path, kafka_cleanings))
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                 kafka_state = f"failed to start: {exc}"

@@ -9,7 +9,7 @@ from benchmarks.compaction_vs_kafka import MIB, copyless_cleanings, kafka_cleani
 
 # Two cleanings as kafka.out holds them: one of another log, then a large one (thousands separators).
 KAFKA_OUT = """\
-[2026-11-28 04:20:01,100] INFO [kafka-log-cleaner-thread-0]: 
+[2026-11-28 04:20:01,100] INFO [kafka-log-cleaner-thread-0]:
 \tLog cleaner thread 0 cleaned log other-0 (dirty section = [0, 120])
 \t0.1 MB of log processed in 0.0 seconds (12.5 MB/sec).
 \tIndexed 0.1 MB in 0.0 seconds (20.0 Mb/sec, 60.0% of total time)
@@ -19,7 +19,7 @@ KAFKA_OUT = """\
 \tEnd size: 0.0 MB (10 messages)
 \t90.0% size reduction (91.7% fewer messages)
  (kafka.log.LogCleaner)
-[2026-11-28 04:20:09,512] INFO [kafka-log-cleaner-thread-0]: 
+[2026-11-28 04:20:09,512] INFO [kafka-log-cleaner-thread-0]:
 \tLog cleaner thread 0 cleaned log compacted-r0-0 (dirty section = [99876, 1000000])
 \t1,001.5 MB of log processed in 4.3 seconds (232.9 MB/sec).
 \tIndexed 901.3 MB in 1.9 seconds (474.4 Mb/sec, 44.2% of total time)
