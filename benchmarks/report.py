@@ -33,7 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 # The articles first (in seed order), then the project's own layers, then the broker end to end.
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
-         "compaction_offsets", "compaction_produce",
+         "compaction_vs_kafka", "compaction_offsets", "compaction_produce",
          "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions",
          "nemesis")
 TITLES = {
@@ -45,6 +45,7 @@ TITLES = {
     "storage": "Storage engine",
     "prefault": "The broker's pre-fault: zeros first, pwrite past it, neither",
     "compaction": "The log cleaner",
+    "compaction_vs_kafka": "Cleaning throughput: copyless's cleaner vs Kafka's",
     "compaction_offsets": "__consumer_offsets compacted: disk and load time",
     "compaction_produce": "Produce on a compacted topic beside the cleaner",
     "client": "copyless client",
@@ -242,6 +243,14 @@ def _headline_compaction(d: dict) -> str:
     return f"one cleaning of a {_fmt(d.get('log_mb'))} MiB log (median) — " + "; ".join(parts)
 
 
+def _headline_compaction_vs_kafka(d: dict) -> str:
+    return (f"{_fmt(d.get('keys'))} keys x 1 KB at a dirty ratio of 0.9: copyless "
+            f"{_fmt(_ratio(d, 'dirty_mb_per_s_copyless'))} MB/s of dirty log cleaned, Kafka "
+            f"{_fmt(_ratio(d, 'dirty_mb_per_s_kafka'))}; copyless/Kafka "
+            f"{_fmt(_ratio(d, 'copyless_over_kafka_dirty_mb_per_s'))} (median of rounds; target 1.0; "
+            f"Kafka: {d.get('kafka', '?')})")
+
+
 def _headline_compaction_offsets(d: dict) -> str:
     return (f"{_fmt(d.get('commits'))} commits of {_fmt(d.get('keys'))} keys: after one cleaning the log is "
             f"{_fmt(_ratio(d, 'bytes_after_over_live'))}x and its load {_fmt(_ratio(d, 'load_cpu_after_over_live'))}x "
@@ -264,6 +273,7 @@ def _headline_transactions(d: dict) -> str:
 HEADLINES: dict[str, Callable[[dict], str]] = {
     "compaction_produce": _headline_compaction_produce,
     "compaction_offsets": _headline_compaction_offsets,
+    "compaction_vs_kafka": _headline_compaction_vs_kafka,
     "zero_copy": _headline_zero_copy,
     "file_copy": _headline_file_copy,
     "writev": _headline_writev,
