@@ -80,7 +80,8 @@ class Partition(RuleBasedStateMachine):
     @rule(size=st.integers(1, 9 * BLOCK_BYTES))
     def append(self, size):
         active = self.active
-        end = min(active.data + size, active.capacity)
+        # Appends are serialised (Partition._log_lock): one behind a waiting append goes after its bytes.
+        end = min(max(active.data, self.need) + size, active.capacity)
         if end <= active.allocated:
             active.data = end
             if self.need and end >= self.need:
@@ -133,3 +134,23 @@ def test_grant_keeps_promises_and_needs():
                      budget=1 << 20, need_end=9000) == 9000
     assert grant_end(data_end=10, promised_end=10, capacity=8192, want_ahead=1 << 20, held_elsewhere=0,
                      budget=1 << 20) == 8192
+
+
+def test_an_append_queued_behind_a_waiting_one_goes_after_its_bytes():
+    # Found by the state machine: the second append (1 byte) waits behind the first (4097 bytes, whose
+    # blocks are promised past the spent budget), so it ends at 4098, and the excess stays the first one's.
+    state = Partition()
+    state.prepare(want=167936)
+    state.step_active(want=94208)
+    state.roll()
+    state.prepare(want=0)
+    state.roll()
+    state.append(size=4097)
+    state.blocks_within_budget()
+    state.append(size=1)
+    state.blocks_within_budget()
+    assert state.need == 4098
+    state.allocate(which=2, fails=False)  # the first one's blocks (to 4097): the retry needs 4099 now
+    state.append(size=1)
+    assert (state.active.allocated, state.active.promised, state.need) == (4097, 4099, 4099)
+    state.blocks_within_budget()
