@@ -24,7 +24,8 @@ leader cut off from etcd, each overlapped by another of them; 90 s at most. Then
 producers finish, the last stable offset must reach the high watermark everywhere, every topic is read by
 read_committed from 0, and ``tests.support.checker.check_transactions`` judges the history: no aborted or
 zombie record read, committed transactions all-or-none and exactly once, unknown ones all-or-none, every
-input's output committed exactly once, no read of a record the final read does not hold.
+input's output committed exactly once with the group's offsets just past it, no read of a record the final
+read does not hold.
 """
 
 from __future__ import annotations
@@ -412,6 +413,16 @@ def test_transactions_hold_under_overlapping_faults(tmp_path):
         ctp.join(60)
         if not _wait(lambda: _stable(bootstrap, [topic, source, sink]), 60):
             notes.append("some partition's last stable offset stayed below its high watermark 60 s after the end")
+        group_offsets = None
+        probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ctp-{seed}",
+                          "isolation.level": "read_committed", "enable.auto.commit": False})
+        try:
+            group_offsets = {tp.partition: tp.offset for tp in probe.committed(
+                [TopicPartition(source, p) for p in range(PARTITIONS)], timeout=30)}
+        except KafkaException as exc:
+            notes.append(f"the group's committed offsets could not be read: {exc}")
+        finally:
+            probe.close()
         final: dict = {}
         for name in (topic, source, sink):
             final.update(_read_committed(bootstrap, name))
@@ -422,7 +433,7 @@ def test_transactions_hold_under_overlapping_faults(tmp_path):
             history = TxnHistory(txns=list(rec.txns), reads=list(rec.reads), final=final, input_topic=source,
                                  output_topic=sink,
                                  inputs=[v for p in range(PARTITIONS) for _o, v in final[(source, p)]],
-                                 derived=dict(rec.derived))
+                                 derived=dict(rec.derived), group_offsets=group_offsets)
         anomalies = check_transactions(history)
         outcomes = Counter(t.outcome for t in history.txns)
         report = "\n".join([f"seed {seed}: transactions {dict(outcomes)}, {len(history.reads)} records read live, "

@@ -36,6 +36,7 @@ def clean() -> TxnHistory:
     h.reads += [TxnRead("r0", T, 1, 4, b"u1/1")]
     h.inputs = [b"i0", b"i1"]
     h.derived = {b"x1:i0": b"i0", b"x2:i0": b"i0", b"x2:i1": b"i1"}
+    h.group_offsets = {0: 2}
     return h
 
 
@@ -139,3 +140,13 @@ def test_an_outcome_the_checker_does_not_know_is_refused():
     h.txns[0] = dataclasses.replace(h.txns[0], outcome="maybe")
     with pytest.raises(ValueError):
         check_transactions(h)
+
+
+def test_consume_transform_produce_commits_offsets_apart_from_outputs():
+    h = clean()
+    h.group_offsets = {0: 1}  # the offset of i1 stayed behind while its output was committed
+    [a] = only(h, "ctp-offset")
+    assert a.partition == 0 and a.offset == 1 and "up to offset 1" in a.detail
+    h.group_offsets = {}
+    [a] = only(h, "ctp-offset")
+    assert a.offset is None

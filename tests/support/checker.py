@@ -325,7 +325,8 @@ def _owners(history: History) -> list[Anomaly]:
 # - ``final``: each partition of each topic read by read_committed from offset 0 to its end after every
 #   fault was healed;
 # - ``inputs`` and ``derived``: consume-transform-produce, the records of the input topic and, for every
-#   record the transforming stage wrote to the output topic, the input record it came from.
+#   record the transforming stage wrote to the output topic, the input record it came from;
+#   ``group_offsets``: the group's committed offset of each input partition at the end (None: not read).
 #
 # The checks, one anomaly kind each (``TXN_KINDS``):
 #
@@ -337,12 +338,15 @@ def _owners(history: History) -> list[Anomaly]:
 #     phantom-read        a consumer was handed a record the final read does not hold at that offset
 #     ctp-lost            an input record has no output among the committed output
 #     ctp-duplicate       an input record has more than one output among the committed output
+#     ctp-offset          the group's committed offset of an input partition is not just past the last input
+#                         whose output is committed (offsets and outputs committed apart: the transaction
+#                         committed one without the other)
 #
 # An ``unknown`` transaction may be committed or aborted, but all or none; nothing may be read of it unless
 # the final read holds all of it.
 
 TXN_KINDS = ("aborted-read", "zombie-read", "torn-txn", "lost-txn", "duplicate-record", "phantom-read",
-             "ctp-lost", "ctp-duplicate")
+             "ctp-lost", "ctp-duplicate", "ctp-offset")
 OUTCOMES = ("committed", "aborted", "unknown", "fenced")
 
 
@@ -372,6 +376,7 @@ class TxnHistory:
     output_topic: str = ""
     inputs: list[bytes] = field(default_factory=list)
     derived: dict[bytes, bytes] = field(default_factory=dict)  # output value -> input value
+    group_offsets: dict[int, int] | None = None  # input partition -> the group's committed offset
 
 
 def txn_counts(anomalies: list[Anomaly]) -> dict[str, int]:
@@ -484,4 +489,15 @@ def _ctp(history: TxnHistory, places: dict[bytes, list[tuple[str, int, int]]]) -
             where = [places[v][0] for v in got]
             out.append(Anomaly("ctp-duplicate", where[1][1], where[1][2],
                                f"input {value!r} has {len(got)} committed outputs: {got} at {where}"))
+    if history.group_offsets is not None:
+        for (topic, p), records in sorted(history.final.items()):
+            if topic != history.input_topic:
+                continue
+            done = [offset for offset, value in records if outputs.get(value)]
+            expected = max(done) + 1 if done else None
+            committed = history.group_offsets.get(p)
+            if expected is not None and committed != expected:
+                out.append(Anomaly("ctp-offset", p, committed,
+                                   f"the group committed {committed} for input partition {p}; the committed "
+                                   f"outputs cover inputs up to offset {expected - 1}"))
     return out
