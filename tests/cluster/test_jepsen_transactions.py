@@ -18,9 +18,10 @@ librdkafka (confluent-kafka) in threads of the test process:
   rewinding to the committed offsets);
 - two read_committed readers of the transactions' and output topics from offset 0, while the faults run.
 
-The nemesis runs four steps seeded from ``COPYLESS_JEPSEN_SEED`` (else at random, printed): kill -9 of a
+The nemesis runs six steps seeded from ``COPYLESS_JEPSEN_SEED`` (else at random, printed): kill -9 of a
 partition leader, kill -9 of a transaction coordinator's broker, SIGSTOP of a leader past its lease, a
-leader cut off from etcd, each overlapped by another of them; 90 s at most. Then everything is healed, the
+leader cut off from etcd, each leading one step overlapped by another of them, then two pairs drawn at
+random; 90 s at most. Then everything is healed, the
 producers finish, the last stable offset must reach the high watermark everywhere, every topic is read by
 read_committed from 0, and ``tests.support.checker.check_transactions`` judges the history: no aborted or
 zombie record read, committed transactions all-or-none and exactly once, unknown ones all-or-none, every
@@ -330,7 +331,8 @@ def _read_committed(bootstrap: str, topic: str, timeout_s: float = 60) -> dict[t
 
 
 def _steps(seed: int, tids: list[str]) -> list[Step]:
-    """Four steps, each of the four faults leading one and partnering another, starting inside its hold."""
+    """Six steps: each of the four faults leads one and partners another, starting inside its hold; then two
+    pairs drawn at random."""
     rng = random.Random(seed)
 
     def fault(kind: str):
@@ -349,6 +351,9 @@ def _steps(seed: int, tids: list[str]) -> list[Step]:
     steps = []
     for lead_kind, partner_kind in zip(leads, partners, strict=True):
         lead, partner = fault(lead_kind), fault(partner_kind)
+        steps.append(Step([(0.0, lead), (round(rng.uniform(0.0, lead.hold_s), 2), partner)], rng.uniform(1.0, 3.0)))
+    for _extra in range(2):  # two more pairs drawn freely: a kind may meet itself (two coordinators killed)
+        lead, partner = fault(rng.choice(leads)), fault(rng.choice(leads))
         steps.append(Step([(0.0, lead), (round(rng.uniform(0.0, lead.hold_s), 2), partner)], rng.uniform(1.0, 3.0)))
     return steps
 
