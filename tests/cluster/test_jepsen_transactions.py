@@ -65,6 +65,10 @@ class Recorder:
     covered: set[bytes] = field(default_factory=set)  # inputs whose output the client saw committed
     inputs_acked: set[bytes] = field(default_factory=set)
     fencing_failures: list[str] = field(default_factory=list)
+    # Replaced producer instances, kept until the run is over. librdkafka 2.16 once corrupted the test
+    # process' heap ("tcache_thread_shutdown(): unaligned tcache chunk detected", seed 555830) destroying a
+    # fenced instance right after its fatal error; an instance released only after the run cannot race that.
+    retired: list = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -78,8 +82,11 @@ class Recorder:
             self.errors[f"{where}: {error.name() if error is not None else type(exc).__name__}"] += 1
 
 
-def _producer(bootstrap: str, tid: str, stop: threading.Event) -> Producer:
-    """A new instance of ``tid``, initialised (which fences every older one); retried until it works."""
+def _producer(bootstrap: str, tid: str, stop: threading.Event, rec: Recorder, old: Producer | None = None) -> Producer:
+    """A new instance of ``tid``, initialised (which fences every older one); retried until it works.
+    ``old`` (and every instance that failed to start) is retired, not destroyed (``Recorder.retired``)."""
+    if old is not None:
+        rec.retired.append(old)
     while True:
         producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
                              "transaction.timeout.ms": TXN_TIMEOUT_MS, "linger.ms": 2,
@@ -88,6 +95,7 @@ def _producer(bootstrap: str, tid: str, stop: threading.Event) -> Producer:
             producer.init_transactions(CALL_TIMEOUT_S)
             return producer
         except KafkaException:
+            rec.retired.append(producer)
             if stop.is_set():
                 raise
             time.sleep(0.5)
@@ -128,7 +136,7 @@ def _end(producer: Producer, commit: bool, rec: Recorder, where: str) -> tuple[s
 def _transactions(bootstrap: str, topic: str, name: str, seed: int, rec: Recorder, stop: threading.Event) -> None:
     rng = random.Random(seed)
     tid = f"{name}-{seed}"
-    producer = _producer(bootstrap, tid, stop)
+    producer = _producer(bootstrap, tid, stop, rec)
     number = 0
     while not stop.is_set():
         txn = f"{name}.{number}"
@@ -145,7 +153,7 @@ def _transactions(bootstrap: str, topic: str, name: str, seed: int, rec: Recorde
         outcome, usable = _end(producer, commit, rec, name)
         rec.txn(tid, txn, outcome, records)
         if not usable:
-            producer = _producer(bootstrap, tid, stop)  # the old instance is fenced; its open transaction aborted
+            producer = _producer(bootstrap, tid, stop, rec, producer)  # fences the old one, aborting its transaction
         time.sleep(rng.uniform(0.0, 0.05))
     producer.flush(10)
 
@@ -153,7 +161,7 @@ def _transactions(bootstrap: str, topic: str, name: str, seed: int, rec: Recorde
 def _zombies(bootstrap: str, topic: str, seed: int, rec: Recorder, stop: threading.Event) -> None:
     tid = f"zombie-{seed}"
     rng = random.Random(seed)
-    current = _producer(bootstrap, tid, stop)
+    current = _producer(bootstrap, tid, stop, rec)
     number = 0
     while not stop.is_set():
         txn = f"zombie.{number}"
@@ -166,7 +174,7 @@ def _zombies(bootstrap: str, topic: str, seed: int, rec: Recorder, stop: threadi
             current.flush(CALL_TIMEOUT_S)
         except KafkaException as exc:
             rec.error("zombie produce", exc)
-        heir = _producer(bootstrap, tid, stop)  # fences ``current``: its open transaction is aborted
+        heir = _producer(bootstrap, tid, stop, rec)  # fences ``current``: its open transaction is aborted
         late = [(topic, p, f"{txn}/late{p}".encode()) for p in range(PARTITIONS)]
         try:
             for _topic, p, value in late:
@@ -176,6 +184,7 @@ def _zombies(bootstrap: str, topic: str, seed: int, rec: Recorder, stop: threadi
         except KafkaException as exc:
             rec.error("zombie commit (expected)", exc)
         rec.txn(f"{tid}#{number}", txn, "fenced", records + late)
+        rec.retired.append(current)
         current = heir
         heir_txn = f"zombie.{number}.heir"
         heir_records = [(topic, p, f"{heir_txn}/{p}".encode()) for p in range(PARTITIONS)]
@@ -188,7 +197,7 @@ def _zombies(bootstrap: str, topic: str, seed: int, rec: Recorder, stop: threadi
         outcome, usable = _end(current, True, rec, "heir")
         rec.txn(f"{tid}#{number + 1}", heir_txn, outcome, heir_records)
         if not usable:
-            current = _producer(bootstrap, tid, stop)
+            current = _producer(bootstrap, tid, stop, rec, current)
         stop.wait(rng.uniform(1.0, 3.0))
 
 
@@ -236,7 +245,7 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
             return consumer()
 
     c = consumer()
-    producer = _producer(bootstrap, tid, stop)
+    producer = _producer(bootstrap, tid, stop, rec)
     number = 0
     try:
         while not stop.is_set():
@@ -269,7 +278,7 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
                 with rec.lock:
                     rec.covered.update(sources)
             if not usable:
-                producer = _producer(bootstrap, tid, stop)  # fences the old instance first: then rewind
+                producer = _producer(bootstrap, tid, stop, rec, producer)  # fences the old one: then rewind
             if outcome != "committed":
                 c = rewind(c)
             time.sleep(0.1)
