@@ -69,6 +69,7 @@ class Recorder:
     # process' heap ("tcache_thread_shutdown(): unaligned tcache chunk detected", seed 555830) destroying a
     # fenced instance right after its fatal error; an instance released only after the run cannot race that.
     retired: list = field(default_factory=list)
+    ctp_state: str = ""
     errors: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -253,7 +254,13 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
     number = 0
     try:
         while not stop.is_set():
-            messages = [m for m in c.consume(num_messages=5, timeout=0.5) if m.error() is None]
+            messages = []
+            for m in c.consume(num_messages=5, timeout=0.5):
+                if m.error() is None:
+                    messages.append(m)
+                else:
+                    with rec.lock:
+                        rec.errors[f"ctp consume: {m.error().name()}"] += 1
             if not messages:
                 continue
             txn = f"ctp.{number}"
@@ -287,6 +294,12 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
                 c = rewind(c)
             time.sleep(0.1)
     finally:
+        try:  # where the stage stood, for the report
+            assigned = c.assignment()
+            rec.ctp_state = (f"transactions {number}, assignment {[tp.partition for tp in assigned]}, positions "
+                             f"{[(tp.partition, tp.offset) for tp in c.position(assigned)]}")
+        except KafkaException as exc:
+            rec.ctp_state = f"transactions {number}, assignment unknown: {exc}"
         c.close()
 
 
@@ -465,6 +478,7 @@ def test_transactions_hold_under_overlapping_faults(tmp_path):
         outcomes = Counter(t.outcome for t in history.txns)
         report = "\n".join([f"seed {seed}: transactions {dict(outcomes)}, {len(history.reads)} records read live, "
                             f"{len(history.inputs)} inputs, client errors {dict(rec.errors)}; "
+                            f"consume-transform-produce at the end: {rec.ctp_state}; "
                             f"faults {nemesis.injected}; anomalies {txn_counts(anomalies)}",
                             *(f"  anomaly {a}" for a in anomalies[:30]), *(f"  note: {n}" for n in notes),
                             *(f"  fencing: {f}" for f in rec.fencing_failures), "timeline:", *nemesis.timeline,
