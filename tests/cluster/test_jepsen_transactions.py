@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -444,6 +446,10 @@ def test_transactions_hold_under_overlapping_faults(tmp_path):
                          f"{len(rec.inputs_acked - rec.covered)} left")
         stop_ctp.set()
         ctp.join(60)
+        if ctp.is_alive():  # where it hangs, for the report
+            frame = sys._current_frames().get(ctp.ident)
+            notes.append("consume-transform-produce still running 60 s after its stop: "
+                         + "".join(traceback.format_stack(frame)[-4:]) if frame else "(no frame)")
         if not _wait(lambda: _stable(bootstrap, [topic, source, sink]), 60):
             notes.append("some partition's last stable offset stayed below its high watermark 60 s after the end")
         group_offsets = None
