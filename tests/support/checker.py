@@ -29,7 +29,9 @@ The checks are those of Jepsen's Kafka workload, one anomaly kind each (``KINDS`
     two-owners             two group members held one partition at the same time
 
 ``check(history)`` returns every anomaly found, ``counts(anomalies)`` the number by kind (every kind
-present, 0 where none).
+present, 0 where none). Transactions have a history and checks of their own (``TxnHistory``,
+``check_transactions``, ``TXN_KINDS``: aborted and zombie reads, torn and lost transactions, consume-transform-
+produce exactly once), described where they are defined below.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from dataclasses import dataclass, field
 from tests.support.batches import records_of
 
 __all__ = ["Send", "Ack", "Poll", "Seek", "ReplicaBatch", "LeaderClaim", "Ownership", "History", "Anomaly",
-           "KINDS", "check", "counts"]
+           "KINDS", "check", "counts", "Txn", "TxnRead", "TxnHistory", "TXN_KINDS", "check_transactions",
+           "txn_counts"]
 
 KINDS = ("lost", "duplicate", "divergent-offset", "truncated-read", "nonmonotonic-send", "nonmonotonic-poll",
          "poll-skip", "replica-divergence", "two-leaders-one-epoch", "two-owners")
@@ -305,4 +308,196 @@ def _owners(history: History) -> list[Anomaly]:
                     out.append(Anomaly("two-owners", partition, None,
                                        f"{first.member} held it {first.start:.3f}-{first.end:.3f} and "
                                        f"{second.member} {second.start:.3f}-{second.end:.3f}"))
+    return out
+
+
+# -- transactions ------------------------------------------------------------------------------------------
+#
+# A transactional run (tests/cluster/test_jepsen_transactions.py) has a history of its own (``TxnHistory``):
+#
+# - ``txns``: every transaction a client began (``producer`` instance, ``txn`` id unique in the run, the
+#   records it handed its client as (topic, partition, value), every value unique in the run) with the
+#   outcome as far as that client knows: ``committed`` (commit returned), ``aborted`` (abort returned, or
+#   it never asked to commit), ``unknown`` (commit raised and nothing settled it) or ``fenced`` (a newer
+#   instance of its transactional id was initialised while it was open: a zombie);
+# - ``reads``: every record a read_committed consumer was handed while the faults ran
+#   (``reader``, topic, partition, offset, value);
+# - ``final``: each partition of each topic read by read_committed from offset 0 to its end after every
+#   fault was healed;
+# - ``inputs`` and ``derived``: consume-transform-produce, the records of the input topic and, for every
+#   record the transforming stage wrote to the output topic, the input record it came from;
+#   ``group_offsets``: the group's committed offset of each input partition at the end (None: not read).
+#
+# The checks, one anomaly kind each (``TXN_KINDS``):
+#
+#     aborted-read        a read_committed consumer was handed a record of an aborted transaction
+#     zombie-read         ... a record of a transaction whose producer had been fenced
+#     torn-txn            a committed (or unknown) transaction is in the final read in part only
+#     lost-txn            a committed transaction is not in the final read at all
+#     duplicate-record    a record is in the final read twice, or was read at two offsets
+#     phantom-read        a consumer was handed a record the final read does not hold at that offset
+#     ctp-lost            an input record has no output among the committed output
+#     ctp-duplicate       an input record has more than one output among the committed output
+#     ctp-offset          the group's committed offset of an input partition is not just past the last input
+#                         whose output is committed (offsets and outputs committed apart: the transaction
+#                         committed one without the other)
+#
+# An ``unknown`` transaction may be committed or aborted, but all or none; nothing may be read of it unless
+# the final read holds all of it.
+
+TXN_KINDS = ("aborted-read", "zombie-read", "torn-txn", "lost-txn", "duplicate-record", "phantom-read",
+             "ctp-lost", "ctp-duplicate", "ctp-offset")
+OUTCOMES = ("committed", "aborted", "unknown", "fenced")
+
+
+@dataclass(frozen=True)
+class Txn:
+    producer: str
+    txn: str
+    outcome: str
+    records: tuple[tuple[str, int, bytes], ...]  # (topic, partition, value)
+
+
+@dataclass(frozen=True)
+class TxnRead:
+    reader: str
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass
+class TxnHistory:
+    txns: list[Txn] = field(default_factory=list)
+    reads: list[TxnRead] = field(default_factory=list)
+    final: dict[tuple[str, int], list[tuple[int, bytes]]] = field(default_factory=dict)
+    input_topic: str = ""
+    output_topic: str = ""
+    inputs: list[bytes] = field(default_factory=list)
+    derived: dict[bytes, bytes] = field(default_factory=dict)  # output value -> input value
+    group_offsets: dict[int, int] | None = None  # input partition -> the group's committed offset
+
+
+def txn_counts(anomalies: list[Anomaly]) -> dict[str, int]:
+    out = dict.fromkeys(TXN_KINDS, 0)
+    for anomaly in anomalies:
+        out[anomaly.kind] += 1
+    return out
+
+
+def check_transactions(history: TxnHistory) -> list[Anomaly]:
+    for t in history.txns:
+        if t.outcome not in OUTCOMES:
+            raise ValueError(f"transaction {t.txn}: outcome {t.outcome!r} is none of {OUTCOMES}")
+    owner = {value: t for t in history.txns for _topic, _p, value in t.records}
+    # Where each value is in the final read: (topic, partition, offset) places, in order.
+    places: dict[bytes, list[tuple[str, int, int]]] = defaultdict(list)
+    for (topic, p), records in sorted(history.final.items()):
+        for offset, value in records:
+            places[value].append((topic, p, offset))
+    found: list[Anomaly] = []
+    found += _forbidden_reads(history, owner, places)
+    found += _atomicity(history, places)
+    found += _txn_duplicates(history, places)
+    found += _phantoms(history)
+    found += _ctp(history, places)
+    return found
+
+
+def _forbidden_reads(history: TxnHistory, owner: dict[bytes, Txn],
+                     places: dict[bytes, list[tuple[str, int, int]]]) -> list[Anomaly]:
+    out = []
+    seen = [("final", topic, p, offset, value) for value, where in places.items() for topic, p, offset in where]
+    seen += [(r.reader, r.topic, r.partition, r.offset, r.value) for r in history.reads]
+    for reader, topic, p, offset, value in seen:
+        t = owner.get(value)
+        if t is None or t.outcome not in ("aborted", "fenced"):
+            continue
+        kind = "aborted-read" if t.outcome == "aborted" else "zombie-read"
+        out.append(Anomaly(kind, p, offset, f"{reader} read {value!r} of {t.outcome} transaction {t.txn} "
+                                            f"({t.producer}) in {topic}"))
+    return out
+
+
+def _atomicity(history: TxnHistory, places: dict[bytes, list[tuple[str, int, int]]]) -> list[Anomaly]:
+    out = []
+    for t in history.txns:
+        if t.outcome not in ("committed", "unknown") or not t.records:
+            continue
+        present = [r for r in t.records if places.get(r[2])]
+        missing = [r for r in t.records if not places.get(r[2])]
+        if present and missing:
+            topic, p, value = missing[0]
+            out.append(Anomaly("torn-txn", p, None,
+                               f"{t.outcome} transaction {t.txn} ({t.producer}): {len(present)} of "
+                               f"{len(t.records)} records in the final read; missing {value!r} of {topic} "
+                               f"and {len(missing) - 1} more"))
+        elif missing and t.outcome == "committed":
+            out.append(Anomaly("lost-txn", t.records[0][1], None,
+                               f"committed transaction {t.txn} ({t.producer}): none of its {len(t.records)} "
+                               f"records in the final read"))
+    return out
+
+
+def _txn_duplicates(history: TxnHistory, places: dict[bytes, list[tuple[str, int, int]]]) -> list[Anomaly]:
+    out = []
+    for value, where in places.items():
+        if len(where) > 1:
+            topic, p, offset = where[1]
+            out.append(Anomaly("duplicate-record", p, offset,
+                               f"{value!r} is in the final read {len(where)} times: {where}"))
+    read_at: dict[tuple[str, bytes], set[tuple[int, int]]] = defaultdict(set)
+    for r in history.reads:
+        read_at[(r.topic, r.value)].add((r.partition, r.offset))
+    for (topic, value), where in read_at.items():
+        if len(where) > 1:
+            p, offset = sorted(where)[1]
+            out.append(Anomaly("duplicate-record", p, offset,
+                               f"{value!r} of {topic} was read at {len(where)} places: {sorted(where)}"))
+    return out
+
+
+def _phantoms(history: TxnHistory) -> list[Anomaly]:
+    final = {key: dict(records) for key, records in history.final.items()}
+    out = []
+    for r in history.reads:
+        there = final.get((r.topic, r.partition), {}).get(r.offset)
+        if there != r.value:
+            out.append(Anomaly("phantom-read", r.partition, r.offset,
+                               f"{r.reader} read {r.value!r} of {r.topic}; the final read holds {there!r} there"))
+    return out
+
+
+def _ctp(history: TxnHistory, places: dict[bytes, list[tuple[str, int, int]]]) -> list[Anomaly]:
+    if not history.inputs:
+        return []
+    outputs: dict[bytes, list[bytes]] = defaultdict(list)
+    for (topic, _p), records in history.final.items():
+        if topic != history.output_topic:
+            continue
+        for _offset, value in records:
+            source = history.derived.get(value)
+            if source is not None:
+                outputs[source].append(value)
+    out = []
+    for value in history.inputs:
+        got = outputs.get(value, [])
+        if not got:
+            out.append(Anomaly("ctp-lost", None, None, f"input {value!r} has no committed output"))
+        elif len(got) > 1:
+            where = [places[v][0] for v in got]
+            out.append(Anomaly("ctp-duplicate", where[1][1], where[1][2],
+                               f"input {value!r} has {len(got)} committed outputs: {got} at {where}"))
+    if history.group_offsets is not None:
+        for (topic, p), records in sorted(history.final.items()):
+            if topic != history.input_topic:
+                continue
+            done = [offset for offset, value in records if outputs.get(value)]
+            expected = max(done) + 1 if done else None
+            committed = history.group_offsets.get(p)
+            if expected is not None and committed != expected:
+                out.append(Anomaly("ctp-offset", p, committed,
+                                   f"the group committed {committed} for input partition {p}; the committed "
+                                   f"outputs cover inputs up to offset {expected - 1}"))
     return out

@@ -25,6 +25,9 @@ happens only where the process is dead).
     power-loss        kill -9, every log cut to its last flushed offset, and a restart in another boot
     double-failover   the leader killed, then the new leader killed 0-1000 ms after it took over
     controller-and-leader  the controller and a partition leader killed together
+    kill-txn-coordinator   kill -9 of the broker coordinating a transactional id (the leader of its
+                      ``__transaction_state`` partition); restarted at heal. Not drawn by ``schedule``: the
+                      transactional test builds its steps with it (``TxnCoordinatorKill``)
 
 ``schedule(seed, kinds)`` yields steps forever, a function of the seed only: each step is one to three
 faults whose starts fall inside the first one's hold, so they overlap. ``Nemesis.run(steps, seconds)``
@@ -52,7 +55,7 @@ from tests.support.netns import NetLab
 from tests.support.power_loss import in_another_boot, lose_unflushed
 from tests.support.tmpfs import mounted_tmpfs, take_every_free_byte
 
-__all__ = ["Stage", "stage", "Fault", "KINDS", "CORE_KINDS", "schedule", "Nemesis", "NoTarget"]
+__all__ = ["Stage", "stage", "Fault", "Kill", "Pause", "EtcdCutLeader", "TxnCoordinatorKill", "KINDS", "CORE_KINDS", "schedule", "Nemesis", "NoTarget"]
 
 LEASE_S = 2.0  # broker.session.timeout.ms of CLUSTER_TEST_CONFIG
 # Each broker's disk: the logs of a test topic and of __consumer_offsets need a few MiB each (segments own
@@ -124,6 +127,27 @@ class Stage:
         if not candidates:
             raise NoTarget(f"no live follower of partition {partition}")
         return self.rng.choice(sorted(candidates))
+
+    def txn_coordinator(self, transactional_id: str) -> int:
+        """The live broker leading ``transactional_id``'s partition of ``__transaction_state`` (the highest
+        leader epoch any reachable broker reports)."""
+        from copyless.broker.txn.log import TXN_TOPIC, partition_for
+        best = None
+        for node, broker in self.cluster.brokers.items():
+            if not broker.alive() or self._pauses.get(node):
+                continue
+            try:
+                parts = read_metadata(broker.bootstrap, [TXN_TOPIC], timeout_s=2.0).topics.get(TXN_TOPIC, {})
+            except Exception:  # noqa: BLE001 - no answer from this one
+                continue
+            if not parts:
+                continue
+            part = parts.get(partition_for(transactional_id, len(parts)))
+            if part is not None and part.leader > 0 and (best is None or part.leader_epoch > best.leader_epoch):
+                best = part
+        if best is None or not self.cluster.brokers[best.leader].alive():
+            raise NoTarget(f"no live coordinator of {transactional_id}")
+        return best.leader
 
     def controller(self) -> int:
         view = self.view()
@@ -504,6 +528,22 @@ class ControllerAndLeader(Fault):
         for node in self.nodes:
             stage.revive(node)
         return f"brokers {list(self.nodes)} restarted"
+
+
+@dataclass
+class TxnCoordinatorKill(Fault):
+    kind = "kill-txn-coordinator"
+    transactional_id: str = ""
+    node: int = 0
+
+    def start(self, stage):
+        self.node = stage.txn_coordinator(self.transactional_id)
+        stage.kill(self.node)
+        return f"kill -9 broker {self.node} (transaction coordinator of {self.transactional_id})"
+
+    def heal(self, stage):
+        stage.revive(self.node)
+        return f"broker {self.node} restarted"
 
 
 def _draw(kind: str, rng: random.Random, partitions: int) -> Fault:
