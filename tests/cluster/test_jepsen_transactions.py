@@ -400,6 +400,10 @@ def _wait(condition, seconds: float) -> bool:
     return False
 
 
+# Left out of CI (slow): in 2 of 6 runs the consume-transform-produce stage stopped making progress after a
+# leader and then a coordinator kill, with no client error recorded (ctp-lost); the same seeds passed on replay.
+# Until the stall is understood (a librdkafka call that never returns, or a broker that never answers), the run
+# records the stage's errors, assignment, positions and the hung thread's stack. No transaction check failed.
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_transactions_hold_under_overlapping_faults(tmp_path):
