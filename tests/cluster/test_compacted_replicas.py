@@ -12,16 +12,16 @@ its segment files (tests.support.log_files) and the cleanings are counted by eac
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from tests.support.batches import records_of
 from tests.support.cluster import Cluster
 from tests.support.log_files import read_partition_log
 from tests.support.metrics import metrics_address, scrape, value
 from tests.support.polling import wait_until
+from tests.support.read_back import read_partition_to_end
 from tests.support.topics import unique_topic
 
 pytestmark = pytest.mark.timeout(300)
@@ -112,29 +112,6 @@ def cleanings(address, topic: str) -> float:
         return 0
 
 
-def read_topic(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
-    """The whole partition, from its first offset to its end, with confluent-kafka."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"compacted-{time.monotonic_ns()}",
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    break
-                raise AssertionError(message.error())
-            out.append((message.offset(), message.key(), message.value()))
-    finally:
-        consumer.close()
-    assert time.monotonic() < deadline, "confluent-kafka never reached the partition's end"
-    return out
-
-
 def wait_cleaned(cluster: Cluster, addresses: dict, nodes, topic: str, written: dict) -> None:
     """Until each of ``nodes`` counted a cleaning of the partition and its log holds less than half the
     records written."""
@@ -177,7 +154,7 @@ def test_replicas_clean_alone_agree_and_survive_the_leaders_kill(cluster_factory
     assert min(more) == high_watermark
     written.update(more)
     expected = latest_of((offset, key, payload) for offset, (key, payload) in written.items())
-    read = read_topic(cluster.brokers[moved.leader].bootstrap, topic)
+    read = read_partition_to_end(cluster.brokers[moved.leader].bootstrap, topic)
     assert read and read[-1][0] == max(written)
     end = max(written) + 1
     assert check_replica(read, written, end) == expected

@@ -10,12 +10,13 @@ import subprocess
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition as CTopicPartition
+from confluent_kafka import KafkaError, Producer
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from tests.support.broker_process import TEST_BROKER_CONFIG, BrokerProcess
 from tests.support.polling import wait_until
+from tests.support.read_back import read_partition_to_end
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,28 +103,6 @@ def read_kafka_python(bootstrap: str, end: int):
     return out
 
 
-def read_confluent(bootstrap: str, end: int):
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.partition.eof": True,
-                         "enable.auto.commit": False})
-    consumer.assign([CTopicPartition(TOPIC, 0, 0)])
-    out = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    break
-                raise AssertionError(message.error())
-            out.append((message.offset(), message.key(), message.value()))
-    finally:
-        consumer.close()
-    assert time.monotonic() < deadline, "confluent-kafka never reached the end"
-    return out
-
-
 def test_kafka_python_reads_the_compacted_log(compacted):
     broker, written, latest = compacted
     check(read_kafka_python(broker.bootstrap, max(written) + 1), written, latest)
@@ -131,7 +110,7 @@ def test_kafka_python_reads_the_compacted_log(compacted):
 
 def test_confluent_kafka_reads_the_compacted_log(compacted):
     broker, written, latest = compacted
-    check(read_confluent(broker.bootstrap, max(written) + 1), written, latest)
+    check(read_partition_to_end(broker.bootstrap, TOPIC), written, latest)
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")

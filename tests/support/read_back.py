@@ -1,10 +1,15 @@
-"""Reading a topic back with the project's own consumer and checking it against what was acknowledged: the
-exactly-once check the client's failover tests share (through cut connections, through a leader kill)."""
+"""Reading a topic back and checking it against what was acknowledged: with the project's own consumer, the
+exactly-once check the client's failover tests share (through cut connections, through a leader kill); with
+confluent-kafka, one partition read whole to its end (the compacted-topic tests, which read through gaps)."""
 
 from __future__ import annotations
 
 import collections
 import time
+
+from confluent_kafka import Consumer as ConfluentConsumer
+from confluent_kafka import KafkaError
+from confluent_kafka import TopicPartition as ConfluentTopicPartition
 
 from copyless.client import Consumer, TopicPartition
 
@@ -39,3 +44,27 @@ def assert_exactly_once(acknowledged: dict, records: list) -> None:
     assert not missing, f"{len(missing)} acknowledged records missing or different, e.g. {list(missing.items())[:3]}"
     duplicated = [v for v, n in collections.Counter(stored.values()).items() if n > 1]
     assert not duplicated, f"values written twice: {duplicated[:5]}"
+
+
+def read_partition_to_end(bootstrap: str, topic: str, partition: int = 0,
+                          timeout_s: float = 60.0) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of one partition, from its first offset until confluent-kafka
+    reports the partition's end. Raises AssertionError on a consumer error or when the end never comes."""
+    consumer = ConfluentConsumer({"bootstrap.servers": bootstrap, "group.id": f"read-back-{time.monotonic_ns()}",
+                                  "enable.partition.eof": True, "enable.auto.commit": False})
+    consumer.assign([ConfluentTopicPartition(topic, partition, 0)])
+    out = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(message.error())
+            out.append((message.offset(), message.key(), message.value()))
+    finally:
+        consumer.close()
+    raise AssertionError(f"confluent-kafka never reached the end of {topic}-{partition}")
