@@ -15,33 +15,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from confluent_kafka import Producer
 from kio.schema.errors import ErrorCode
 
 from tests.support.batches import build_batch, records_of
+from tests.support.cluster import log_end, produce_acks_all
 from tests.support.kio_requests import KafkaWire, produce
 from tests.support.log_files import read_partition_log
 from tests.support.polling import wait_until
 from tests.support.topics import unique_topic
-
-
-def produce_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list[int]:
-    """An idempotent acks=all librdkafka producer; every value must be acknowledged. Returns the offsets."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "message.timeout.ms": 30000})
-    results: dict[int, object] = {}
-    for index, value in enumerate(values):
-        producer.produce(topic, value, partition=0,
-                         on_delivery=lambda err, msg, i=index: results.__setitem__(i, err or msg.offset()))
-    assert producer.flush(60) == 0, "acks=all records still undelivered after 60 s"
-    errors = {i: r for i, r in results.items() if not isinstance(r, int)}
-    assert not errors, f"{len(errors)} acks=all records not acknowledged, the first: {next(iter(errors.items()))}"
-    return [results[i] for i in range(len(values))]
-
-
-def log_end(cluster, node_id: int, topic: str) -> int:
-    batches = read_partition_log(cluster.brokers[node_id].data_dir, topic, 0)
-    return batches[-1].last_offset + 1 if batches else 0
 
 
 @pytest.mark.parametrize("common", [200, pytest.param(0, marks=pytest.mark.slow)],

@@ -20,12 +20,14 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import Producer
 from kio.schema.metadata.v8 import request as metadata_v8
 from kio.schema.metadata.v8 import response as metadata_v8_response
 
 from tests.support.broker_process import TEST_BROKER_CONFIG, BrokerProcess
 from tests.support.etcd import EtcdProcess, unique_root
 from tests.support.kio_requests import KafkaWire
+from tests.support.log_files import read_partition_log
 from tests.support.netns import Host, NetLab
 from tests.support.polling import wait_until
 
@@ -205,3 +207,24 @@ class Cluster:
 
     def log_texts(self) -> str:
         return "\n".join(f"---- broker {i}:\n{b.log_tail(4000)}" for i, b in self.brokers.items())
+
+
+def produce_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list[int]:
+    """An idempotent acks=all librdkafka producer to partition 0; every value must be acknowledged. Returns the
+    offsets, in the order of ``values``."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "message.timeout.ms": 40000})
+    results: dict[int, object] = {}
+    for index, value in enumerate(values):
+        producer.produce(topic, value, partition=0,
+                         on_delivery=lambda err, msg, i=index: results.__setitem__(i, err or msg.offset()))
+    assert producer.flush(60) == 0, "acks=all records still undelivered after 60 s"
+    errors = {i: r for i, r in results.items() if not isinstance(r, int)}
+    assert not errors, f"{len(errors)} acks=all records not acknowledged, the first: {next(iter(errors.items()))}"
+    return [results[i] for i in range(len(values))]
+
+
+def log_end(cluster: "Cluster", node_id: int, topic: str) -> int:
+    """The end offset of partition 0 of ``topic`` in broker ``node_id``'s log files, read from disk."""
+    batches = read_partition_log(cluster.brokers[node_id].data_dir, topic, 0)
+    return batches[-1].last_offset + 1 if batches else 0
