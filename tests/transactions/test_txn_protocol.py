@@ -28,6 +28,7 @@ from kio.schema.offset_fetch.v7 import request as fetch_offsets_v7
 from kio.schema.offset_fetch.v8 import request as fetch_offsets_v8
 from kio.schema.produce.v8 import request as produce_v8
 from kio.schema.txn_offset_commit.v3 import request as txn_commit_v3
+from kio.schema.write_txn_markers.v1 import request as markers_v1
 
 from tests.support import batches
 from tests.support.kio_requests import MS, KafkaWire, create_topic
@@ -361,3 +362,39 @@ def test_txn_offset_commit_v3_names_a_member_the_group_must_know(wire):
     assert _txn_commit(wire, tid, pid, epoch, group, topic, {0: 1}) == {0: ErrorCode.none}
     assert _end(wire, tid, pid, epoch, commit=True) == ErrorCode.none
     assert _fetch_offsets(wire, group, topic, [0], stable=True) == {0: (ErrorCode.none, 1)}
+
+
+# --- WriteTxnMarkers: the coordinator epoch ------------------------------------------------------------------
+
+
+def _marker(wire, topic, pid, epoch, coordinator_epoch, commit=True):
+    response = wire.request(markers_v1.WriteTxnMarkersRequest(markers=(markers_v1.WritableTxnMarker(
+        producer_id=pid, producer_epoch=epoch, transaction_result=commit, coordinator_epoch=coordinator_epoch,
+        topics=(markers_v1.WritableTxnMarkerTopic(name=topic, partition_indexes=(0,)),)),)))
+    return ErrorCode(response.markers[0].topics[0].partitions[0].error_code)
+
+
+def test_a_marker_from_an_older_coordinator_epoch_is_fenced_also_after_a_restart(broker_factory):
+    """Kafka's checkCoordinatorEpoch: once a partition has a producer's marker at coordinator epoch E, a
+    marker at an older epoch (a deposed coordinator's late retry) is refused with
+    TRANSACTION_COORDINATOR_FENCED and leaves the transaction open; the epoch is rebuilt from the log."""
+    broker = broker_factory()
+    wire = KafkaWire(broker.port)
+    topic, tid, pid, epoch = _setup(wire)
+    assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _produce(wire, topic, _txn_batch([b"a"], pid, epoch, 0), tid)[0] == ErrorCode.none
+    assert _marker(wire, topic, pid, epoch, coordinator_epoch=1000) == ErrorCode.none
+    assert _produce(wire, topic, _txn_batch([b"b"], pid, epoch, 1), tid)[0] == ErrorCode.none
+    assert _marker(wire, topic, pid, epoch, coordinator_epoch=999, commit=False) == \
+        ErrorCode.transaction_coordinator_fenced
+    assert _latest(wire, topic, isolation=1) == 2  # still open: the LSO is the second batch
+    wire.close()
+    broker.restart("kill")
+    wire = KafkaWire(broker.port)
+    try:
+        assert _marker(wire, topic, pid, epoch, coordinator_epoch=999, commit=False) == \
+            ErrorCode.transaction_coordinator_fenced
+        assert _marker(wire, topic, pid, epoch, coordinator_epoch=1000) == ErrorCode.none
+        assert _latest(wire, topic, isolation=1) == 4
+    finally:
+        wire.close()
