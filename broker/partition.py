@@ -432,11 +432,14 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """min(first unstable offset, high watermark): what read_committed consumers read below."""
+        """min(first unstable offset, high watermark): what read_committed consumers read below. Never below
+        the log start: retention and DeleteRecords are bounded by the high watermark only, as in Kafka, so
+        they may remove the first records of an open transaction; the first unstable offset is then the log
+        start (Kafka's ``maybeIncrementFirstUnstableOffset``), and the LSO stays within the log."""
         txns = self.txns
         if not txns.ongoing and not txns.completing:
             return self.high_watermark
-        return txns.lso(self.high_watermark)
+        return max(txns.lso(self.high_watermark), min(self.log.log_start_offset, self.high_watermark))
 
     def read_committed(self, offset: int, max_bytes: int, *, min_one_message: bool):
         """Records from ``offset`` below the last stable offset (read_committed consumers)."""

@@ -362,3 +362,37 @@ def test_a_read_committed_member_taking_over_mid_transaction_starts_at_the_pendi
         assert first.offset() == 5, (first.offset(), first.value())
     finally:
         taker.close()
+
+
+def test_records_deleted_past_an_open_transaction_move_the_lso_to_the_log_start(broker_factory):
+    """Kafka 3.9 bounds retention and DeleteRecords by the high watermark only, not by the LSO
+    (``UnifiedLog.deletableSegments``, ``maybeIncrementLogStartOffset``), and the first unstable offset is
+    then the log start (``maybeIncrementFirstUnstableOffset``): the LSO never falls below the log start, so
+    read_committed consumers never see a range whose end is before its beginning."""
+    broker = broker_factory()
+    topic = unique_topic("txn-deleted")
+    _create(broker.bootstrap, topic, partitions=1)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    producer.begin_transaction()
+    producer.produce(topic, b"t0", partition=0)
+    producer.flush(30)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for value in (b"p1", b"p2"):
+        plain.produce(topic, value, partition=0)
+    plain.flush(30)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    [(_tp, future)] = admin.delete_records([TopicPartition(topic, 0, 2)]).items()
+    assert future.result(30).low_watermark == 2
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("reader"),
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        # While the transaction is open: the LSO is the log start (2), not its first offset (0).
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=20, cached=False) == (2, 2)
+        producer.commit_transaction(30)
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=20, cached=False) == (2, 4)
+        consumer.assign([TopicPartition(topic, 0, 2)])
+        first = wait_until(lambda: (lambda m: m if m is not None and not m.error() else None)(consumer.poll(0.5)),
+                           timeout_s=20, interval_s=0, what="the record after the log start")
+        assert (first.offset(), first.value()) == (2, b"p2")
+    finally:
+        consumer.close()
