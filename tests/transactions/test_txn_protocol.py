@@ -398,3 +398,44 @@ def test_a_marker_from_an_older_coordinator_epoch_is_fenced_also_after_a_restart
         assert _latest(wire, topic, isolation=1) == 4
     finally:
         wire.close()
+
+
+# --- transactional.id.expiration.ms ----------------------------------------------------------------------------
+
+
+def _listed(wire):
+    response = wire.request(list_v0.ListTransactionsRequest(state_filters=(), producer_id_filters=()))
+    return {t.transactional_id: t.transaction_state for t in response.transaction_states}
+
+
+def test_an_idle_transactional_id_expires_by_a_tombstone(broker_factory):
+    """Kafka's transactional.id.expiration.ms: an id with no transaction in progress, idle past it, is
+    removed by a tombstone in __transaction_state (so a restart does not bring it back); an id whose
+    transaction is open stays; the forgotten producer gets INVALID_PRODUCER_ID_MAPPING, and InitProducerId
+    starts the id afresh."""
+    broker = broker_factory(config={"transactional.id.expiration.ms": 1500,
+                                    "transaction.remove.expired.transaction.cleanup.interval.ms": 200})
+    wire = KafkaWire(broker.port)
+    topic, idle, pid, epoch = _setup(wire)
+    assert _add(wire, idle, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _produce(wire, topic, _txn_batch([b"a"], pid, epoch, 0), idle)[0] == ErrorCode.none
+    assert _end(wire, idle, pid, epoch, commit=True) == ErrorCode.none
+    busy = _name("tid")
+    code, busy_pid, busy_epoch = _init(wire, busy)
+    assert code == ErrorCode.none
+    assert _add(wire, busy, busy_pid, busy_epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _listed(wire)[idle] == "CompleteCommit"
+    wait_until(lambda: idle not in _listed(wire), what="the idle id expired", timeout_s=20)
+    # Kept meanwhile: the id whose transaction is open (its own timeout aborts it, not the expiration).
+    assert _listed(wire)[busy] == "Ongoing"
+    wire.close()
+    broker.restart("kill")
+    wire = KafkaWire(broker.port)
+    try:
+        listed = wait_until(lambda: _listed(wire) or None, what="the coordinator loaded", timeout_s=20)
+        assert idle not in listed and listed[busy] == "Ongoing"
+        assert _add(wire, idle, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.invalid_producer_id_mapping}
+        code, new_pid, new_epoch = _init(wire, idle)
+        assert code == ErrorCode.none and new_epoch == 0
+    finally:
+        wire.close()
