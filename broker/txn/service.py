@@ -574,7 +574,6 @@ class TransactionService:
                     await self._complete(shard, fenced, holder, wait_s=WRITE_TIMEOUT_S)
         return count
 
-
     # --- transactional id expiration -------------------------------------------------------------------------
 
     async def _expire_ids(self) -> None:
