@@ -119,18 +119,27 @@ class PartitionTxns:
         if header.is_transactional and not header.is_control and header.producer_id >= 0:
             self.ongoing.setdefault(header.producer_id, base_offset)
 
-    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int) -> None:
-        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction."""
+    def on_marker(self, producer_id: int, marker_offset: int, control_type: int,
+                  high_watermark: int) -> AbortedTxn | None:
+        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction.
+        Returns the aborted transaction it records (its ``.txnindex`` entry), if it aborted one."""
         if control_type not in (ABORT, COMMIT):
-            return
+            return None
         first = self.ongoing.pop(producer_id, None)
         if first is None:
-            return  # a marker for a transaction with no batch here (a retried marker, or an empty one)
+            return None  # a marker for a transaction with no batch here (a retried marker, or an empty one)
+        entry = None
         if control_type == ABORT:
-            self.aborted.append(AbortedTxn(producer_id, first, marker_offset, self.lso(high_watermark)))
-            self._aborted_last.append(marker_offset)
+            entry = AbortedTxn(producer_id, first, marker_offset, self.lso(high_watermark))
+            self.add_aborted(entry)
         if marker_offset >= high_watermark:
             self.completing.append((marker_offset, first))
+        return entry
+
+    def add_aborted(self, entry: AbortedTxn) -> None:
+        """Record an aborted transaction (marker order: loading adds the ``.txnindex`` entries first)."""
+        self.aborted.append(entry)
+        self._aborted_last.append(entry.last_offset)
 
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         if self.completing:
@@ -198,6 +207,11 @@ class TxnPartitions:
                     txns.on_marker(header.producer_id, header.base_offset, control_type, high_watermark)
             else:
                 txns.on_batch(header, header.base_offset)
+        self._partitions[(topic, partition)] = txns
+        return txns
+
+    def install(self, topic: str, partition: int, txns: PartitionTxns) -> PartitionTxns:
+        """Replace a partition's state by one loaded off the loop (``broker.partition_state_files``)."""
         self._partitions[(topic, partition)] = txns
         return txns
 
