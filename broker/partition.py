@@ -412,7 +412,7 @@ class Partition:
 
     async def ensure_transactional(self) -> None:
         """Before the first transactional batch: create ``TXN_MARKER_FILE`` (fsync'd with its directory, on
-        a worker thread) so a restart rebuilds this partition's transactions from its log."""
+        a worker thread) so a restart that finds no usable snapshot replays this partition's whole log."""
         if self.txns.persisted:
             return
         from copyless.broker.storage.checkpoint import fsync_directory

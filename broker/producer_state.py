@@ -233,13 +233,14 @@ class ProducerIdAllocator:
 
 
 def producer_state_scan_start(partition_log) -> int:
-    """Where the startup scan for producer state begins: the second-to-last segment.
+    """Where loading replays from when a partition has no usable snapshot and never held a transactional
+    batch (a data dir written before snapshots): the second-to-last segment.
 
     Deduplication only needs the batches a retry can still refer to: the last five per producer, sent
-    moments before the restart. Kafka keeps producer-state snapshots for this; scanning the last two
-    segments' headers instead bounds startup to O(two segments) per partition rather than O(log) (a header
-    scan runs at roughly a million batches per second). A producer idle since before those segments restarts
-    with no state and may continue at any sequence, as Kafka allows once producer state expires.
+    moments before the restart, so the last two segments' headers bound that one load to O(two segments)
+    (a header scan runs at roughly a million batches per second). A producer idle since before those
+    segments restarts with no state and may continue at any sequence, as Kafka allows once producer state
+    expires. The load writes a snapshot at the log end, which the next one starts from.
     """
     bases = partition_log.segment_base_offsets()
     start = bases[-2] if len(bases) >= 2 else partition_log.log_start_offset

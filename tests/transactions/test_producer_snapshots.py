@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from copyless.broker import producer_snapshot
+from copyless.broker.inspect_log import check_partition
 from copyless.broker.partition_state_files import StateFiles, load_partition_state
 from copyless.broker.storage import LogManager, txn_index
 from copyless.broker.storage._failpoints import SNAPSHOT_POINTS
@@ -165,6 +166,8 @@ def test_a_corrupt_latest_snapshot_is_deleted_and_the_one_before_used(manager_fa
     data = bytearray(path.read_bytes())
     data[10] ^= 1
     path.write_bytes(bytes(data))
+    findings = check_partition(directory, "t", 0).findings
+    assert [(finding.severity, finding.where) for finding in findings] == [("ERROR", str(path))]
     loaded = load_partition_state(partition_log, partition_log.high_watermark)
     assert loaded.snapshot_offset == offsets[-2]
     assert state_of(loaded.producers, loaded.txns, partition_log.high_watermark) == live_state(history)
