@@ -430,12 +430,12 @@ class Partition:
 
     # --- producer state on disk -------------------------------------------------------------------------------
 
-    def keep_state_in(self, state_files: Any) -> None:
+    def keep_state_in(self, state_files: Any, snapshot_at_end: bool = False) -> None:
         """Persist this partition's producer state with ``state_files`` from now on (the replica manager, once
-        the state is loaded)."""
+        the state is loaded; ``snapshot_at_end``: the load left a snapshot at the log end)."""
         self.state_files = state_files
         self._snapshot_segment = self.log.segments[-1].base_offset
-        self._snapshot_offset = -1
+        self._snapshot_offset = self.log.log_end_offset if snapshot_at_end else -1
 
     def _snapshot_if_rolled(self) -> None:
         """After an append: a new active segment means a roll, and a roll a snapshot (Kafka takes one at

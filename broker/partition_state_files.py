@@ -59,6 +59,7 @@ class LoadedState(NamedTuple):
     snapshot_offset: int | None  # the snapshot loaded, None when there was none
     replay_start: int
     batches_replayed: int
+    snapshot_at_end: bool  # a snapshot at the log end is on disk (loaded, or written by the load)
 
 
 def _segment_of(bases: list[int], offset: int) -> int:
@@ -120,9 +121,11 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
         orphans = [_segment_of(bases, base) for base in files if base not in bases and base >= first_base]
         _rewrite_indexes(directory, bases, files, txns.aborted, min([from_base, *orphans]))
     entries = producers.entries_of(*key)
+    at_end = snapshot is not None and start == end
     if replayed and end > start:
         _write_snapshot(directory, _snapshot(end, entries, txns), first_base)
-    return LoadedState(entries, txns, None if snapshot is None else snapshot.offset, start, replayed)
+        at_end = True
+    return LoadedState(entries, txns, None if snapshot is None else snapshot.offset, start, replayed, at_end)
 
 
 def _rewrite_indexes(directory: Path, bases: list[int], files: dict, aborted: list, from_base: int) -> None:

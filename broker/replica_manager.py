@@ -312,7 +312,7 @@ class ReplicaManager:
                                       lease_valid=self._lease_valid,
                                       txns=self.broker.txn_partitions.get(*key))
                 partition.on_mutation_end = self._resume_role_change
-                partition.keep_state_in(self.broker.state_files)
+                partition.keep_state_in(self.broker.state_files, key in self.broker.snapshots_at_end)
                 self.partitions[key] = partition
             try:
                 self._configure(partition, info)
@@ -528,7 +528,7 @@ class ReplicaManager:
         self.stats["truncations"] += 1
         self.broker.producers.restore(partition.topic, partition.partition, loaded.producers)
         partition.txns = self.broker.txn_partitions.install(partition.topic, partition.partition, loaded.txns)
-        partition.keep_state_in(self.broker.state_files)
+        partition.keep_state_in(self.broker.state_files, loaded.snapshot_at_end)
         # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).
         partition.high_watermark = partition.log.high_watermark
 

@@ -97,6 +97,8 @@ class Broker:
         self.txn_partitions = TxnPartitions()
         # Writes the partitions' .txnindex entries and producer snapshots (one thread, started on first use).
         self.state_files = StateFiles()
+        # The partitions whose load left a snapshot at the log end (a clean shutdown need not write one again).
+        self.snapshots_at_end: set[tuple[str, int]] = set()
         self.appends = AppendNotifier()
         self.stats = BrokerStats()
         self.handlers = handlers if handlers is not None else load_handlers()
@@ -204,6 +206,8 @@ class Broker:
             self.producers.restore(topic, partition, loaded.producers)
             producers += len(loaded.producers)
             replayed += loaded.batches_replayed
+            if loaded.snapshot_at_end:
+                self.snapshots_at_end.add((topic, partition))
             txns = loaded.txns
             if txns.persisted or txns.has_transactions:
                 self.txn_partitions.install(topic, partition, txns)
