@@ -99,9 +99,12 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
         producers.restore(*key, ((p.producer_id, p.epoch, p.batches) for p in snapshot.producers))
         txns.ongoing = dict(snapshot.ongoing)
         txns.completing = list(snapshot.completing)
-        for entry in sorted((entry for entries, _ in files.values() for entry in entries
-                             if first_base <= entry.last_offset < start), key=lambda entry: entry.last_offset):
-            txns.add_aborted(AbortedTxn(*entry))
+        # By marker offset: an entry refiled by an earlier load that crashed before removing the old file
+        # is in two files.
+        below = {entry.last_offset: entry for entries, _ in files.values() for entry in entries
+                 if first_base <= entry.last_offset < start}
+        for marker in sorted(below):
+            txns.add_aborted(AbortedTxn(*below[marker]))
     replayed = 0
     for header, control_type in partition_log.transaction_events(start):
         replayed += 1

@@ -66,8 +66,7 @@ def decode(data: bytes) -> tuple[list[IndexEntry], bool]:
     an unknown version ends the list too (treated as torn: the file is rebuilt or distrusted). Pure."""
     entries = []
     whole = len(data) - len(data) % ENTRY.size
-    for position in range(0, whole, ENTRY.size):
-        version, producer_id, first, last, stable = ENTRY.unpack_from(data, position)
+    for version, producer_id, first, last, stable in ENTRY.iter_unpack(memoryview(data)[:whole]):
         if version != _VERSION:
             return entries, True
         entries.append(IndexEntry(producer_id, first, last, stable))

@@ -199,3 +199,30 @@ def test_a_kill_while_a_snapshot_is_written_leaves_a_loadable_partition(tmp_path
         assert _full_scan(partition_log, high_watermark) == expected
     finally:
         manager.shutdown()
+
+
+def test_index_entries_in_the_file_of_no_segment_are_refiled_under_the_segment_holding_their_marker(
+        manager_factory):
+    """A cleaning that merges segments leaves the later segments' .txnindex under their old names: loading
+    files those entries under the merged segment, once."""
+    manager = manager_factory()
+    partition_log = manager.create_log("t", 0)
+    state_files = StateFiles()
+    history = History(partition_log, state_files)
+    for _ in range(60):
+        history.apply("transactional", 1)
+        history.apply("abort", 1)
+    history.snapshot()
+    state_files.close()
+    directory = partition_log.directory
+    first, second = partition_log.segment_base_offsets()[:2]
+    # The entries of the first segment as if a cleaning had merged it into a segment at `first` from
+    # a segment that started at `first + 1`, and an earlier load refiled half of them before a crash.
+    entries, _ = txn_index.read(txn_index.txn_index_path(directory, first))
+    assert len(entries) > 2 and second > first + 1
+    txn_index.rewrite(txn_index.txn_index_path(directory, first + 1), entries)
+    txn_index.rewrite(txn_index.txn_index_path(directory, first), entries[: len(entries) // 2])
+    loaded = load_partition_state(partition_log, partition_log.high_watermark)
+    assert state_of(loaded.producers, loaded.txns, partition_log.high_watermark) == live_state(history)
+    assert first + 1 not in txn_index.index_bases(directory)
+    assert txn_index.read(txn_index.txn_index_path(directory, first))[0] == entries
