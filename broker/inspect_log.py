@@ -265,6 +265,24 @@ class PartitionReport:
         return self.segments[-1].next_offset if self.segments else None
 
 
+def _check_producer_state_files(directory: Path, report: PartitionReport) -> None:
+    """Producer snapshots read back (version, CRC); aborted-transaction indexes hold whole entries (a torn
+    tail is rewritten when the partition loads: a warning)."""
+    from copyless.broker import producer_snapshot
+    from copyless.broker.storage import txn_index
+
+    for offset in producer_snapshot.snapshot_offsets(directory):
+        try:
+            producer_snapshot.read(directory, offset)
+        except (producer_snapshot.CorruptSnapshotError, OSError) as exc:
+            report.findings.append(Finding(ERROR, str(producer_snapshot.snapshot_path(directory, offset)),
+                                           f"unreadable ({exc}): start-up deletes it and uses an older one"))
+    for base in txn_index.index_bases(directory):
+        path = txn_index.txn_index_path(directory, base)
+        if txn_index.read(path)[1]:
+            report.findings.append(Finding(WARNING, str(path), "a torn last entry: rewritten at start-up"))
+
+
 def check_partition(directory: Path, topic: str, partition: int) -> PartitionReport:
     report = PartitionReport(topic, partition)
     segments = []
@@ -293,6 +311,7 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
         text = metadata.read_text(errors="replace")
         if "topic_id:" not in text:
             report.findings.append(Finding(ERROR, str(metadata), "no topic_id line"))
+    _check_producer_state_files(directory, report)
     cleaned_to = read_cleaner_checkpoint(directory) or -1
     previous: SegmentReport | None = None
     for path in segments:

@@ -312,6 +312,7 @@ class ReplicaManager:
                                       lease_valid=self._lease_valid,
                                       txns=self.broker.txn_partitions.get(*key))
                 partition.on_mutation_end = self._resume_role_change
+                partition.keep_state_in(self.broker.state_files, key in self.broker.snapshots_at_end)
                 self.partitions[key] = partition
             try:
                 self._configure(partition, info)
@@ -506,7 +507,7 @@ class ReplicaManager:
         False when it is not (nothing cut)."""
         return await partition.mutate_as_follower(
             leader_epoch, lambda: self._truncate_blocking(partition, lambda: partition.log.truncate_to(offset)),
-            lambda headers: self._after_truncation(partition, headers))
+            lambda loaded: self._after_truncation(partition, loaded))
 
     async def truncate_fully(self, partition: Partition, offset: int, leader_epoch: int) -> bool:
         """Empty ``partition``'s log and restart it at ``offset`` (below the leader's log start); as
@@ -514,30 +515,20 @@ class ReplicaManager:
         return await partition.mutate_as_follower(
             leader_epoch,
             lambda: self._truncate_blocking(partition, lambda: partition.log.truncate_fully_and_start_at(offset)),
-            lambda headers: self._after_truncation(partition, headers))
+            lambda loaded: self._after_truncation(partition, loaded))
 
-    @staticmethod
-    def _truncate_blocking(partition: Partition, cut) -> list:
-        """Cut, then read the headers producer state is rebuilt from. Blocking (worker thread)."""
-        from copyless.broker.producer_state import producer_state_scan_start
-        from copyless.broker.txn_partition import transaction_events
-
+    def _truncate_blocking(self, partition: Partition, cut):
+        """Cut, then load the producer state of the cut log: snapshots past the cut deleted, its .txnindex
+        files cut, the log replayed from the latest snapshot left (broker/partition_state_files.py).
+        Blocking (worker thread)."""
         cut()
-        headers = list(partition.log.batch_headers(producer_state_scan_start(partition.log)))
-        events = transaction_events(partition.log)
-        return headers, events
+        return self.broker.state_files.reload(partition.log, partition.log.high_watermark)
 
-    def _after_truncation(self, partition: Partition, headers_and_events) -> None:
-        headers, events = headers_and_events
+    def _after_truncation(self, partition: Partition, loaded) -> None:
         self.stats["truncations"] += 1
-        self.broker.producers.rebuild(partition.topic, partition.partition, headers)
-        if events is not None:
-            for header, _control_type in events:
-                if header.is_control and header.producer_id >= 0:
-                    self.broker.producers.update_marker(partition.topic, partition.partition, header.producer_id,
-                                                        header.producer_epoch)
-            partition.txns = self.broker.txn_partitions.rebuild(partition.topic, partition.partition, events,
-                                                                partition.log.high_watermark)
+        self.broker.producers.restore(partition.topic, partition.partition, loaded.producers)
+        partition.txns = self.broker.txn_partitions.install(partition.topic, partition.partition, loaded.txns)
+        partition.keep_state_in(self.broker.state_files, loaded.snapshot_at_end)
         # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).
         partition.high_watermark = partition.log.high_watermark
 

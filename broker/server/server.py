@@ -291,6 +291,7 @@ class Server:
                 await asyncio.wait(pending, timeout=5)
         await self.broker.run_shutdown_hooks()
         await self.broker.stop_cluster()
+        self.broker.snapshot_producer_state()
         await asyncio.to_thread(self.broker.shutdown_logs)
         log.info("%s", self.broker.stats.log_line())
         print("stats-json " + json.dumps(self.broker.stats_snapshot(), sort_keys=True), flush=True)

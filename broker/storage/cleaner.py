@@ -520,7 +520,7 @@ def _swap(partition_log, cleaned: list[tuple[list[Segment], Segment, int]], trun
         failpoint("clean.after_swap_manifest")
         for group, new, _ in cleaned:
             for segment in group:
-                segment.rename_deleted()
+                segment.rename_deleted(keep_txn_index=True)
                 failpoint("clean.after_old_renamed")
             targets = filenames.segment_paths(directory, new.base_offset)
             new.offset_index.rename(targets[1])
