@@ -132,11 +132,11 @@ class LogReads:
                     self._background.on_unpinned(segment)
         return None
 
-    def transaction_events(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, int | None]]:
-        """``(header, control type)`` of each committed batch holding offsets >= ``start_offset``, in order:
-        the control type (``broker.txn_partition``: 0 ABORT, 1 COMMIT) for control batches, read with one
+    def transaction_events(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, object]]:
+        """``(header, marker)`` of each committed batch holding offsets >= ``start_offset``, in order: for
+        control batches the ``broker.txn_partition.Marker`` (control type, coordinator epoch), read with one
         small pread each, None for data batches. Blocking (pread): a worker thread, or start-up."""
-        from copyless.broker.txn_partition import CONTROL_KEY_READ, control_type_of
+        from copyless.broker.txn_partition import CONTROL_KEY_READ, read_marker
 
         for segment in self._segments:
             if segment.next_offset <= start_offset or not segment.try_pin():
@@ -148,12 +148,12 @@ class LogReads:
                 for position, header in scan_headers(segment.fd, start_position, end_position):
                     if header.last_offset < start_offset:
                         continue
-                    control_type = None
+                    marker = None
                     if header.is_control:
                         data = os.pread(segment.fd, min(header.size, RECORD_BATCH_OVERHEAD + CONTROL_KEY_READ),
                                         position)
-                        control_type = control_type_of(data)
-                    yield header, control_type
+                        marker = read_marker(data)
+                    yield header, marker
             finally:
                 if segment.unpin():
                     self._background.on_unpinned(segment)
