@@ -268,8 +268,8 @@ class SecuritySettings:
                 else raw.get(key.name, key.default)
             resolved[key.name] = value
         for mechanism in ("plain", "scram-sha-256", "scram-sha-512"):
-            key = f"{prefix}{mechanism}.sasl.jaas.config"
-            value = raw.get(key, raw.get(f"{mechanism}.sasl.jaas.config", raw.get("sasl.jaas.config")))
+            jaas_name = f"{prefix}{mechanism}.sasl.jaas.config"
+            value = raw.get(jaas_name, raw.get(f"{mechanism}.sasl.jaas.config", raw.get("sasl.jaas.config")))
             resolved[f"{mechanism}.sasl.jaas.config"] = value
         return ListenerSecurity(name, protocol, resolved)
 
