@@ -119,8 +119,9 @@ class PartitionTxns:
         if header.is_transactional and not header.is_control and header.producer_id >= 0:
             self.ongoing.setdefault(header.producer_id, base_offset)
 
-    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int) -> None:
-        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction."""
+    def on_marker(self, producer_id: int, marker_offset: int, control_type: int | None, high_watermark: int) -> None:
+        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction (a
+        control type other than ABORT or COMMIT, or None for an unreadable one, closes nothing)."""
         if control_type not in (ABORT, COMMIT):
             return
         first = self.ongoing.pop(producer_id, None)
