@@ -251,6 +251,7 @@ def _partition_exists(broker, topic: str, partition: int) -> bool:
 async def offset_fetch(ctx: RequestContext, request):
     module = response_module(OFFSET_FETCH, ctx.api_version)
     groups: GroupService = ctx.broker.groups
+    committed: dict[tuple[str, int], CommittedOffset]
     if not checks.group(ctx, Operation.DESCRIBE, request.group_id):
         group_error, committed = ErrorCode.group_authorization_failed, {}
     else:
@@ -355,6 +356,7 @@ async def offset_delete(ctx: RequestContext, request):
     denied = checks.denied_topics(ctx, Operation.READ, (t.name for t in request.topics))
     wanted = [(topic.name, int(p.partition_index)) for topic in request.topics for p in topic.partitions
               if topic.name not in denied]
+    outcome: dict[tuple[str, int], ErrorCode]
     if not checks.group(ctx, Operation.DELETE, request.group_id):
         code, outcome = ErrorCode.group_authorization_failed, {}
     elif groups is None:
