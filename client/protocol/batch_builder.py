@@ -279,7 +279,7 @@ class BatchBuilder:
         # leaves it to the next record of its run, which writes it as the first byte of its prefix.
         self._record_open = False
         # The current append_value run (see _start_run); _run_limit = 0 means "no run".
-        self._run_timestamp: int | None = None
+        self._run_timestamp = -1  # no run yet (and _run_limit = 0 admits none)
         # The run's millisecond as time.time() readings: from < time.time() < until only for a clock
         # reading inside it (see _clock_seconds), which stamps a record with _run_timestamp, so the
         # producer tests a reading without converting it to milliseconds.
