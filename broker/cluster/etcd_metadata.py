@@ -646,8 +646,8 @@ class EtcdMetadata(MetadataBackend):
         moved = {key for key, code in outcome.items() if code == ErrorCode.none}
         if moved:
             try:
-                await self.wait_for(lambda image: all(image.partition_state(*key) is not None and
-                                                       image.partition_state(*key).leader ==
+                await self.wait_for(lambda image: all((state := image.partition_state(*key)) is not None and
+                                                       state.leader ==
                                                        image.topics[key[0]].assignment[key[1]][0]
                                                        for key in moved), PROPAGATION_TIMEOUT_S)
             except (TimeoutError, KeyError):
@@ -719,8 +719,8 @@ class EtcdMetadata(MetadataBackend):
         if not result.succeeded:
             raise TopicError(ErrorCode.invalid_request, f"Topic '{name}' changed meanwhile; retry")
         try:
-            await self.wait_for(lambda image: image.topic(name) is not None and
-                                dict(image.topic(name).configs) == dict(configs), PROPAGATION_TIMEOUT_S)
+            await self.wait_for(lambda image: (topic := image.topic(name)) is not None and
+                                dict(topic.configs) == dict(configs), PROPAGATION_TIMEOUT_S)
         except TimeoutError:
             log.warning("configs of %s were altered but this broker has not seen it yet", name)
 
