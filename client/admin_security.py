@@ -18,6 +18,7 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 
+from copyless.client.cluster import Cluster
 from copyless.client.errors import KafkaError
 
 __all__ = ["Acl", "SecurityAdmin", "RESOURCE_TYPES", "PATTERN_TYPES", "OPERATIONS", "PERMISSIONS",
@@ -70,6 +71,8 @@ class Acl:
 
 class SecurityAdmin:
     """Mixed into ``Admin``: needs ``self._cluster``."""
+
+    _cluster: Cluster  # Admin's (declared for the type checker)
 
     async def _any(self):
         return await self._cluster.any_connection()

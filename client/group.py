@@ -37,7 +37,8 @@ from copyless.client.assignors import (
     encode_subscription,
 )
 from copyless.client.cluster import COORDINATOR_ERRORS, Cluster
-from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from copyless.client.conn import Connection
+from copyless.client.errors import ClientError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 __all__ = ["GroupCoordinator", "GroupMembership"]
 
@@ -60,7 +61,7 @@ class GroupCoordinator:
         self._cluster = cluster
         self.group_id = group_id
         self.retry_backoff_ms = retry_backoff_ms
-        self._connection = None
+        self._connection: Connection | None = None
         self.closed = False
 
     async def connection(self):
@@ -84,6 +85,7 @@ class GroupCoordinator:
         """
         deadline = time.monotonic() + self._cluster.request_timeout_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        error: ClientError  # the last failure, reported once the deadline passes
         while True:
             try:
                 coordinator = await self.connection()

@@ -50,7 +50,9 @@ from kio.schema.txn_offset_commit.v3.request import (
 from kio.schema.txn_offset_commit.v3.response import TxnOffsetCommitResponse
 
 from copyless.client.cluster import COORDINATOR_ERRORS
+from copyless.client.conn import Connection
 from copyless.client.errors import (
+    ClientError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
@@ -110,7 +112,7 @@ class TransactionManager:
         self._pending: set[tuple[str, int]] = set()
         self._adding: asyncio.Task | None = None
         self._offsets_added = False
-        self._coordinator = None
+        self._coordinator: Connection | None = None
 
     # --- states -------------------------------------------------------------------------------------------
 
@@ -172,6 +174,7 @@ class TransactionManager:
         if deadline is None:
             deadline = time.monotonic() + self.max_block_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        error: ClientError  # the last failure, reported once the deadline passes
         while True:
             try:
                 if self._coordinator is None or self._coordinator.closed:
@@ -289,6 +292,7 @@ class TransactionManager:
         """TxnOffsetCommit to the group's coordinator, retried as ``_request`` retries."""
         deadline = time.monotonic() + self.max_block_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        error: ClientError  # the last failure, reported once the deadline passes
         while True:
             try:
                 connection = await self._cluster.coordinator(group_id)
