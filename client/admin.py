@@ -433,7 +433,7 @@ class Admin(SecurityAdmin):
             request = dt_rq.DescribeTransactionsRequest(transactional_ids=(transactional_id,))
             # Decoded by hand: the start time is -1 for an id with no transaction started, as Kafka sends
             # it, which kio's timestamp reader refuses.
-            state = await connection.send(int(request.__api_key__), [b"\x00" + encode_kio(request)],
+            state = await connection.request(int(request.__api_key__), [b"\x00" + encode_kio(request)],
                                           _decode_describe_transactions, version=int(request.__version__))
             code = state[0]
             if code in COORDINATOR_ERRORS:

@@ -125,7 +125,7 @@ class Metadata:
                 index = int(partition.partition_index)
                 epoch = int(getattr(partition, "leader_epoch", -1))
                 known_epoch = known.leader_epochs.get(index, -1) if known is not None else -1
-                if epoch < known_epoch:
+                if known is not None and epoch < known_epoch:
                     # A broker that has not seen the latest leader change yet: keep what is known.
                     stale.add(topic.name)
                     info.leaders[index] = known.leaders[index]
@@ -308,6 +308,8 @@ class Cluster:
                 await asyncio.sleep(self.retry_backoff_ms / 1000)
                 continue
             names = None if topics is None else tuple(topics)
+            request: metadata_v8.MetadataRequest | metadata_v5.MetadataRequest
+            response_cls: type[metadata_v8_response.MetadataResponse] | type[metadata_v5_response.MetadataResponse]
             if connection.supports(3, 8) or not connection.api_versions:
                 request = metadata_v8.MetadataRequest(
                     topics=None if names is None else tuple(metadata_v8.MetadataRequestTopic(name=t) for t in names),
