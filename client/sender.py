@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
 from kio.schema.init_producer_id.v1.response import InitProducerIdResponse
+from kio.static.primitive import i32Timedelta
 
 from copyless.client.accumulator import ProducerBatch, RecordAccumulator
 from copyless.client.cluster import LEADER_ERRORS, Cluster
@@ -123,7 +124,8 @@ class Sender:
         deadline = time.monotonic() + self.request_timeout_ms / 1000
         while True:
             response = await connection.request_kio(
-                InitProducerIdRequest(transactional_id=None, transaction_timeout=_ms(60_000)), InitProducerIdResponse
+                InitProducerIdRequest(transactional_id=None,
+                                      transaction_timeout=i32Timedelta.parse(_ms(60_000))), InitProducerIdResponse
             )
             code = int(response.error_code)
             if code == 0:

@@ -102,7 +102,7 @@ def _key(name: str, config_type: ConfigType, default, doc: str, check=None, *, p
     """A security setting of the broker's registry: static, read from ``BrokerConfig.security``."""
     return ConfigKey(name, config_type, doc, default=default, validator=_checked(check) if check else None,
                      per_listener=per_listener, sensitive=sensitive,
-                     read=lambda config, name=name: config.security.get(name))
+                     read=lambda config: config.security.get(name))
 
 
 # The security settings of the broker's config registry (``broker.config.CONFIGS`` adds them, as Kafka's
