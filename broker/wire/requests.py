@@ -47,7 +47,7 @@ class ApiVersionsFallback:
     header: RequestHeader
 
 
-def decode_request(frame, served: Mapping[int, tuple[int, int]]) -> DecodedRequest | ApiVersionsFallback:
+def decode_request(frame: bytes | bytearray | memoryview, served: Mapping[int, tuple[int, int]]) -> DecodedRequest | ApiVersionsFallback:
     """Decode a request frame (size prefix stripped).
 
     Args:
