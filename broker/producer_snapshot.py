@@ -63,15 +63,16 @@ _PAIR = struct.Struct(">qq")
 class SnapshotProducer(NamedTuple):
     producer_id: int
     epoch: int
-    batches: tuple  # (first sequence, last sequence, first offset, last offset), oldest first
+    # (first sequence, last sequence, first offset, last offset), oldest first
+    batches: tuple[tuple[int, int, int, int], ...]
 
 
 class ProducerSnapshot(NamedTuple):
     offset: int
-    producers: tuple  # SnapshotProducer, by producer id
-    ongoing: tuple  # (producer id, first offset), by producer id
-    completing: tuple  # (marker offset, first offset), in marker order
-    coordinator_epochs: tuple = ()  # (producer id, coordinator epoch of its last marker), by producer id
+    producers: tuple[SnapshotProducer, ...]  # by producer id
+    ongoing: tuple[tuple[int, int], ...]  # (producer id, first offset), by producer id
+    completing: tuple[tuple[int, int], ...]  # (marker offset, first offset), in marker order
+    coordinator_epochs: tuple[tuple[int, int], ...] = ()  # (producer id, its last marker's coordinator epoch)
 
 
 class CorruptSnapshotError(ValueError):

@@ -197,6 +197,11 @@ class ReplicaManager:
 
     # --- applying images (loop thread) --------------------------------------------------------------------------
 
+    def _publish_again(self, _disk_work: object) -> None:
+        """Once stalled disk work ends, apply the latest image again (unless the broker is closing)."""
+        if not self.closing:
+            self.publish(self.image)
+
     def publish(self, image: ClusterImage) -> None:
         """A backend has a new image: apply it (after any image being applied now)."""
         self._pending = image
@@ -241,11 +246,11 @@ class ReplicaManager:
         apply_configs = getattr(self.broker, "apply_broker_configs", None)
         if apply_configs is not None and apply_configs(image.broker_configs):
             # New broker-wide log defaults: every partition takes its settings again (step 3).
-            for partition in self.partitions.values():
-                partition.configs = None
+            for hosted in self.partitions.values():
+                hosted.configs = None
         wanted: dict[tuple[str, int], TopicInfo] = {}
-        for topic, partition, info in image.hosted_by(node_id):
-            wanted[(topic, partition)] = info
+        for topic, index, topic_info in image.hosted_by(node_id):
+            wanted[(topic, index)] = topic_info
         # 1. Deletions: by the image's word only.
         doomed = []
         for key in list(self.broker.log_manager.logs()):
@@ -271,9 +276,9 @@ class ReplicaManager:
                          "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
         # 2. Creations.
         missing: dict[str, list[int]] = {}
-        for (topic, partition), info in wanted.items():
-            if self.broker.log_manager.get_log(topic, partition) is None or self._topic_ids.get((topic, partition)) is None:
-                missing.setdefault(topic, []).append(partition)
+        for (topic, index), info in wanted.items():
+            if self.broker.log_manager.get_log(topic, index) is None or self._topic_ids.get((topic, index)) is None:
+                missing.setdefault(topic, []).append(index)
         if disk_free and (doomed or missing):
             # Worker threads, waited for a bounded time (a stalled disk must not hold the states of step 3);
             # when they finish late, the latest image is applied again for what they left to do.
@@ -284,7 +289,7 @@ class ReplicaManager:
             except TimeoutError:
                 log.error("metadata revision %d: log deletions or creations still running after %.0f s (a stalled "
                           "disk?); applying the partitions' states without them", image.revision, DISK_STEP_TIMEOUT_S)
-                self._disk_work.add_done_callback(lambda _task: self.closing or self.publish(self.image))
+                self._disk_work.add_done_callback(self._publish_again)
         elif doomed or missing:
             log.warning("metadata revision %d: the storage is still busy with earlier log deletions or creations; "
                         "applying the partitions' states now, the logs once it is done", image.revision)

@@ -151,10 +151,11 @@ class PartitionTxns:
         last = self.coordinator_epochs.get(producer_id, -1)
         return last if coordinator_epoch < last else None
 
-    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int,
+    def on_marker(self, producer_id: int, marker_offset: int, control_type: int | None, high_watermark: int,
                   coordinator_epoch: int = -1) -> AbortedTxn | None:
-        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction.
-        Returns the aborted transaction it records (its ``.txnindex`` entry), if it aborted one."""
+        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction (a
+        control type other than ABORT or COMMIT, or None for an unreadable one, closes nothing). Returns the
+        aborted transaction it records (its ``.txnindex`` entry), if it aborted one."""
         if control_type not in (ABORT, COMMIT):
             return None
         if coordinator_epoch >= 0:

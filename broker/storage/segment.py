@@ -166,6 +166,8 @@ class Segment(SegmentRecovery):
         that took 1-8 ms here under load; start-up adopts a prepared file that holds batches, see
         ``adopt_prepared``)."""
         prepared.taken = True
+        # Taken only once ready and not failed (PartitionLog's roll): its files exist and are open.
+        assert prepared.offset_index is not None and prepared.time_index is not None
         segment = cls(prepared.directory, base_offset, prepared.fd, prepared.offset_index, prepared.time_index,
                       size_bytes=0, index_interval_bytes=index_interval_bytes)
         segment.log_path = prepared.log_path
@@ -314,6 +316,7 @@ class Segment(SegmentRecovery):
             self.first_append_ms = now_ms()
         self.last_append_s = time.monotonic()
         region = self.map
+        assert region is not None  # only the active segment takes appends, and it is mapped
         head = 0
         if start == 0:
             # A segment's first batch names it at start-up when a roll's renames never ran (adopt_prepared),

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from . import blocking
 from .checkpoint import fsync_directory
@@ -64,7 +65,7 @@ def encode(entries: Iterable[tuple[int, int, int, int]]) -> bytes:
 def decode(data: bytes) -> tuple[list[IndexEntry], bool]:
     """``(entries, torn)``: the whole entries of ``data`` and whether a partial one ends it. An entry of
     an unknown version ends the list too (treated as torn: the file is rebuilt or distrusted). Pure."""
-    entries = []
+    entries: list[IndexEntry] = []
     whole = len(data) - len(data) % ENTRY.size
     for version, producer_id, first, last, stable in ENTRY.iter_unpack(memoryview(data)[:whole]):
         if version != _VERSION:
@@ -105,7 +106,7 @@ def sync(path: Path) -> None:
         os.close(fd)
 
 
-def rewrite(path: Path, entries: list) -> None:
+def rewrite(path: Path, entries: Sequence[tuple[int, int, int, int]]) -> None:
     """Replace the file by ``entries`` atomically (tmp, fsync, rename, directory fsync); no entries: remove
     it. Blocking."""
     blocking.check("rewriting a transaction index")
