@@ -5,7 +5,7 @@ Layers, inner to outer:
   index_search (pure index math) -> index (index files) -> scan (header scans), prefault (the pre-fault
   window), prepared_segment (the next segment), segment_recovery (start-up's part of a segment) -> segment
   (one .log + indexes: append, read, seal) -> partition_log (offsets, append, roll) with its mixins
-  log_reads, preparation, flusher, retention, loader, truncation, blocking_appends -> log_manager (data dir,
+  log_reads, preparation, flusher, retention, loader, truncation -> log_manager (data dir,
   checkpoints, clean-shutdown marker, housekeeping thread). ``background`` holds the worker threads,
   ``blocking`` checks none of their work runs on the event loop's thread, ``config`` holds the tunables.
 """

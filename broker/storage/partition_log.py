@@ -5,8 +5,7 @@ assigned here, contiguously: a batch appended at log_end_offset L gets baseOffse
 L + recordsCount. The log's other ideas live beside it, each a mixin over the same object, as Kafka's log
 layer is split (LocalLog, LogSegments, LogLoader, ...): reads (log_reads.py), the next segment, blocks and
 pages made ready ahead of the appends (preparation.py), fdatasync and group commit (flusher.py), retention
-and DeleteRecords (retention.py), start-up (loader.py), truncation (truncation.py), and blocking twins of
-the appends for callers off the event loop (blocking_appends.py).
+and DeleteRecords (retention.py), start-up (loader.py), and truncation (truncation.py).
 
 Threads. ``append``/``read``/``offset_for_timestamp``/``batch_headers`` run on the event-loop thread and
 never block: an append is a memcpy into a pre-warmed map plus header rewrites; reads pread a few headers and
@@ -49,7 +48,6 @@ from . import preparation as preparation_module
 from ._failpoints import failpoint
 from ._fileops import sync_data
 from .background import Background
-from .blocking_appends import BlockingAppends
 from .checkpoint import fsync_directory
 from .clock import now_ms
 from .config import LogConfig
@@ -72,8 +70,7 @@ log = logging.getLogger("copyless.storage")
 MAX_RELATIVE_OFFSET = 0x7FFFFFFF
 
 
-class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, BlockingAppends,
-                   TruncationMixin):
+class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, TruncationMixin):
     """One partition's log. See the module docstring for the threading rules; truncation is in
     truncation.py."""
 
@@ -189,7 +186,7 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
         Never blocks: what a worker thread has not prepared yet (the next segment at a roll, the next step of
         blocks, zeros being written where the batches would go) makes it raise AppendNotReady instead, with
         the worker's work queued; the caller awaits ``ready`` and appends again (``Partition``), or, off the
-        event loop, calls ``append_blocking``.
+        event loop, waits for ``ready`` and calls again.
 
         Raises:
             AppendNotReady: nothing (or, for more batches than one segment holds, only ``appended``) went in.
@@ -361,6 +358,20 @@ class PartitionLog(LogReads, SegmentPreparation, Flusher, Retention, LogLoader, 
             self._commit_point = (next_offset, active, active.committed_position)
             index = stop
         return next_offset
+
+    def roll(self) -> Segment | None:
+        """Roll now (Kafka ``UnifiedLog.roll``) unless the active segment is empty (None then). Loop thread,
+        non-blocking: raises AppendNotReady, with the preparation queued, while the next segment is not ready
+        (await ``ready`` and call again).
+
+        Raises:
+            StorageError: the log is closed, or the next segment could not be created.
+        """
+        if self._closed:
+            raise StorageError("log is closed", path=self.directory)
+        if self._active.written_position == 0:
+            return None
+        return self._roll(now_ms())
 
     def _should_roll(self, active: Segment, total_bytes: int, record_count: int, now: int) -> bool:
         """Kafka ``LogSegment.shouldRoll``: size, segment.ms, index full, relative offset overflow."""
