@@ -101,7 +101,7 @@ def _whole_section(partition_log, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
     while True:
         section = cleanable_section(partition_log, int(time.time() * 1000))
-        if section is not None and section.end_offset == partition_log._segments[-1].base_offset:
+        if section is not None and section.end_offset == partition_log.segments[-1].base_offset:
             return section
         if time.monotonic() > deadline:
             raise AssertionError(f"the sealed segments were not all named within {timeout_s} s")

@@ -347,7 +347,7 @@ def test_group_commit_covers_many_waiters_with_few_fdatasyncs(manager_factory, s
     futures = []
     # Hold the log's I/O lock: the flush thread's first round waits here while 100 producers append and
     # wait (as acks=all producers in sync mode would); one or two fdatasync rounds must then release them all.
-    with partition_log._io_lock:
+    with partition_log.log_segments.io_lock:
         for result in append_values(partition_log, 100):
             futures.append((result.last_offset + 1, partition_log.wait_flushed(result.last_offset + 1)))
         assert not any(future.done() for _, future in futures)
