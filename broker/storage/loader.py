@@ -237,7 +237,7 @@ class LogLoader:
             last.make_active(config)
         except OSError as exc:
             # Typically ENOSPC: start degraded. The log serves reads; appends get StorageError until a
-            # segment can be preallocated (retried in the background, see _take_prepared).
+            # segment can be preallocated (retried in the background, see SegmentPreparation.take_prepared).
             roll_error = storage_error_from(exc, "preallocating", last.log_path, bytes_needed=config.segment_bytes)
             log.error("%s: cannot reopen %s for appends: %s", directory, last.log_path.name, roll_error)
             last.make_read_only()

@@ -7,6 +7,7 @@ Owns no state and no file. A fetch gets a FileSlice (a pinned segment fd, a posi
 on a batch boundary within its byte limit; the slice is sent with sendfile and released after. Reads pin
 each segment they touch, so retention may retire it meanwhile without closing its fd under them; a
 segment found closed (retired and reaped) makes a fetch check its offset against the log start again.
+Nothing here writes, so there is no crash story of its own: a read sees only committed bytes.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def test_blocks_stay_within_data_plus_64_mib(manager_factory, monkeypatch, late_
     assert config.preallocate_ahead_bytes == AHEAD and not config.preallocate
     partition_log = manager_factory(config).create_log("usage", 0)
     if late_steps:
-        background, rng = partition_log._background, random.Random(37)
+        background, rng = partition_log.background, random.Random(37)
         submit = background.submit_allocate
 
         def submit_late(done, function, *args):
