@@ -241,6 +241,7 @@ class PartitionLog:
             raise ValueError(f"records must be whole v2 batches: {end} of {total} bytes parsed")
         now = now_ms()
         active = self._segments.active
+        preparation = self._preparation
         if self._should_roll(active, total, record_count, now):
             active = self._roll(now)
         base_offset = self.log_end_offset
@@ -250,7 +251,7 @@ class PartitionLog:
             # is harmless (a new leader records one before its first append).
             self.leader_epochs.assign(leader_epoch, base_offset)
         if total <= active.room_bytes:
-            self._preparation.require_allocated(active, active.written_position + total, now)
+            preparation.require_allocated(active, active.written_position + total, now)
             next_offset = active.append_run(view, batches, base_offset, leader_epoch, log_append_time_ms)
         else:
             next_offset = self._append_split(view, batches, leader_epoch, log_append_time_ms, now)
@@ -259,7 +260,7 @@ class PartitionLog:
         flusher = self._flusher
         flusher.commit_point = (next_offset, active, active.committed_position)
         self.stats["appends"] += 1
-        self._preparation.after_append(active, now)
+        preparation.after_append(active, now)
         flush_messages = self.config.flush_messages
         if flush_messages is not None and next_offset - flusher.flushed_offset >= flush_messages:
             flusher.request(None)
