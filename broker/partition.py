@@ -356,15 +356,24 @@ class Partition:
         """A transaction marker (one control batch built by ``txn_partition.build_marker``): fenced by the
         producer's epoch, never deduplicated (markers carry no sequence), then it closes the producer's
         open transaction here."""
-        from copyless.broker.txn_partition import control_type_of
+        from copyless.broker.txn_partition import read_marker
 
         check = self._producers.check_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
         if check.error != ErrorCode.none:
             raise BrokerError(check.error, check.message or check.error.name)
-        control_type = control_type_of(records)
+        marker = read_marker(records)
+        if marker is None:
+            raise BrokerError(ErrorCode.corrupt_message, "unreadable transaction marker")
+        newer = self.txns.coordinator_fenced(header.producer_id, marker.coordinator_epoch)
+        if newer is not None:
+            # A deposed coordinator's late marker: the transaction it ends was decided again by a newer one.
+            raise BrokerError(ErrorCode.transaction_coordinator_fenced,
+                              f"{self.topic}-{self.partition}: coordinator epoch {marker.coordinator_epoch} of "
+                              f"producer {header.producer_id}'s marker is older than {newer}")
         result = self.log.append(records, leader_epoch=self.leader_epoch)
         self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
-        self.txns.on_marker(header.producer_id, result.base_offset, control_type, self.high_watermark)
+        self.txns.on_marker(header.producer_id, result.base_offset, marker.control_type, self.high_watermark,
+                            marker.coordinator_epoch)
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, -1, result.log_start_offset, False,
@@ -423,11 +432,14 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """min(first unstable offset, high watermark): what read_committed consumers read below."""
+        """min(first unstable offset, high watermark): what read_committed consumers read below. Never below
+        the log start: retention and DeleteRecords are bounded by the high watermark only, as in Kafka, so
+        they may remove the first records of an open transaction; the first unstable offset is then the log
+        start (Kafka's ``maybeIncrementFirstUnstableOffset``), and the LSO stays within the log."""
         txns = self.txns
         if not txns.ongoing and not txns.completing:
             return self.high_watermark
-        return txns.lso(self.high_watermark)
+        return max(txns.lso(self.high_watermark), min(self.log.log_start_offset, self.high_watermark))
 
     def read_committed(self, offset: int, max_bytes: int, *, min_one_message: bool):
         """Records from ``offset`` below the last stable offset (read_committed consumers)."""
@@ -843,9 +855,10 @@ class Partition:
         if header.is_control:
             if header.producer_id >= 0:
                 self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
-                control_type = (control_types or {}).get(base_offset)
-                if control_type is not None:
-                    self.txns.on_marker(header.producer_id, base_offset, control_type, self.high_watermark)
+                marker = (control_types or {}).get(base_offset)
+                if marker is not None:
+                    self.txns.on_marker(header.producer_id, base_offset, marker.control_type, self.high_watermark,
+                                        marker.coordinator_epoch)
             return
         self._producers.update(self.topic, self.partition, header, base_offset)
         if header.is_transactional:
@@ -853,9 +866,10 @@ class Partition:
 
 
 def _control_types(records) -> dict | None:
-    """base offset -> control type of each control batch in ``records`` ({} when there are transactional
-    batches but no markers), or None when no batch is transactional. Reads headers and markers' keys only."""
-    from copyless.broker.txn_partition import CONTROL_KEY_READ, control_type_of
+    """base offset -> ``Marker`` (control type, coordinator epoch) of each control batch in ``records`` ({}
+    when there are transactional batches but no markers), or None when no batch is transactional. Reads
+    headers and markers' keys and values only."""
+    from copyless.broker.txn_partition import CONTROL_KEY_READ, read_marker
     from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, iter_batches
 
     found = None
@@ -866,5 +880,5 @@ def _control_types(records) -> dict | None:
             found = {}
         if header.is_control:
             end = min(position + header.size, position + RECORD_BATCH_OVERHEAD + CONTROL_KEY_READ)
-            found[header.base_offset] = control_type_of(bytes(records[position:end]))
+            found[header.base_offset] = read_marker(bytes(records[position:end]))
     return found

@@ -9,7 +9,11 @@ Owns, per (topic, partition):
   may still lack it: until it is replicated the transaction still bounds the LSO, as Kafka's
   ``ProducerStateManager.unreplicatedTxns``);
 - ``aborted``: ``AbortedTxn(producer_id, first_offset, last_offset, last_stable_offset)`` in marker order,
-  Kafka's ``.txnindex`` entry (``last_offset`` is the ABORT marker's offset).
+  Kafka's ``.txnindex`` entry (``last_offset`` is the ABORT marker's offset);
+- ``coordinator_epochs``: producer id -> the coordinator epoch of its last marker here. A marker written
+  as leader with an older coordinator epoch comes from a deposed coordinator and is refused with
+  TRANSACTION_COORDINATOR_FENCED (Kafka's ``ProducerAppendInfo.checkCoordinatorEpoch``); replicated markers
+  are taken as they come. Rebuilt by the same log scan (each marker's value holds its coordinator epoch).
 
 The last stable offset (LSO) is ``min(first unstable offset, high watermark)``: read_committed consumers read
 below it, ListOffsets(latest, read_committed) answers it.
@@ -49,18 +53,26 @@ from copyless.client.protocol.records import (
     read_varint,
 )
 
-__all__ = ["AbortedTxn", "PartitionTxns", "TxnPartitions", "build_marker", "control_type_of", "ABORT", "COMMIT",
-           "TXN_MARKER_FILE", "transaction_events"]
+__all__ = ["AbortedTxn", "Marker", "PartitionTxns", "TxnPartitions", "build_marker", "control_type_of", "read_marker",
+           "ABORT", "COMMIT", "TXN_MARKER_FILE", "transaction_events"]
 
 ABORT, COMMIT = 0, 1
 # Created in a partition's directory before its first transactional batch: loading scans that log for
 # transactions (module docstring).
 TXN_MARKER_FILE = "transactional"
-# Bytes after a control batch's header that hold its first record's key (length, attributes, timestamp
-# and offset deltas, key length: five varints of at most 5 bytes, then the 4-byte key).
+# Bytes after a control batch's header that hold its first record's key and value (length, attributes,
+# timestamp and offset deltas, key length: five varints, the 4-byte key, the value length and the 6-byte
+# value; 18 bytes for the markers Kafka and this broker write, whose varints are one byte each).
 CONTROL_KEY_READ = 32
 
 _HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount
+
+
+class Marker(NamedTuple):
+    """What a control batch says: ABORT or COMMIT (or another control type), and the coordinator epoch of
+    a transaction marker (-1 when the value is not readable)."""
+    control_type: int
+    coordinator_epoch: int
 
 
 class AbortedTxn(NamedTuple):
@@ -83,9 +95,9 @@ def build_marker(producer_id: int, producer_epoch: int, commit: bool, coordinato
     return struct.pack(">qiibI", 0, RECORD_BATCH_OVERHEAD - 12 + len(record), 0, 2, crc32c(after_crc)) + after_crc
 
 
-def control_type_of(data, position: int = 0) -> int | None:
-    """The control type (ABORT, COMMIT, or another) of the control batch at ``position`` of ``data`` (its
-    header and at least ``CONTROL_KEY_READ`` bytes after it, or to its end), or None when unreadable. Pure."""
+def read_marker(data, position: int = 0) -> Marker | None:
+    """The control batch at ``position`` of ``data`` (its header and at least ``CONTROL_KEY_READ`` bytes after
+    it, or to its end), or None when its key is unreadable. Pure."""
     try:
         at = position + RECORD_BATCH_OVERHEAD
         _length, at = read_varint(data, at)
@@ -96,15 +108,30 @@ def control_type_of(data, position: int = 0) -> int | None:
         if key_length < 4 or at + 4 > len(data):
             return None
         version, kind = struct.unpack_from(">hh", data, at)
-        return kind if version >= 0 else None
+        if version < 0:
+            return None
     except (IndexError, ValueError, struct.error):
         return None
+    coordinator_epoch = -1
+    try:
+        value_length, at = read_varint(data, at + key_length)
+        if value_length >= 6 and at + 6 <= len(data):
+            coordinator_epoch = struct.unpack_from(">hi", data, at)[1]
+    except (IndexError, ValueError, struct.error):
+        pass
+    return Marker(kind, coordinator_epoch)
+
+
+def control_type_of(data, position: int = 0) -> int | None:
+    """The control type (ABORT, COMMIT, or another) of the control batch at ``position``, or None. Pure."""
+    marker = read_marker(data, position)
+    return None if marker is None else marker.control_type
 
 
 class PartitionTxns:
     """One partition's transactions (module docstring). Loop thread only."""
 
-    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last", "persisted")
+    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last", "persisted", "coordinator_epochs")
 
     def __init__(self) -> None:
         # The partition's directory has TXN_MARKER_FILE (set by rebuild at load, or once created).
@@ -113,16 +140,26 @@ class PartitionTxns:
         self.completing: list[tuple[int, int]] = []  # (marker offset, first offset)
         self.aborted: list[AbortedTxn] = []
         self._aborted_last: list[int] = []  # last_offset of each aborted entry (bisect)
+        self.coordinator_epochs: dict[int, int] = {}
 
     def on_batch(self, header: BatchHeader, base_offset: int) -> None:
         """A data batch was appended at ``base_offset``."""
         if header.is_transactional and not header.is_control and header.producer_id >= 0:
             self.ongoing.setdefault(header.producer_id, base_offset)
 
-    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int) -> None:
+    def coordinator_fenced(self, producer_id: int, coordinator_epoch: int) -> int | None:
+        """The coordinator epoch a marker of ``producer_id`` at ``coordinator_epoch`` is older than (a deposed
+        coordinator's marker: refused), or None when it may be written."""
+        last = self.coordinator_epochs.get(producer_id, -1)
+        return last if coordinator_epoch < last else None
+
+    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int,
+                  coordinator_epoch: int = -1) -> None:
         """A control batch was appended at ``marker_offset``: it closes the producer's open transaction."""
         if control_type not in (ABORT, COMMIT):
             return
+        if coordinator_epoch >= 0:
+            self.coordinator_epochs[producer_id] = coordinator_epoch
         first = self.ongoing.pop(producer_id, None)
         if first is None:
             return  # a marker for a transaction with no batch here (a retried marker, or an empty one)
@@ -164,7 +201,7 @@ class PartitionTxns:
 
 
 def transaction_events(partition_log) -> list | None:
-    """The ``(header, control type)`` of every batch of a log that has held transactional batches (its
+    """The ``(header, Marker or None)`` of every batch of a log that has held transactional batches (its
     directory has ``TXN_MARKER_FILE``), from the log start, or None for any other log (the module docstring
     says why the whole log). The module's one blocking function (stat, pread), for start-up and truncation."""
     if not (partition_log.directory / TXN_MARKER_FILE).exists():
@@ -187,15 +224,16 @@ class TxnPartitions:
     def peek(self, topic: str, partition: int) -> PartitionTxns | None:
         return self._partitions.get((topic, partition))
 
-    def rebuild(self, topic: str, partition: int, events: Iterable[tuple[BatchHeader, int | None]],
+    def rebuild(self, topic: str, partition: int, events: Iterable[tuple[BatchHeader, Marker | None]],
                 high_watermark: int) -> PartitionTxns:
-        """Replace a partition's state by replaying ``(header, control type or None)`` in log order."""
+        """Replace a partition's state by replaying ``(header, Marker or None)`` in log order."""
         txns = PartitionTxns()
         txns.persisted = True  # only logs holding TXN_MARKER_FILE are scanned
-        for header, control_type in events:
+        for header, marker in events:
             if header.is_control:
-                if header.producer_id >= 0 and control_type is not None:
-                    txns.on_marker(header.producer_id, header.base_offset, control_type, high_watermark)
+                if header.producer_id >= 0 and marker is not None:
+                    txns.on_marker(header.producer_id, header.base_offset, marker.control_type, high_watermark,
+                                   marker.coordinator_epoch)
             else:
                 txns.on_batch(header, header.base_offset)
         self._partitions[(topic, partition)] = txns

@@ -116,18 +116,18 @@ def _headers_from(segments: LogSegments, start_offset: int) -> Iterator[tuple[in
             segments.release(segment)
 
 
-def transaction_events(segments: LogSegments, start_offset: int = 0) -> Iterator[tuple[BatchHeader, int | None]]:
-    """``(header, control type)`` of each committed batch holding offsets >= ``start_offset``, in order: the
-    control type (``broker.txn_partition``: 0 ABORT, 1 COMMIT) for control batches, read with one small
-    pread each, None for data batches. Blocking (pread): a worker thread, or start-up."""
-    from copyless.broker.txn_partition import CONTROL_KEY_READ, control_type_of
+def transaction_events(segments: LogSegments, start_offset: int = 0) -> Iterator[tuple[BatchHeader, object]]:
+    """``(header, marker)`` of each committed batch holding offsets >= ``start_offset``, in order: for control
+    batches the ``broker.txn_partition.Marker`` (control type, coordinator epoch), read with one small pread
+    each, None for data batches. Blocking (pread): a worker thread, or start-up."""
+    from copyless.broker.txn_partition import CONTROL_KEY_READ, read_marker
 
     for fd, position, header in _headers_from(segments, start_offset):
-        control_type = None
+        marker = None
         if header.is_control:
             data = os.pread(fd, min(header.size, RECORD_BATCH_OVERHEAD + CONTROL_KEY_READ), position)
-            control_type = control_type_of(data)
-        yield header, control_type
+            marker = read_marker(data)
+        yield header, marker
 
 
 def batch_headers(segments: LogSegments, start_offset: int = 0) -> Iterator[BatchHeader]:

@@ -502,8 +502,8 @@ class PartitionLog:
         except OSError as exc:
             raise storage_error_from(exc, "searching by timestamp", self.directory, timestamp_ms=timestamp_ms) from None
 
-    def transaction_events(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, int | None]]:
-        """``(header, control type)`` of each committed batch from ``start_offset`` (``log_reads``). Blocking."""
+    def transaction_events(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, object]]:
+        """``(header, marker)`` of each committed batch from ``start_offset`` (``log_reads``). Blocking."""
         return log_reads.transaction_events(self._segments, start_offset)
 
     def batch_headers(self, start_offset: int = 0) -> Iterator[BatchHeader]:
