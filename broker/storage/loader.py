@@ -202,11 +202,14 @@ class LogLoader:
                 segment.close(unlink=True)
                 removed += 1
                 continue
-            if number < first_to_recover and segment.load_clean():
+            # A segment's batches lie below the next segment's base offset (its name): a batch past it is one
+            # whose base offset was garbled (the CRC does not cover it), and the segment is cut there.
+            next_base = segments[number + 1].base_offset if number + 1 < len(segments) else None
+            if number < first_to_recover and segment.load_clean(next_base):
                 kept.append(segment)
                 cut = False
                 continue
-            outcome: RecoveryOutcome = segment.recover(config.segment_index_bytes)
+            outcome: RecoveryOutcome = segment.recover(config.segment_index_bytes, next_base)
             recovered += 1
             rescanned += outcome.valid_bytes
             discarded += outcome.discarded_bytes
