@@ -170,9 +170,10 @@ class SegmentRecovery:
         this one, None for the last. Start-up only, before the segment is mapped. Touches the whole file.
 
         A batch going back below its predecessor's end means one of the two has a garbled base offset. When
-        it lies in the gap before its predecessor (not below what preceded that one, below its base offset)
-        it continues the log before the predecessor, whose base offset is the outlier: the cut is made at the
-        predecessor. Otherwise at the batch. Each batch is indexed only once its successor agrees with it."""
+        it would follow the predecessor's records placed right after what preceded them (its base offset at
+        least that offset plus the predecessor's record span, which the CRC covers), it is the continuation
+        and the predecessor's base offset the outlier: the cut is made at the predecessor. Otherwise at the
+        batch. Each batch is indexed only once its successor agrees with it."""
         file_size = os.fstat(self.fd).st_size
         # The index rule adds at most one entry per index_interval_bytes (or per batch) of log: sizing the
         # rebuilt indexes to that bound, not to segment_index_bytes, keeps a recovery from needing more
@@ -193,6 +194,7 @@ class SegmentRecovery:
         # agrees with it; the next offset before it.
         pending: tuple[int, int, int, int] | None = None
         before_pending = self.next_offset
+        pending_span = 0
         while position < file_size:
             if file_size - position < RECORD_BATCH_OVERHEAD:
                 stop_reason = "truncated header"
@@ -221,11 +223,11 @@ class SegmentRecovery:
             if problem is None and position + size > MAX_POSITION:
                 problem = f"batch at position {position} is past the index's position range"
             if problem is not None:
-                if pending is not None and before_pending <= header.base_offset < pending[1] and offsets_problem(
-                        header.base_offset, header.last_offset, before_pending, self.base_offset,
+                if pending is not None and header.base_offset < self.next_offset and offsets_problem(
+                        header.base_offset, header.last_offset, before_pending + pending_span, self.base_offset,
                         next_segment_base) is None:
-                    problem = (f"offset {pending[1]}, but the batch after it continues offset {before_pending}: "
-                               f"a garbled base offset")
+                    problem = (f"offset {pending[1]}, expected {before_pending} (the batch after it, at offset "
+                               f"{header.base_offset}, continues from there): a garbled base offset")
                     position, pending = pending[0], None
                     self.next_offset = before_pending
                     batches -= 1
@@ -234,6 +236,7 @@ class SegmentRecovery:
             if pending is not None:
                 self._index_batch(*pending)
             pending = (position, header.base_offset, header.max_timestamp, size)
+            pending_span = header.last_offset_delta + 1
             before_pending, self.next_offset = self.next_offset, header.next_offset
             position += size
             batches += 1

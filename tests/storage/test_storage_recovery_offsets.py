@@ -120,6 +120,20 @@ def test_a_base_offset_garbled_lower_cuts_at_that_batch_and_keeps_the_ones_befor
         manager.shutdown()
 
 
+def test_a_base_offset_garbled_slightly_higher_is_cut_where_its_successor_continues(tmp_path):
+    # Offsets 0, 2, 4, 6; the second batch claims 3 (records 3..4): the third, at 4, goes back into it but
+    # continues the second one's records placed at offset 2, so the second batch is the outlier.
+    directory = write_and_abandon(tmp_path, ONE_SEGMENT, 4, values=2)
+    path = directory / "00000000000000000000.log"
+    garble(path, batch_positions(path)[1] + 7, b"\x03")
+    manager, log = reopen(tmp_path, ONE_SEGMENT)
+    try:
+        assert log.log_end_offset == 2
+        assert [h.base_offset for h in log.batch_headers(0)] == [0]
+    finally:
+        manager.shutdown()
+
+
 def test_inspect_reports_a_garbled_base_offset_as_an_error(tmp_path):
     directory = write_and_abandon(tmp_path, SMALL_SEGMENTS, 3)
     garble(directory / "00000000000000000000.log", 3, b"\x01")
