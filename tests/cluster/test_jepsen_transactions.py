@@ -51,6 +51,8 @@ from tests.support.netns import NetLab  # noqa: E402
 from tests.support.topics import unique_topic  # noqa: E402
 
 SEED_ENV = "COPYLESS_JEPSEN_SEED"
+# Set: librdkafka's debug log of the consume-transform-produce stage's clients goes to stderr.
+CTP_DEBUG_ENV = "COPYLESS_CTP_DEBUG"
 PARTITIONS = 3
 TXN_STATE_PARTITIONS = 4
 SCHEDULE_LIMIT_S = 90
@@ -85,7 +87,8 @@ class Recorder:
             self.errors[f"{where}: {error.name() if error is not None else type(exc).__name__}"] += 1
 
 
-def _producer(bootstrap: str, tid: str, stop: threading.Event, rec: Recorder, old: Producer | None = None) -> Producer:
+def _producer(bootstrap: str, tid: str, stop: threading.Event, rec: Recorder, old: Producer | None = None,
+              extra: dict | None = None) -> Producer:
     """A new instance of ``tid``, initialised (which fences every older one); retried until it works.
     ``old`` (and every instance that failed to start) is retired, not destroyed (``Recorder.retired``)."""
     if old is not None:
@@ -93,11 +96,13 @@ def _producer(bootstrap: str, tid: str, stop: threading.Event, rec: Recorder, ol
     while True:
         producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
                              "transaction.timeout.ms": TXN_TIMEOUT_MS, "linger.ms": 2,
-                             "message.timeout.ms": TXN_TIMEOUT_MS, "topic.metadata.refresh.interval.ms": 2000})
+                             "message.timeout.ms": TXN_TIMEOUT_MS, "topic.metadata.refresh.interval.ms": 2000,
+                             **(extra or {})})
         try:
             producer.init_transactions(CALL_TIMEOUT_S)
             return producer
-        except KafkaException:
+        except KafkaException as exc:
+            rec.error(f"{tid.rsplit('-', 1)[0]} init", exc)
             rec.retired.append(producer)
             if stop.is_set():
                 raise
@@ -226,12 +231,17 @@ def _inputs(bootstrap: str, topic: str, rec: Recorder, stop: threading.Event) ->
     producer.flush(30)
 
 
+def _debug_config() -> dict:
+    """librdkafka's debug log (to stderr) for the stage's clients, when ``CTP_DEBUG_ENV`` is set."""
+    return {"debug": "eos,protocol,cgrp,topic,broker,fetch"} if os.environ.get(CTP_DEBUG_ENV) else {}
+
+
 def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder, stop: threading.Event) -> None:
     rng = random.Random(seed + 1)
     tid, group = f"ctp-{seed}", f"ctp-{seed}"
 
     def consumer() -> Consumer:
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
+        c = Consumer({**_debug_config(), "bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
                       "enable.auto.commit": False, "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
                       "fetch.wait.max.ms": 100, "topic.metadata.refresh.interval.ms": 2000})
         c.subscribe([source])
@@ -252,7 +262,7 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
             return consumer()
 
     c = consumer()
-    producer = _producer(bootstrap, tid, stop, rec)
+    producer = _producer(bootstrap, tid, stop, rec, extra=_debug_config())
     number = 0
     try:
         while not stop.is_set():
@@ -291,7 +301,7 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
                 with rec.lock:
                     rec.covered.update(sources)
             if not usable:
-                producer = _producer(bootstrap, tid, stop, rec, producer)  # fences the old one: then rewind
+                producer = _producer(bootstrap, tid, stop, rec, producer, _debug_config())  # fences the old one: then rewind
             if outcome != "committed":
                 c = rewind(c)
             time.sleep(0.1)
