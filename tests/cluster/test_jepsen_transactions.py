@@ -249,7 +249,8 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
     def consumer() -> Consumer:
         c = Consumer({**_debug_config(), "bootstrap.servers": bootstrap, "group.id": group,
                       "isolation.level": "read_committed", "enable.auto.commit": False,
-                      "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "fetch.wait.max.ms": 100, "topic.metadata.refresh.interval.ms": 2000})
+                      "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "fetch.wait.max.ms": 100,
+                      "topic.metadata.refresh.interval.ms": 2000})
         c.subscribe([source])
         return c
 
