@@ -59,7 +59,7 @@ SCHEDULE_LIMIT_S = 90
 TXN_TIMEOUT_MS = 15_000  # a transaction abandoned by a replaced instance ends within the run's tail
 CALL_TIMEOUT_S = 20
 # Inputs per consume-transform-produce transaction at most (what one consume call returns).
-CTP_BATCH = 5
+CTP_BATCH = 20
 # After the heal the stage must transform the backlog the faults left: it may take as long as it keeps
 # committing, but CTP_QUIET_S without a newly covered input is a stall.
 CTP_QUIET_S = 30
@@ -145,6 +145,34 @@ def _end(producer: Producer, commit: bool, rec: Recorder, where: str) -> tuple[s
             except KafkaException as again:
                 rec.error(f"{where} abort after commit", again)
     return "unknown", False
+
+
+class HungCall(Exception):
+    """A librdkafka call still blocked well past its own timeout."""
+
+
+def _send_offsets(producer: Producer, offsets: list, group_metadata) -> None:
+    """``send_offsets_to_transaction``, bounded. librdkafka 2.10 and later can block in it for good, past its
+    timeout, once the group's coordinator was decommissioned (a broker left out of a Metadata response while
+    it was down): its TxnOffsetCommit waits for that broker handle, whose thread is gone, until some other
+    broker changes state (confluentinc/librdkafka#5511, timeout unchecked: #5456). Kafka leaves a dead broker
+    out of Metadata too. Raises KafkaException, or HungCall when the call has not returned 10 s after its
+    timeout: the instance is then abandoned (retired, never destroyed) and a new one fences it."""
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            producer.send_offsets_to_transaction(offsets, group_metadata, CALL_TIMEOUT_S)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True, name="send-offsets")
+    thread.start()
+    thread.join(CALL_TIMEOUT_S + 10)
+    if thread.is_alive():
+        raise HungCall(f"send_offsets_to_transaction still blocked {CALL_TIMEOUT_S + 10} s after its call")
+    if failure:
+        raise failure[0]
 
 
 def _transactions(bootstrap: str, topic: str, name: str, seed: int, rec: Recorder, stop: threading.Event) -> None:
@@ -296,12 +324,18 @@ def _transform(bootstrap: str, source: str, sink: str, seed: int, rec: Recorder,
                     records.append((sink, m.partition(), value))
                     sources.append(m.value())
                     positions[m.partition()] = m.offset() + 1
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(source, p, o) for p, o in sorted(positions.items())],
-                    c.consumer_group_metadata(), CALL_TIMEOUT_S)
+                _send_offsets(producer, [TopicPartition(source, p, o) for p, o in sorted(positions.items())],
+                              c.consumer_group_metadata())
             except (KafkaException, BufferError) as exc:
                 rec.error("ctp produce", exc)
                 commit = False
+            except HungCall as exc:
+                # Never asked to commit: the new instance's InitProducerId aborts the transaction.
+                rec.error("ctp send_offsets_to_transaction hung (librdkafka#5511)", exc)
+                rec.txn(tid, txn, "aborted", records)
+                producer = _producer(bootstrap, tid, stop, rec, producer, _debug_config())
+                c = rewind(c)
+                continue
             outcome, usable = _end(producer, commit, rec, "ctp")
             rec.txn(tid, txn, outcome, records)
             if outcome == "committed":
