@@ -47,9 +47,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 __all__ = [
     "Benchmark",
@@ -444,7 +445,7 @@ class Progress:
     def tty(self) -> bool:
         return self._tty
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if not self._tty:
             self._print(f"{self._prefix()}{self._count()} ...")
         else:
@@ -711,7 +712,7 @@ class Benchmark:
             "quick": self.quick,
             "tiny": self.tiny,
             "mode": self.mode,
-            "started_at": _dt.datetime.fromtimestamp(self._started_wall, _dt.timezone.utc)
+            "started_at": _dt.datetime.fromtimestamp(self._started_wall, _dt.UTC)
                           .isoformat(timespec="seconds"),
             "duration_s": round(duration, 3),
             "argv": self.argv,

@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks._harness import Benchmark
 from copyless.broker.storage import LogConfig, LogManager
-from copyless.broker.storage.cleaner import CleanerConfig, cleanable_section, clean_log
+from copyless.broker.storage.cleaner import CleanerConfig, clean_log, cleanable_section
 
 MIB = 1 << 20
 BATCH_BYTES = 16 << 10

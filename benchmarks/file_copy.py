@@ -28,8 +28,9 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks._harness import Benchmark
 

@@ -55,8 +55,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark
-from benchmarks._replication.clusters import (DEFAULT_KAFKA_HOME, Cluster, CopylessCluster, EtcdServer,
-                                              KafkaCluster, PortPool, keep_logs_on_failure)
+from benchmarks._replication.clusters import (
+    DEFAULT_KAFKA_HOME,
+    Cluster,
+    CopylessCluster,
+    EtcdServer,
+    KafkaCluster,
+    PortPool,
+    keep_logs_on_failure,
+)
 from benchmarks._replication.failover import measure_failover
 from benchmarks._replication.timeline import summary
 from benchmarks._throughput.report import ratio_verdict

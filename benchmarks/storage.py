@@ -93,7 +93,7 @@ def helper_cpu() -> dict[str, float]:
 class Window:
     """Wall time, the appending thread's CPU (time.thread_time) and the helpers' CPU over a timed window."""
 
-    def __enter__(self) -> "Window":
+    def __enter__(self) -> Window:
         self.helpers = helper_cpu()
         self.outrun = PREFAULT_STATS["outrun_bytes"]
         self.thread = time.thread_time()

@@ -50,8 +50,12 @@ __all__ = ["Finding", "SegmentReport", "inspect_segment", "check_data_dir", "add
 
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 ERROR, WARNING = "ERROR", "WARNING"
-# Zero tails are compared a megabyte at a time (a 1 GiB preallocated segment: about a second).
-_TAIL_CHUNK_BYTES = 1 << 20
+# How far past the last whole batch the tail is checked for zeros. A torn write or a batch whose header was
+# damaged starts right there (the header scan stopped at it), so a short probe finds both; the rest of the
+# preallocated tail (up to the segment's 1 GiB) is left unread.
+TAIL_PROBE_BYTES = 64 << 10
+# An index is read in chunks up to its first unused (all-zero) entry, never to its preallocated end (10 MiB).
+_INDEX_CHUNK_BYTES = 64 << 10
 NO_TIMESTAMP = -1
 
 
@@ -101,34 +105,37 @@ class SegmentReport:
 
 
 def _zeros_from(fd: int, start: int, end: int) -> int | None:
-    """The first position in [start, end) holding a non-zero byte, or None when all are zeros."""
-    position = start
-    while position < end:
-        chunk = os.pread(fd, min(_TAIL_CHUNK_BYTES, end - position), position)
-        if not chunk:
-            return None
-        stripped = chunk.lstrip(b"\0")
-        if stripped:
-            return position + len(chunk) - len(stripped)
-        position += len(chunk)
-    return None
+    """The first position in [start, end) holding a non-zero byte, or None when all are zeros (one pread:
+    callers bound the range by TAIL_PROBE_BYTES)."""
+    chunk = os.pread(fd, end - start, start) if end > start else b""
+    stripped = chunk.lstrip(b"\0")
+    return start + len(chunk) - len(stripped) if stripped else None
 
 
 def _read_entries(path: Path, entry, unpack: Callable) -> list[tuple[int, int]] | None:
     """The used entries of an index file (a preallocated active index ends in all-zero entries, never a real
     one: no entry is written for a segment's first batch). None when the file is missing."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
-    count = len(data) // entry.size
-    entries = []
-    for slot in range(count):
-        values = unpack(data, slot)
-        if values == (0, 0):
-            break
-        entries.append(values)
-    return entries
+    entries: list[tuple[int, int]] = []
+    chunk_entries = _INDEX_CHUNK_BYTES // entry.size
+    position = 0
+    try:
+        while True:
+            data = os.pread(fd, chunk_entries * entry.size, position)
+            count = len(data) // entry.size
+            for slot in range(count):
+                values = unpack(data, slot)
+                if values == (0, 0):
+                    return entries
+                entries.append(values)
+            if count < chunk_entries:
+                return entries
+            position += count * entry.size
+    finally:
+        os.close(fd)
 
 
 def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
@@ -166,7 +173,7 @@ def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
                              f"{expected} ({what})")
             expected = header.next_offset
             report.end_position = position + header.size
-        garbage = _zeros_from(fd, report.end_position, size)
+        garbage = _zeros_from(fd, report.end_position, min(size, report.end_position + TAIL_PROBE_BYTES))
         if garbage is not None:
             report.tail_zero = False
             report.error(f"bytes at position {garbage} after the last whole batch (which ends at "

@@ -269,13 +269,17 @@ class Cluster:
         errors = []
         nodes = list(self.metadata.brokers.items())
         random.shuffle(nodes)
-        for node_id, _address in nodes:
+        tried = set()
+        for node_id, address in nodes:
+            tried.add(tuple(address))
             try:
                 return await self.connection(node_id)
             except (KafkaConnectionError, OSError) as exc:
                 errors.append(str(exc))
         not_kafka = True
         for host, port in self.bootstrap:
+            if (host, port) in tried:
+                continue  # the broker just tried there: a second wait would only repeat its error
             try:
                 return await self._open(("bootstrap", host, port), host, port, None)
             except (KafkaConnectionError, OSError) as exc:

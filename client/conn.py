@@ -231,7 +231,7 @@ class Connection:
                 response = await self.request_kio(ApiVersionsRequest(), ApiVersionsResponse, check_version=False)
         except TimeoutError:
             error = NotKafkaError(
-                f"{self.host}:{self.port} accepted the connection but did not answer ApiVersions within "
+                f"{self.host}:{self.port} accepted the connection but did not answer ApiVersions (API 18) within "
                 f"{timeout_ms} ms: is it a Kafka broker's port? (a stopped or overloaded broker is as silent)")
             self.close(error)
             raise error from None
@@ -405,7 +405,8 @@ class Connection:
     def _unsupported(self, api_key: int, version: int) -> str:
         versions = self.api_versions.get(api_key)
         have = f"it supports v{versions[0]}-v{versions[1]}" if versions else "it does not have this API"
-        return f"UNSUPPORTED_VERSION: broker {self.host}:{self.port} does not support api {api_key} v{version} ({have})"
+        return (f"UNSUPPORTED_VERSION: broker {self.host}:{self.port} does not support "
+                f"{api_name(api_key)} (API {api_key}) v{version} ({have})")
 
     def check_version(self, api_key: int) -> int:
         version = API_VERSIONS[api_key]
@@ -645,8 +646,8 @@ class Connection:
         if head.deadline <= now:
             self.close(
                 KafkaTimeoutError(
-                    f"{api_name(head.api_key)} request to {self.host}:{self.port} timed out after "
-                    f"{self.request_timeout_ms} ms"
+                    f"{api_name(head.api_key)} (API {head.api_key}) request to {self.host}:{self.port} timed out "
+                    f"after {self.request_timeout_ms} ms"
                 )
             )
             return

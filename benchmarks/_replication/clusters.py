@@ -25,8 +25,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_KAFKA_HOME = REPO_ROOT.parent / "shared" / "anchors" / "kafka"
@@ -132,7 +133,7 @@ class EtcdServer:
     def url(self, root: str) -> str:
         return f"etcd://{self.endpoint}/{root}"
 
-    def __enter__(self) -> "EtcdServer":
+    def __enter__(self) -> EtcdServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         client, peer = f"http://{self.endpoint}", f"http://127.0.0.1:{self.peer_port}"
         with open(self.workdir / "etcd.log", "ab") as log:
@@ -272,7 +273,7 @@ class KafkaNode:
     def alive(self) -> bool:
         return self.pid is not None
 
-    def start(self, ports: "PortPool | None" = None) -> None:
+    def start(self, ports: PortPool | None = None) -> None:
         """Start the node again. Its client port lies in the kernel's ephemeral range, and clients retrying
         the dead broker's port can take it meanwhile (a loopback connect to a port with no listener can
         connect to itself): when the JVM cannot bind, it starts once more on a fresh port from ``ports``,
@@ -482,7 +483,7 @@ class CopylessCluster(Cluster):
                 node_id, ports.take(), workdir / f"node{node_id}",
                 ["--node-id", str(node_id), "--metadata", etcd.url(self.root), "--config", str(config_path), *extra])
 
-    def __enter__(self) -> "CopylessCluster":
+    def __enter__(self) -> CopylessCluster:
         try:
             for node in self.nodes.values():
                 node.start()
@@ -512,7 +513,7 @@ class SingleCopyless(Cluster):
         config_path.write_text(toml_text(config or {}))
         self.nodes[0] = CopylessNode(0, ports.take(), workdir / "node0", ["--config", str(config_path)])
 
-    def __enter__(self) -> "SingleCopyless":
+    def __enter__(self) -> SingleCopyless:
         try:
             self.nodes[0].start()
         except BaseException:
@@ -540,7 +541,7 @@ class KafkaCluster(Cluster):
     def available(kafka_home: Path = DEFAULT_KAFKA_HOME) -> bool:
         return (kafka_home / "run-kafka-cluster.sh").exists() and shutil.which("java") is not None
 
-    def __enter__(self) -> "KafkaCluster":
+    def __enter__(self) -> KafkaCluster:
         # Another process can take a port between the check and a JVM's bind, 10-20 s later on a loaded
         # machine (seen once, when these ports lay in the kernel's ephemeral range, 32768-60999, now
         # avoided). Then the whole cluster starts again on fresh ports.

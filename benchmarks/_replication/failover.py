@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks._replication.clusters import Cluster
 from benchmarks._replication.timeline import stall

@@ -11,8 +11,8 @@ millisecond after the kill, and would read as a failover of 1 ms.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["Stall", "stall", "summary"]
 

@@ -1,6 +1,7 @@
 """The broker process as an operator and a supervisor see it: it exits as soon as it has logged its clean
 shutdown, and an address it cannot bind is named (a Kafka listener or metrics.listen), not the one that
-bound fine. Real ``copyless serve`` processes."""
+bound fine; a config file's unquoted dotted key is explained before anything starts. Real ``copyless serve``
+processes."""
 
 from __future__ import annotations
 
@@ -89,3 +90,14 @@ def test_a_signal_during_start_up_stops_it_cleanly(tmp_path):
     assert process.returncode == 0, "".join(lines[-10:]) + rest
     assert "signal received during start-up: stopping" in rest and "stopped before serving" in rest
     assert (tmp_path / "data" / ".copyless_cleanshutdown").exists()
+
+
+def test_an_unquoted_dotted_key_in_the_config_file_is_explained(tmp_path):
+    config = tmp_path / "broker.toml"
+    config.write_text('listen = "127.0.0.1:0"\nlog.retention.hours = 1\n"num.partitions" = 2\n')
+    process = _serve(tmp_path, "--config", str(config))
+    _out, err = process.communicate(timeout=120)
+    assert process.returncode == 2, err
+    assert (f"copyless serve: 'log.retention.hours' in {config} is an unquoted dotted key, which TOML reads as a "
+            'table [log]; quote Kafka\'s names: "log.retention.hours" = 1') in err, err
+    assert "Traceback" not in err and not (tmp_path / "data").exists()

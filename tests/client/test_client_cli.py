@@ -240,6 +240,8 @@ def test_what_a_new_user_gets_wrong_is_refused_or_explained(broker):
     single = copyless("produce", topic, "--count", "1", "--size", "1", *b)
     assert single.returncode == 0 and b"produced 1 record (1 byte) in " in single.stderr, single.stderr
     ok("produce", topic, *b, input=b"two\nthree\n")
+    last = copyless("consume", topic, "-o", "2", "-e", *b)
+    assert last.returncode == 0 and b"consumed 1 record (5 bytes) in " in last.stderr, last.stderr
     # -o past the end (or before the start) says where the log is instead of waiting or ending silently.
     past = copyless("consume", topic, "-o", "100", "-e", *b)
     assert past.returncode == 1

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import os
+import signal
 import shutil
 import socket
 import ssl
@@ -19,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from copyless.client import Admin, NotKafkaError, Producer
-from copyless.client.conn import HANDSHAKE_TIMEOUT_MS
+from copyless.client.conn import HANDSHAKE_TIMEOUT_MS, Connection
+from copyless.client.errors import KafkaConnectionError, KafkaTimeoutError
 
 COPYLESS = str(Path(sys.executable).parent / "copyless")
 # The handshake timeout plus what a loaded 2-core machine takes to run the rest (the whole request timeout,
@@ -159,6 +162,56 @@ def test_the_cli_says_so_and_exits_1(servers):
         in done.stderr
     # The process's own start (imports: about 2 s on a loaded machine) comes on top of the client's wait.
     assert took < LIMIT_S + 3, f"took {took:.1f} s"
+
+
+def test_the_cli_names_an_http_server(servers):
+    port = servers(_http_400)
+    done = subprocess.run([COPYLESS, "produce", "orders", "-b", f"127.0.0.1:{port}"], input="one\n",
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"copyless produce: error: 127.0.0.1:{port} is not a Kafka broker (an HTTP server)" in done.stderr
+
+
+def test_a_request_timeout_names_its_api_by_name_and_key(broker_factory):
+    """A broker that answered the handshake and then stops (SIGSTOP): the request that times out is named as
+    Kafka names it, with its key."""
+    from kio.schema.metadata.v5 import request as metadata_request, response as metadata_response
+
+    proc = broker_factory()
+
+    async def stall() -> str:
+        connection = await Connection.open(proc.host, proc.port, request_timeout_ms=1000)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(KafkaTimeoutError) as failure:
+                request = metadata_request.MetadataRequest(topics=None, allow_auto_topic_creation=False)
+                await connection.request_kio(request, metadata_response.MetadataResponse)
+            return str(failure.value)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+
+    message = asyncio.run(stall())
+    assert message == f"Metadata (API 3) request to {proc.host}:{proc.port} timed out after 1000 ms"
+
+
+def test_a_stopped_brokers_address_is_waited_on_once(broker_factory):
+    """A client that knows its cluster retries a silent broker, but does not wait on the same address twice
+    in one attempt (its bootstrap address is the broker's): the error names it once, with ApiVersions."""
+    proc = broker_factory()
+
+    async def stall() -> str:
+        async with Admin(proc.bootstrap, request_timeout_ms=2000) as admin:
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(KafkaConnectionError) as failure:
+                    await admin.list_topics()
+                return str(failure.value)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+
+    message = asyncio.run(stall())
+    assert message.count(f"{proc.host}:{proc.port}") == 1, message
+    assert "did not answer ApiVersions (API 18) within 2000 ms" in message
 
 
 def test_a_real_broker_still_answers(broker):

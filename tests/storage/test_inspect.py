@@ -140,3 +140,40 @@ def test_a_running_brokers_data_dir_checks_out_with_a_warning(broker_factory):
     assert code == 0, output
     assert f"WARNING {proc.data_dir}: a broker is running on this data dir" in output
     assert f"{topic}-1: 1 segment(s), 1 batch(es), offsets 0..5: ok" in output
+
+
+# Run in a child that reports what it read: /proc/self/io's rchar counts every byte read(2)/pread(2) returned.
+_INSPECT_COUNTING_READS = """
+import contextlib, io, sys
+from copyless.broker.inspect_log import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(sys.argv[1:])
+sys.stdout.write(out.getvalue())
+rchar = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())["rchar"]
+print(f"rchar {rchar}")
+sys.exit(code)
+"""
+
+
+def test_a_data_dir_of_idle_partitions_is_read_only_to_each_last_batch(broker_factory):
+    """Segments are 1 GiB files from their first batch (preallocated, mostly holes) and indexes 10 MiB: a
+    check reads each one to its last batch or entry (and a short probe past it), not the zero tail. 21
+    partitions with one batch each, after a kill -9 (nothing trimmed): 21 GiB of logical size, a few MB read."""
+    proc = broker_factory(config={"log.segment.bytes": 1 << 30})
+    topic = unique_topic("idle")
+    driver = ConfluentDriver()
+    driver.create_topic(proc.bootstrap, topic, 21)
+    for partition in range(21):
+        driver.produce(proc.bootstrap, topic, [Rec(b"k", b"v" * 100, now_ms())], acks="all", codec="none",
+                       partition=partition)
+    proc.kill()
+    logs = sorted(proc.data_dir.glob(f"{topic}-*/0*.log"))
+    assert len(logs) == 21 and all(log.stat().st_size == 1 << 30 for log in logs)
+    done = subprocess.run([sys.executable, "-c", _INSPECT_COUNTING_READS, "--data-dir", str(proc.data_dir)],
+                          capture_output=True, text=True, timeout=120, env=python_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(f"{topic}-{p}: 1 segment(s), 1 batch(es), offsets 0..1: ok" in done.stdout for p in range(21))
+    read = int(done.stdout.rsplit("rchar ", 1)[1])
+    # The interpreter's own imports are most of it; one segment's tail alone would be 1 GiB.
+    assert read < 32 << 20, f"read {read} bytes"
