@@ -151,6 +151,8 @@ class BrokerConfig:
     offsets_topic_segment_bytes: int = 16 * 1024 * 1024
     transaction_max_timeout_ms: int = 900000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
+    transactional_id_expiration_ms: int = 7 * 24 * _HOUR_MS
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = 3600000
     # None: the mode's default (1 single node, 50 in a cluster; see ``transaction_partitions``).
     transaction_state_log_num_partitions: int | None = None
     transaction_state_log_replication_factor: int = 3
@@ -560,6 +562,12 @@ _define("transaction.max.timeout.ms", T.INT, "The longest transaction timeout a 
 _define("transaction.abort.timed.out.transaction.cleanup.interval.ms", T.INT, "How often the transaction "
         "coordinator looks for transactions past their timeout, which it aborts (fencing their producer).",
         field="transaction_abort_timed_out_transaction_cleanup_interval_ms", validator=AtLeast(1))
+_define("transactional.id.expiration.ms", T.INT, "How long a transactional id may stay idle (no transaction "
+        "open, state unchanged) before its coordinator forgets it, by a tombstone in __transaction_state.",
+        field="transactional_id_expiration_ms", validator=AtLeast(1))
+_define("transaction.remove.expired.transaction.cleanup.interval.ms", T.INT, "How often the transaction "
+        "coordinator looks for transactional ids idle past transactional.id.expiration.ms.",
+        field="transaction_remove_expired_transaction_cleanup_interval_ms", validator=AtLeast(1))
 _define("transaction.state.log.num.partitions", T.INT, "Partitions of __transaction_state (default: 1 on a "
         "single node; Kafka's 50 in a cluster).", field="transaction_state_log_num_partitions",
         validator=AtLeast(1), read=lambda c: c.transaction_partitions)

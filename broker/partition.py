@@ -192,6 +192,10 @@ class Partition:
         self.key = (topic, partition)
         # Open and aborted transactions (``broker.txn_partition``); rebuilt from the log at load.
         self.txns = txns if txns is not None else PartitionTxns()
+        # Where the producer state goes on disk (broker.partition_state_files); None: kept in memory only.
+        self.state_files: Any = None
+        self._snapshot_segment = -1  # the active segment's base when the last snapshot was captured
+        self._snapshot_offset = -1  # the log end of the last snapshot captured
         # Long-poll keys: consumers wait for the high watermark, followers for the log end.
         self.follower_key = (topic, partition, "log_end")
 
@@ -347,6 +351,7 @@ class Partition:
         self._producers.update(self.topic, self.partition, header, result.base_offset)
         if header.is_transactional:
             self.txns.on_batch(header, result.base_offset)
+        self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, result.log_append_time_ms,
@@ -356,15 +361,27 @@ class Partition:
         """A transaction marker (one control batch built by ``txn_partition.build_marker``): fenced by the
         producer's epoch, never deduplicated (markers carry no sequence), then it closes the producer's
         open transaction here."""
-        from copyless.broker.txn_partition import control_type_of
+        from copyless.broker.txn_partition import read_marker
 
         check = self._producers.check_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
         if check.error != ErrorCode.none:
             raise BrokerError(check.error, check.message or check.error.name)
-        control_type = control_type_of(records)
+        marker = read_marker(records)
+        if marker is None:
+            raise BrokerError(ErrorCode.corrupt_message, "unreadable transaction marker")
+        newer = self.txns.coordinator_fenced(header.producer_id, marker.coordinator_epoch)
+        if newer is not None:
+            # A deposed coordinator's late marker: the transaction it ends was decided again by a newer one.
+            raise BrokerError(ErrorCode.transaction_coordinator_fenced,
+                              f"{self.topic}-{self.partition}: coordinator epoch {marker.coordinator_epoch} of "
+                              f"producer {header.producer_id}'s marker is older than {newer}")
         result = self.log.append(records, leader_epoch=self.leader_epoch)
         self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
-        self.txns.on_marker(header.producer_id, result.base_offset, control_type, self.high_watermark)
+        aborted = self.txns.on_marker(header.producer_id, result.base_offset, marker.control_type,
+                                      self.high_watermark, marker.coordinator_epoch)
+        if aborted is not None and self.state_files is not None:
+            self.state_files.append_aborted(self.log, aborted)
+        self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, -1, result.log_start_offset, False,
@@ -379,6 +396,7 @@ class Partition:
         result = self.log.append(records, leader_epoch=self.leader_epoch)
         self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
         self.txns.on_batch(header, result.base_offset)
+        self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, -1, result.log_start_offset, False,
@@ -403,7 +421,7 @@ class Partition:
 
     async def ensure_transactional(self) -> None:
         """Before the first transactional batch: create ``TXN_MARKER_FILE`` (fsync'd with its directory, on
-        a worker thread) so a restart rebuilds this partition's transactions from its log."""
+        a worker thread) so a restart that finds no usable snapshot replays this partition's whole log."""
         if self.txns.persisted:
             return
         from copyless.broker.storage.checkpoint import fsync_directory
@@ -419,15 +437,48 @@ class Partition:
         await asyncio.to_thread(create)
         self.txns.persisted = True
 
+    # --- producer state on disk -------------------------------------------------------------------------------
+
+    def keep_state_in(self, state_files: Any, snapshot_at_end: bool = False) -> None:
+        """Persist this partition's producer state with ``state_files`` from now on (the replica manager, once
+        the state is loaded; ``snapshot_at_end``: the load left a snapshot at the log end)."""
+        self.state_files = state_files
+        self._snapshot_segment = self.log.segments[-1].base_offset
+        self._snapshot_offset = self.log.log_end_offset if snapshot_at_end else -1
+
+    def _snapshot_if_rolled(self) -> None:
+        """After an append: a new active segment means a roll, and a roll a snapshot (Kafka takes one at
+        each roll), taken at the log end. Loop thread; the write is queued."""
+        if self.state_files is None:
+            return
+        active = self.log.segments[-1].base_offset
+        if active != self._snapshot_segment:
+            self._snapshot_segment = active
+            self.snapshot_state()
+
+    def snapshot_state(self):
+        """Queue a snapshot of the producer state at the log end (at a roll, and at a clean shutdown), unless
+        one was taken there. Loop thread: O(producers) to capture, nothing written here."""
+        from copyless.broker.partition_state_files import capture_snapshot
+
+        if self.state_files is None or self.log.log_end_offset == self._snapshot_offset:
+            return None
+        self._snapshot_offset = self.log.log_end_offset
+        return self.state_files.snapshot(
+            self.log, capture_snapshot(self.log, self._producers, self.topic, self.partition, self.txns))
+
     # --- transactions: the last stable offset ----------------------------------------------------------------
 
     @property
     def last_stable_offset(self) -> int:
-        """min(first unstable offset, high watermark): what read_committed consumers read below."""
+        """min(first unstable offset, high watermark): what read_committed consumers read below. Never below
+        the log start: retention and DeleteRecords are bounded by the high watermark only, as in Kafka, so
+        they may remove the first records of an open transaction; the first unstable offset is then the log
+        start (Kafka's ``maybeIncrementFirstUnstableOffset``), and the LSO stays within the log."""
         txns = self.txns
         if not txns.ongoing and not txns.completing:
             return self.high_watermark
-        return txns.lso(self.high_watermark)
+        return max(txns.lso(self.high_watermark), min(self.log.log_start_offset, self.high_watermark))
 
     def read_committed(self, offset: int, max_bytes: int, *, min_one_message: bool):
         """Records from ``offset`` below the last stable offset (read_committed consumers)."""
@@ -790,6 +841,7 @@ class Partition:
         result = self.log.append_as_follower(records)
         for base_offset, header in result.headers:
             self._follower_applied(header, base_offset, control_types)
+        self._snapshot_if_rolled()
         return self.log.log_end_offset
 
     async def mutate_as_follower(self, leader_epoch: int, blocking: Callable[[], Any],
@@ -843,9 +895,12 @@ class Partition:
         if header.is_control:
             if header.producer_id >= 0:
                 self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
-                control_type = (control_types or {}).get(base_offset)
-                if control_type is not None:
-                    self.txns.on_marker(header.producer_id, base_offset, control_type, self.high_watermark)
+                marker = (control_types or {}).get(base_offset)
+                if marker is not None:
+                    aborted = self.txns.on_marker(header.producer_id, base_offset, marker.control_type,
+                                                  self.high_watermark, marker.coordinator_epoch)
+                    if aborted is not None and self.state_files is not None:
+                        self.state_files.append_aborted(self.log, aborted)
             return
         self._producers.update(self.topic, self.partition, header, base_offset)
         if header.is_transactional:
@@ -853,9 +908,10 @@ class Partition:
 
 
 def _control_types(records) -> dict | None:
-    """base offset -> control type of each control batch in ``records`` ({} when there are transactional
-    batches but no markers), or None when no batch is transactional. Reads headers and markers' keys only."""
-    from copyless.broker.txn_partition import CONTROL_KEY_READ, control_type_of
+    """base offset -> ``Marker`` (control type, coordinator epoch) of each control batch in ``records`` ({}
+    when there are transactional batches but no markers), or None when no batch is transactional. Reads
+    headers and markers' keys and values only."""
+    from copyless.broker.txn_partition import CONTROL_KEY_READ, read_marker
     from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, iter_batches
 
     found = None
@@ -866,5 +922,5 @@ def _control_types(records) -> dict | None:
             found = {}
         if header.is_control:
             end = min(position + header.size, position + RECORD_BATCH_OVERHEAD + CONTROL_KEY_READ)
-            found[header.base_offset] = control_type_of(bytes(records[position:end]))
+            found[header.base_offset] = read_marker(bytes(records[position:end]))
     return found

@@ -9,7 +9,11 @@ Owns, per (topic, partition):
   may still lack it: until it is replicated the transaction still bounds the LSO, as Kafka's
   ``ProducerStateManager.unreplicatedTxns``);
 - ``aborted``: ``AbortedTxn(producer_id, first_offset, last_offset, last_stable_offset)`` in marker order,
-  Kafka's ``.txnindex`` entry (``last_offset`` is the ABORT marker's offset).
+  Kafka's ``.txnindex`` entry (``last_offset`` is the ABORT marker's offset);
+- ``coordinator_epochs``: producer id -> the coordinator epoch of its last marker here. A marker written
+  as leader with an older coordinator epoch comes from a deposed coordinator and is refused with
+  TRANSACTION_COORDINATOR_FENCED (Kafka's ``ProducerAppendInfo.checkCoordinatorEpoch``); replicated markers
+  are taken as they come. Rebuilt by the same log scan (each marker's value holds its coordinator epoch).
 
 The last stable offset (LSO) is ``min(first unstable offset, high watermark)``: read_committed consumers read
 below it, ListOffsets(latest, read_committed) answers it.
@@ -18,25 +22,23 @@ Marker format (Kafka's ``EndTransactionMarker``, ``ControlRecordType``): one unc
 attributes transactional|control (0x30), the producer's id and epoch, base sequence -1 and one record, key
 ``int16 version 0, int16 type (0 ABORT, 1 COMMIT)``, value ``int16 version 0, int32 coordinator epoch``.
 
-Where the state comes from (the crash story): the log. Loading a partition replays every batch header from
-the log start (``PartitionLog.transaction_events``: the 61-byte headers, plus a 32-byte pread of the key of
-each control batch) once the partition has ever held a transactional batch (``txn_marker_file``: an empty
-file created, fsync'd with its directory, before the first transactional batch is appended). There is no
-second file that could disagree with the log after a crash, a truncation or a retention pass: a marker torn
-by a crash is cut by segment recovery and its transaction is open again, to be closed by the coordinator's
-retry; an entry below the log start is dropped when read. What it costs: a header scan of the whole log of a
-transactional partition at start (about a million batches a second); non-transactional partitions pay
-nothing. Kafka's ``.txnindex`` files avoid the scan with snapshots; this keeps the log the one source.
+Where the state comes from (the crash story): the latest producer-state snapshot of the partition, the
+aborted transactions in its segments' ``.txnindex`` files below it, and the log after it
+(``broker.partition_state_files``; formats in ``broker.producer_snapshot`` and ``broker.storage.txn_index``).
+A marker torn by a crash is cut by segment recovery and its transaction is open again, to be closed by the
+coordinator's retry. ``TXN_MARKER_FILE`` (an empty file created, fsync'd with its directory, before the
+partition's first transactional batch) now only matters when no snapshot can be used (a data dir written
+before snapshots, or every snapshot past a cut): the log is then scanned from its first segment for a
+partition that has it, from its second-to-last segment for any other.
 
-Pure (the loop thread owns it) but for ``transaction_events``, the log scan ``rebuild`` is fed from (start-up,
-truncation: worker threads).
+Pure (the loop thread owns it).
 """
 
 from __future__ import annotations
 
 import bisect
 import struct
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from copyless.client.protocol.records import (
     CONTROL_BIT,
@@ -49,18 +51,26 @@ from copyless.client.protocol.records import (
     read_varint,
 )
 
-__all__ = ["AbortedTxn", "PartitionTxns", "TxnPartitions", "build_marker", "control_type_of", "ABORT", "COMMIT",
-           "TXN_MARKER_FILE", "transaction_events"]
+__all__ = ["AbortedTxn", "Marker", "PartitionTxns", "TxnPartitions", "build_marker", "control_type_of", "read_marker",
+           "ABORT", "COMMIT", "TXN_MARKER_FILE"]
 
 ABORT, COMMIT = 0, 1
 # Created in a partition's directory before its first transactional batch: loading scans that log for
 # transactions (module docstring).
 TXN_MARKER_FILE = "transactional"
-# Bytes after a control batch's header that hold its first record's key (length, attributes, timestamp
-# and offset deltas, key length: five varints of at most 5 bytes, then the 4-byte key).
+# Bytes after a control batch's header that hold its first record's key and value (length, attributes,
+# timestamp and offset deltas, key length: five varints, the 4-byte key, the value length and the 6-byte
+# value; 18 bytes for the markers Kafka and this broker write, whose varints are one byte each).
 CONTROL_KEY_READ = 32
 
 _HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount
+
+
+class Marker(NamedTuple):
+    """What a control batch says: ABORT or COMMIT (or another control type), and the coordinator epoch of
+    a transaction marker (-1 when the value is not readable)."""
+    control_type: int
+    coordinator_epoch: int
 
 
 class AbortedTxn(NamedTuple):
@@ -83,9 +93,9 @@ def build_marker(producer_id: int, producer_epoch: int, commit: bool, coordinato
     return struct.pack(">qiibI", 0, RECORD_BATCH_OVERHEAD - 12 + len(record), 0, 2, crc32c(after_crc)) + after_crc
 
 
-def control_type_of(data, position: int = 0) -> int | None:
-    """The control type (ABORT, COMMIT, or another) of the control batch at ``position`` of ``data`` (its
-    header and at least ``CONTROL_KEY_READ`` bytes after it, or to its end), or None when unreadable. Pure."""
+def read_marker(data, position: int = 0) -> Marker | None:
+    """The control batch at ``position`` of ``data`` (its header and at least ``CONTROL_KEY_READ`` bytes after
+    it, or to its end), or None when its key is unreadable. Pure."""
     try:
         at = position + RECORD_BATCH_OVERHEAD
         _length, at = read_varint(data, at)
@@ -96,15 +106,30 @@ def control_type_of(data, position: int = 0) -> int | None:
         if key_length < 4 or at + 4 > len(data):
             return None
         version, kind = struct.unpack_from(">hh", data, at)
-        return kind if version >= 0 else None
+        if version < 0:
+            return None
     except (IndexError, ValueError, struct.error):
         return None
+    coordinator_epoch = -1
+    try:
+        value_length, at = read_varint(data, at + key_length)
+        if value_length >= 6 and at + 6 <= len(data):
+            coordinator_epoch = struct.unpack_from(">hi", data, at)[1]
+    except (IndexError, ValueError, struct.error):
+        pass
+    return Marker(kind, coordinator_epoch)
+
+
+def control_type_of(data, position: int = 0) -> int | None:
+    """The control type (ABORT, COMMIT, or another) of the control batch at ``position``, or None. Pure."""
+    marker = read_marker(data, position)
+    return None if marker is None else marker.control_type
 
 
 class PartitionTxns:
     """One partition's transactions (module docstring). Loop thread only."""
 
-    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last", "persisted")
+    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last", "persisted", "coordinator_epochs")
 
     def __init__(self) -> None:
         # The partition's directory has TXN_MARKER_FILE (set by rebuild at load, or once created).
@@ -113,24 +138,43 @@ class PartitionTxns:
         self.completing: list[tuple[int, int]] = []  # (marker offset, first offset)
         self.aborted: list[AbortedTxn] = []
         self._aborted_last: list[int] = []  # last_offset of each aborted entry (bisect)
+        self.coordinator_epochs: dict[int, int] = {}
 
     def on_batch(self, header: BatchHeader, base_offset: int) -> None:
         """A data batch was appended at ``base_offset``."""
         if header.is_transactional and not header.is_control and header.producer_id >= 0:
             self.ongoing.setdefault(header.producer_id, base_offset)
 
-    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int) -> None:
-        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction."""
+    def coordinator_fenced(self, producer_id: int, coordinator_epoch: int) -> int | None:
+        """The coordinator epoch a marker of ``producer_id`` at ``coordinator_epoch`` is older than (a deposed
+        coordinator's marker: refused), or None when it may be written."""
+        last = self.coordinator_epochs.get(producer_id, -1)
+        return last if coordinator_epoch < last else None
+
+    def on_marker(self, producer_id: int, marker_offset: int, control_type: int | None, high_watermark: int,
+                  coordinator_epoch: int = -1) -> AbortedTxn | None:
+        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction (a
+        control type other than ABORT or COMMIT, or None for an unreadable one, closes nothing). Returns the
+        aborted transaction it records (its ``.txnindex`` entry), if it aborted one."""
         if control_type not in (ABORT, COMMIT):
-            return
+            return None
+        if coordinator_epoch >= 0:
+            self.coordinator_epochs[producer_id] = coordinator_epoch
         first = self.ongoing.pop(producer_id, None)
         if first is None:
-            return  # a marker for a transaction with no batch here (a retried marker, or an empty one)
+            return None  # a marker for a transaction with no batch here (a retried marker, or an empty one)
+        entry = None
         if control_type == ABORT:
-            self.aborted.append(AbortedTxn(producer_id, first, marker_offset, self.lso(high_watermark)))
-            self._aborted_last.append(marker_offset)
+            entry = AbortedTxn(producer_id, first, marker_offset, self.lso(high_watermark))
+            self.add_aborted(entry)
         if marker_offset >= high_watermark:
             self.completing.append((marker_offset, first))
+        return entry
+
+    def add_aborted(self, entry: AbortedTxn) -> None:
+        """Record an aborted transaction (marker order: loading adds the ``.txnindex`` entries first)."""
+        self.aborted.append(entry)
+        self._aborted_last.append(entry.last_offset)
 
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         if self.completing:
@@ -163,15 +207,6 @@ class PartitionTxns:
         return bool(self.ongoing or self.aborted or self.completing)
 
 
-def transaction_events(partition_log) -> list | None:
-    """The ``(header, control type)`` of every batch of a log that has held transactional batches (its
-    directory has ``TXN_MARKER_FILE``), from the log start, or None for any other log (the module docstring
-    says why the whole log). The module's one blocking function (stat, pread), for start-up and truncation."""
-    if not (partition_log.directory / TXN_MARKER_FILE).exists():
-        return None
-    return list(partition_log.transaction_events(partition_log.log_start_offset))
-
-
 class TxnPartitions:
     """Every hosted partition's ``PartitionTxns``, keyed by (topic, partition). Loop thread only."""
 
@@ -187,17 +222,8 @@ class TxnPartitions:
     def peek(self, topic: str, partition: int) -> PartitionTxns | None:
         return self._partitions.get((topic, partition))
 
-    def rebuild(self, topic: str, partition: int, events: Iterable[tuple[BatchHeader, int | None]],
-                high_watermark: int) -> PartitionTxns:
-        """Replace a partition's state by replaying ``(header, control type or None)`` in log order."""
-        txns = PartitionTxns()
-        txns.persisted = True  # only logs holding TXN_MARKER_FILE are scanned
-        for header, control_type in events:
-            if header.is_control:
-                if header.producer_id >= 0 and control_type is not None:
-                    txns.on_marker(header.producer_id, header.base_offset, control_type, high_watermark)
-            else:
-                txns.on_batch(header, header.base_offset)
+    def install(self, topic: str, partition: int, txns: PartitionTxns) -> PartitionTxns:
+        """Replace a partition's state by one loaded off the loop (``broker.partition_state_files``)."""
         self._partitions[(topic, partition)] = txns
         return txns
 

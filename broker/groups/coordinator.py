@@ -565,7 +565,7 @@ class GroupCoordinator:
         member.join_waiter = waiter
 
     def _join_result(self, group: _Group, member: _Member) -> JoinResult:
-        members = ()
+        members: tuple[tuple[str, str | None, bytes], ...] = ()
         if member.member_id == group.leader_id:
             members = tuple((m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name))
                             for m in group.members.values())
@@ -816,6 +816,32 @@ class GroupCoordinator:
             return ErrorCode.rebalance_in_progress
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         return ErrorCode.none
+
+    def validate_txn_offset_commit(self, *, group_id: str, generation_id: int, member_id: str,
+                                   group_instance_id: str | None = None) -> ErrorCode:
+        """May a transactional producer commit offsets for this group (TxnOffsetCommit, KIP-447)?
+
+        Kafka's ``validateOffsetCommit`` with ``isTransactional``: a request naming a member or a generation
+        (v3, the consumer's ``groupMetadata()``) must name a current member at the current generation, so a
+        zombie whose consumer was fenced by a rebalance cannot commit (FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID,
+        ILLEGAL_GENERATION); one naming neither (v0-2, or a producer outside group management), or naming
+        generation -1 while the group is Empty, is accepted. Nothing changes: a transactional commit does not
+        count as a heartbeat.
+        """
+        error = self._status_error()
+        if error is not None:
+            return error
+        group = self._groups.get(group_id)
+        if group is not None and group.state is GroupState.DEAD:
+            return ErrorCode.coordinator_not_available
+        # Kafka creates an unknown group Empty first; generation -1 on an Empty group is a commit from
+        # outside group management, whatever member id it names.
+        empty = group is None or group.state is GroupState.EMPTY
+        if generation_id < 0 and (empty or (not member_id and group_instance_id is None)):
+            return ErrorCode.none
+        if group is None:
+            return ErrorCode.unknown_member_id  # no member of an Empty group can be current
+        return self._member_generation_error(group, member_id, group_instance_id, generation_id) or ErrorCode.none
 
     def deactivate(self, error: ErrorCode = ErrorCode.coordinator_not_available) -> None:
         """Stop coordinating: every parked request fails with ``error`` (COORDINATOR_NOT_AVAILABLE on broker

@@ -318,6 +318,9 @@ class OffsetStore:
         # Offsets committed inside a transaction (TxnOffsetCommit), by producer id: shown on its COMMIT
         # marker, dropped on ABORT.
         self.pending: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        # How many pending records name each offset key: OffsetFetch with require_stable (KIP-447) answers
+        # UNSTABLE_OFFSET_COMMIT for a partition while one is held.
+        self._pending_keys: dict[bytes, int] = {}
 
     # reading ------------------------------------------------------------------------------------------
 
@@ -368,10 +371,22 @@ class OffsetStore:
 
     def add_pending(self, producer_id: int, records: list[tuple[bytes, bytes | None]]) -> None:
         self.pending.setdefault(producer_id, []).extend(records)
+        for key, _value in records:
+            self._pending_keys[key] = self._pending_keys.get(key, 0) + 1
+
+    def has_pending(self, group_id: str, topic: str, partition: int) -> bool:
+        """Does an open transaction hold an offset of this group for this partition?"""
+        return offset_commit_key(group_id, topic, partition) in self._pending_keys
 
     def complete_txn(self, producer_id: int, commit: bool) -> int:
         """A transaction marker for ``producer_id``: its pending offsets are applied (COMMIT) or dropped."""
         records = self.pending.pop(producer_id, [])
+        for key, _value in records:
+            left = self._pending_keys.get(key, 0) - 1
+            if left > 0:
+                self._pending_keys[key] = left
+            else:
+                self._pending_keys.pop(key, None)
         if commit:
             self.apply(records)
         return len(records)

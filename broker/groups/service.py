@@ -49,10 +49,11 @@ milliseconds, as Kafka's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from kio.schema.errors import ErrorCode
 
@@ -129,6 +130,9 @@ class _Shard:
     coordinator: GroupCoordinator
     store: OffsetStore = field(default_factory=OffsetStore)
     load_task: asyncio.Task | None = None
+    # (group, topic, partition) -> commits appended but not yet known replicated (Kafka's
+    # pendingOffsetCommits): unstable for OffsetFetch with require_stable until they are.
+    committing: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
 
 class GroupService:
@@ -492,11 +496,41 @@ class GroupService:
         self._after(shard)
         return error
 
+    def validate_txn_commit(self, **kwargs) -> ErrorCode:
+        shard, error = self.shard_for(kwargs["group_id"])
+        if shard is None:
+            return error
+        return shard.coordinator.validate_txn_offset_commit(**kwargs)
+
     def committed(self, group_id: str) -> tuple[ErrorCode, dict[tuple[str, int], CommittedOffset]]:
         shard, error = self.shard_for(group_id)
         if shard is None:
             return error, {}
         return ErrorCode.none, shard.store.committed(group_id)
+
+    def unstable(self, group_id: str, topic: str, partition: int) -> bool:
+        """KIP-447 (Kafka's ``hasPendingOffsetCommitsForTopicPartition``): is an offset of the group for this
+        partition being committed, or held by an open transaction? OffsetFetch with require_stable then
+        answers UNSTABLE_OFFSET_COMMIT, and the client retries until the transaction ends."""
+        shard, _error = self.shard_for(group_id)
+        if shard is None:
+            return False
+        return (group_id, topic, partition) in shard.committing or shard.store.has_pending(group_id, topic, partition)
+
+    @contextlib.contextmanager
+    def _committing(self, shard: _Shard, group_id: str, commits) -> Iterator[None]:
+        keys = [(group_id, topic, partition) for topic, partition in commits]
+        for key in keys:
+            shard.committing[key] = shard.committing.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            for key in keys:
+                left = shard.committing.get(key, 0) - 1
+                if left > 0:
+                    shard.committing[key] = left
+                else:
+                    shard.committing.pop(key, None)
 
     async def commit_offsets(self, group_id: str, commits: dict[tuple[str, int], CommittedOffset]) -> None:
         """Append the commits to the group's partition and show them once replicated.
@@ -512,12 +546,13 @@ class GroupService:
 
             raise BrokerError(error, error.name)
         records = shard.store.commit_records(group_id, commits)
-        info, partition = await self._append(shard, records, fold=False)
-        # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition), and
-        # only then shown to OffsetFetch: the view never holds an offset a failover could take back.
-        await self._wait_stored(partition, info)
-        if self.shards.get(shard.partition) is shard:
-            shard.store.apply(records)
+        with self._committing(shard, group_id, commits):
+            info, partition = await self._append(shard, records, fold=False)
+            # A commit is acknowledged once replicated (acks=all on its __consumer_offsets partition), and
+            # only then shown to OffsetFetch: the view never holds an offset a failover could take back.
+            await self._wait_stored(partition, info)
+            if self.shards.get(shard.partition) is shard:
+                shard.store.apply(records)
 
     # --- transactional offset commits (TxnOffsetCommit) -----------------------------------------------------------
 
@@ -536,11 +571,12 @@ class GroupService:
         records = shard.store.commit_records(group_id, commits)
         data = build_batch(records, now_ms(), producer_id=producer_id, producer_epoch=producer_epoch)
         partition = self.broker.replicas.leader(OFFSETS_TOPIC, shard.partition)
-        await partition.ensure_transactional()
-        info = await partition.append_as_leader(data, batch_header(data), acks=-1)
-        await self._wait_stored(partition, info)
-        if self.shards.get(shard.partition) is shard:
-            shard.store.add_pending(producer_id, records)
+        with self._committing(shard, group_id, commits):
+            await partition.ensure_transactional()
+            info = await partition.append_as_leader(data, batch_header(data), acks=-1)
+            await self._wait_stored(partition, info)
+            if self.shards.get(shard.partition) is shard:
+                shard.store.add_pending(producer_id, records)
 
     def complete_txn(self, partition_index: int, producer_id: int, commit: bool) -> None:
         """The transaction coordinator wrote a marker for ``producer_id`` to this offsets partition."""
@@ -579,7 +615,7 @@ class GroupService:
             if snapshot.state not in (GroupState.EMPTY, GroupState.DEAD) or not shard.coordinator.remove_group(group_id):
                 results[group_id] = ErrorCode.non_empty_group
                 continue
-            tombstones = [(offset_commit_key(group_id, topic, partition), None)
+            tombstones: list[tuple[bytes, bytes | None]] = [(offset_commit_key(group_id, topic, partition), None)
                           for topic, partition in sorted(shard.store.committed(group_id))]
             tombstones.append(shard.store.group_record(GroupSnapshot(group_id, GroupState.DEAD, -1, None, None,
                                                                      None, now_ms())))

@@ -4,8 +4,9 @@ OffsetFetch, DescribeGroups, ListGroups, and the admin pair DeleteGroups (42) v0
 Each handler translates one kio request into a call on ``broker.groups`` (``broker.groups.service``), which
 owns the coordinator and the offsets store, and builds the response for the request's version. Versions
 (``kafka-protocol.md`` §1.2/1.4): JoinGroup 0-5 and SyncGroup 0-3 include aiokafka's {0,1,2,5} / {0,1,3};
-everything stays below the first flexible version (kafka-python's inference of the broker's version comes
-from ListOffsets v7 instead: 3.0, see ``handlers.producer_ids``).
+everything stays below the first flexible version but OffsetFetch, served to v8 for KIP-447's require_stable
+(v7) and several groups a request (v8). kafka-python's inference of the broker's version comes from other
+APIs (ListOffsets v7: 3.0, see ``handlers.producer_ids``), not from OffsetFetch.
 
 A JoinGroup or SyncGroup that the coordinator parks keeps its connection busy until it completes, as in
 Kafka (requests on one connection are answered in order; clients give the coordinator its own connection).
@@ -249,37 +250,65 @@ def _partition_exists(broker, topic: str, partition: int) -> bool:
 
 
 async def offset_fetch(ctx: RequestContext, request):
+    """v1-7 ask for one group, v8 for several (KIP-709), each answered on its own. v7+ carry require_stable
+    (KIP-447): a partition whose offset an open transaction holds (or a commit not yet replicated) is
+    answered UNSTABLE_OFFSET_COMMIT, offset -1, and the client asks again, so a read_committed consumer
+    taking a partition over mid-transaction starts from the offset the transaction commits, not before it."""
     module = response_module(OFFSET_FETCH, ctx.api_version)
+    require_stable = bool(getattr(request, "require_stable", False))
+    if ctx.api_version >= 8:
+        groups = tuple(_fetch_group(ctx, module, group.group_id, group.topics, require_stable)
+                       for group in request.groups)
+        return build(module.OffsetFetchResponse, throttle_time=NO_THROTTLE, groups=groups)
+    group_error, topics = _fetch_offsets(ctx, module, request.group_id, request.topics, require_stable)
+    return build(module.OffsetFetchResponse, throttle_time=NO_THROTTLE, topics=topics, error_code=group_error)
+
+
+def _fetch_group(ctx: RequestContext, module, group_id: str, requested, require_stable: bool):
+    group_error, topics = _fetch_offsets(ctx, module, group_id, requested, require_stable)
+    return build(module.OffsetFetchResponseGroup, group_id=group_id, topics=topics, error_code=group_error)
+
+
+def _fetch_offsets(ctx: RequestContext, module, group_id: str, requested, require_stable: bool):
+    """(group error, response topics) for one group; ``requested`` None means every committed partition."""
+    v8 = ctx.api_version >= 8
     groups: GroupService = ctx.broker.groups
-    if not checks.group(ctx, Operation.DESCRIBE, request.group_id):
+    committed: dict[tuple[str, int], CommittedOffset]
+    if not checks.group(ctx, Operation.DESCRIBE, group_id):
         group_error, committed = ErrorCode.group_authorization_failed, {}
     else:
-        group_error, committed = groups.committed(request.group_id)
-    denied = checks.denied_topics(ctx, Operation.DESCRIBE, (topic for topic, _p in committed) if request.topics is None
-                                  else (t.name for t in request.topics))
-    if request.topics is None:
+        group_error, committed = groups.committed(group_id)
+    if v8 and group_error != ErrorCode.none:
+        return group_error, ()  # Kafka answers a failed group with its error and no topics
+    denied = checks.denied_topics(ctx, Operation.DESCRIBE, (topic for topic, _p in committed) if requested is None
+                                  else (t.name for t in requested))
+    if requested is None:
         wanted: dict[str, list[int]] = {}
         for topic, partition in sorted(committed):
             if topic not in denied:  # an all-topics fetch leaves out what the principal may not describe
                 wanted.setdefault(topic, []).append(partition)
     else:
-        wanted = {t.name: list(t.partition_indexes) for t in request.topics}
+        wanted = {t.name: list(t.partition_indexes) for t in requested}
     # v1 has no top-level error: the group's error goes on every partition.
     partition_error = group_error if ctx.api_version < 2 else ErrorCode.none
+    topic_entity = module.OffsetFetchResponseTopics if v8 else module.OffsetFetchResponseTopic
+    partition_entity = module.OffsetFetchResponsePartitions if v8 else module.OffsetFetchResponsePartition
     topics = []
     for topic, partitions in wanted.items():
         items = []
         for partition in partitions:
             found = None if topic in denied else committed.get((topic, partition))
+            error = ErrorCode.topic_authorization_failed if topic in denied else partition_error
+            if require_stable and error == ErrorCode.none and groups.unstable(group_id, topic, partition):
+                found, error = None, ErrorCode.unstable_offset_commit
             items.append(build(
-                module.OffsetFetchResponsePartition, partition_index=partition,
+                partition_entity, partition_index=partition,
                 committed_offset=found.offset if found else -1,
                 committed_leader_epoch=found.leader_epoch if found else -1,
                 metadata=found.metadata if found else "",
-                error_code=ErrorCode.topic_authorization_failed if topic in denied else partition_error))
-        topics.append(build(module.OffsetFetchResponseTopic, name=topic, partitions=tuple(items)))
-    return build(module.OffsetFetchResponse, throttle_time=NO_THROTTLE, topics=tuple(topics),
-                 error_code=group_error)
+                error_code=error))
+        topics.append(build(topic_entity, name=topic, partitions=tuple(items)))
+    return group_error, tuple(topics)
 
 
 # --- DescribeGroups / ListGroups -------------------------------------------------------------------------------
@@ -355,6 +384,7 @@ async def offset_delete(ctx: RequestContext, request):
     denied = checks.denied_topics(ctx, Operation.READ, (t.name for t in request.topics))
     wanted = [(topic.name, int(p.partition_index)) for topic in request.topics for p in topic.partitions
               if topic.name not in denied]
+    outcome: dict[tuple[str, int], ErrorCode]
     if not checks.group(ctx, Operation.DELETE, request.group_id):
         code, outcome = ErrorCode.group_authorization_failed, {}
     elif groups is None:
@@ -382,7 +412,7 @@ HANDLERS = {
     DELETE_GROUPS: (0, 2, delete_groups),
     OFFSET_DELETE: (0, 0, offset_delete),
     OFFSET_COMMIT: (2, 7, offset_commit),
-    OFFSET_FETCH: (1, 5, offset_fetch),
+    OFFSET_FETCH: (1, 8, offset_fetch),
     FIND_COORDINATOR: (0, 2, find_coordinator),
     JOIN_GROUP: (0, 5, join_group),
     HEARTBEAT: (0, 3, heartbeat),

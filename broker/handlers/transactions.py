@@ -237,10 +237,20 @@ async def txn_offset_commit(ctx: RequestContext, request):
                     commits[key] = CommittedOffset(item.committed_offset,
                                                    getattr(item, "committed_leader_epoch", -1),
                                                    item.committed_metadata or "", timestamp)
-        try:
-            await groups.txn_commit_offsets(request.group_id, request.producer_id, request.producer_epoch, commits)
-        except Exception as exc:
-            code = _fenced(_commit_error(error_for(exc)[0]), TXN_OFFSET_COMMIT, ctx.api_version)
+        # v3 names the consumer's member and generation (KIP-447): a zombie whose consumer a rebalance
+        # fenced is refused before anything is written.
+        code = groups.validate_txn_commit(group_id=request.group_id,
+                                          generation_id=getattr(request, "generation_id", -1),
+                                          member_id=getattr(request, "member_id", "") or "",
+                                          group_instance_id=getattr(request, "group_instance_id", None))
+        if code == ErrorCode.none:
+            try:
+                await groups.txn_commit_offsets(request.group_id, request.producer_id, request.producer_epoch,
+                                                commits)
+            except Exception as exc:
+                code = _fenced(_commit_error(error_for(exc)[0]), TXN_OFFSET_COMMIT, ctx.api_version)
+        elif code not in (ErrorCode.not_coordinator, ErrorCode.coordinator_load_in_progress):
+            log.info("TxnOffsetCommit for group %r from %s: %s", request.group_id, ctx.client_id, code.name)
     topics = []
     for topic in request.topics:
         topics.append(module.TxnOffsetCommitResponseTopic(name=topic.name, partitions=tuple(

@@ -59,7 +59,7 @@ class LeaderEpochCache:
             calls ``flush`` itself.
     """
 
-    def __init__(self, path: Path, *, schedule_flush: Callable[[Callable[[], None]], None] | None = None) -> None:
+    def __init__(self, path: Path, *, schedule_flush: Callable[[Callable[[], None]], object] | None = None) -> None:
         self.path = path
         self._entries: list[EpochEntry] = []
         self._lock = threading.Lock()  # the list (loop thread) against a snapshot taken by flush (worker)
@@ -226,7 +226,7 @@ class LeaderEpochCache:
                 after an unclean stop; None after a clean one). A missing or unreadable file is rebuilt from
                 every batch, from ``log_start_offset``.
         """
-        loaded = None
+        loaded: list[EpochEntry] | None = None
         try:
             lines = read_entries(self.path)
             if lines is not None:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 from kio.schema.errors import ErrorCode
 
 __all__ = ["TxnState", "TxnMetadata", "Decision", "on_init", "on_add_partitions", "on_end", "on_complete",
-           "on_timeout", "MAX_EPOCH"]
+           "on_timeout", "expired", "MAX_EPOCH"]
 
 # Kafka's Short.MaxValue - 1: the last epoch a producer id is used with before a new id is handed out.
 MAX_EPOCH = 32766
@@ -155,3 +155,11 @@ def on_timeout(metadata: TxnMetadata, now_ms: int) -> TxnMetadata | None:
     if metadata.state is not TxnState.ONGOING or now_ms < metadata.start_ms + metadata.timeout_ms:
         return None
     return _fence_and_abort(metadata, now_ms)
+
+
+def expired(metadata: TxnMetadata, now_ms: int, expiration_ms: int) -> bool:
+    """Has the id been idle past ``transactional.id.expiration.ms``? Only with no transaction in progress
+    (Empty, CompleteCommit, CompleteAbort), counted from its last state change, as Kafka's
+    ``TransactionStateManager`` decides; the coordinator then forgets it by a tombstone."""
+    return (metadata.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+            and 0 <= metadata.update_ms <= now_ms - expiration_ms)

@@ -24,7 +24,11 @@ groups map to ``__consumer_offsets`` (``broker.groups.service``, whose pattern t
 - markers for ``__consumer_offsets`` partitions (AddOffsetsToTxn) also tell the group coordinator to show or
   drop the offsets the transaction committed (``GroupService.complete_txn``);
 - a timer aborts transactions past their ``transaction.timeout.ms`` every
-  ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, fencing their producer (epoch + 1).
+  ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, fencing their producer (epoch + 1);
+- another forgets transactional ids idle past ``transactional.id.expiration.ms`` (no transaction in
+  progress) every ``transaction.remove.expired.transaction.cleanup.interval.ms``, by a tombstone in
+  ``__transaction_state``, as Kafka does: the id is forgotten once the tombstone is replicated, and a load
+  replays it; a producer of the forgotten id gets INVALID_PRODUCER_ID_MAPPING until it calls InitProducerId.
 
 Markers go to partitions this broker leads (``Partition.write_marker``). On a single node that is every
 partition; in a cluster the markers for partitions led elsewhere are sent with WriteTxnMarkers v1 to their
@@ -98,6 +102,8 @@ class TransactionService:
         self.num_partitions: int = config.transaction_partitions
         self.max_timeout_ms: int = config.transaction_max_timeout_ms
         self.cleanup_interval_ms: int = config.transaction_abort_timed_out_transaction_cleanup_interval_ms
+        self.id_expiration_ms: int = config.transactional_id_expiration_ms
+        self.expiry_interval_ms: int = config.transaction_remove_expired_transaction_cleanup_interval_ms
         self.shards: dict[int, _Shard] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task] = []
@@ -106,7 +112,7 @@ class TransactionService:
         self._connections: dict[int, Any] = {}  # node id -> inter-broker connection (WriteTxnMarkers)
         self._started = False
         self._stopping = False
-        self.stats = {"committed": 0, "aborted": 0, "timed_out": 0, "markers": 0}
+        self.stats = {"committed": 0, "aborted": 0, "timed_out": 0, "markers": 0, "expired_ids": 0}
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -119,6 +125,7 @@ class TransactionService:
             if partition.topic == TXN_TOPIC:
                 self.on_leadership(partition, True)
         self._tasks.append(asyncio.create_task(self._abort_timed_out(), name="txn-timeouts"))
+        self._tasks.append(asyncio.create_task(self._expire_ids(), name="txn-id-expiry"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -348,7 +355,13 @@ class TransactionService:
 
     async def _persist(self, shard: _Shard, metadata: m.TxnMetadata) -> None:
         """Append the state, wait until the ISR has it, then make it the current state. Raises BrokerError."""
-        data = build_batch([(encode_key(metadata.transactional_id), encode_value(metadata))], now_ms())
+        await self._store(shard, metadata.transactional_id, encode_value(metadata))
+        shard.transactions[metadata.transactional_id] = metadata
+
+    async def _store(self, shard: _Shard, transactional_id: str, value: bytes | None) -> None:
+        """Append one record of the id (None: its tombstone) and wait until the ISR has it. Raises
+        BrokerError, with NOT_COORDINATOR once the shard is no longer this broker's."""
+        data = build_batch([(encode_key(transactional_id), value)], now_ms())
         partition = self.broker.replicas.leader(TXN_TOPIC, shard.partition)
         if partition.leader_epoch != shard.leader_epoch:
             raise BrokerError(ErrorCode.not_coordinator, "the transaction state partition moved")
@@ -360,7 +373,6 @@ class TransactionService:
             await GroupService._wait_flushed(partition, info.last_offset + 1, WRITE_TIMEOUT_S)
         if self.shards.get(shard.partition) is not shard:
             raise BrokerError(ErrorCode.not_coordinator, "the transaction state partition moved")
-        shard.transactions[metadata.transactional_id] = metadata
 
     def _start_completion(self, shard: _Shard, metadata: m.TxnMetadata, *, markers_written: bool = False,
                           holder: _Holder | None = None) -> None:
@@ -560,6 +572,44 @@ class TransactionService:
                     self.stats["timed_out"] += 1
                     count += 1
                     await self._complete(shard, fenced, holder, wait_s=WRITE_TIMEOUT_S)
+        return count
+
+    # --- transactional id expiration -------------------------------------------------------------------------
+
+    async def _expire_ids(self) -> None:
+        while True:
+            await asyncio.sleep(self.expiry_interval_ms / 1000)
+            try:
+                await self.expire_ids(now_ms())
+            except Exception:
+                log.exception("removing expired transactional ids failed")
+
+    async def expire_ids(self, now: int) -> int:
+        """Forget every id idle past ``transactional.id.expiration.ms`` (``metadata.expired``): its tombstone
+        is appended and replicated under the id's lock, then the id is dropped (unless it changed meanwhile)."""
+        count = 0
+        for shard in list(self.shards.values()):
+            if shard.status != "active":
+                continue
+            for transactional_id, metadata in list(shard.transactions.items()):
+                if not m.expired(metadata, now, self.id_expiration_ms):
+                    continue
+                async with self._holding(transactional_id):
+                    current = shard.transactions.get(transactional_id)
+                    if current is None or not m.expired(current, now, self.id_expiration_ms):
+                        continue
+                    try:
+                        await self._store(shard, transactional_id, None)
+                    except Exception as exc:
+                        log.warning("transactional id %r: cannot remove it after its expiration: %s",
+                                    transactional_id, exc)
+                        continue
+                    if shard.transactions.get(transactional_id) is current:
+                        del shard.transactions[transactional_id]
+                    log.info("transactional id %r (producer %d) idle since %d removed", transactional_id,
+                             current.producer_id, current.update_ms)
+                    self.stats["expired_ids"] += 1
+                    count += 1
         return count
 
 

@@ -208,6 +208,20 @@ def test_standalone_commits_need_an_empty_group(coordinator):
         == ErrorCode.unknown_member_id
 
 
+def test_transactional_commits_name_a_current_member_or_none(coordinator):
+    """TxnOffsetCommit (KIP-447), Kafka's validateOffsetCommit with isTransactional."""
+    check = coordinator.validate_txn_offset_commit
+    assert check(group_id="ghost", generation_id=-1, member_id="") == ErrorCode.none
+    assert check(group_id="ghost", generation_id=-1, member_id="m") == ErrorCode.none  # an Empty group
+    assert check(group_id="ghost", generation_id=3, member_id="m") == ErrorCode.unknown_member_id
+    ids, _, generation, _ = stable_group(coordinator)
+    assert check(group_id="g", generation_id=-1, member_id="") == ErrorCode.none  # v0-2: no member named
+    assert check(group_id="g", generation_id=generation, member_id=ids[0]) == ErrorCode.none
+    assert check(group_id="g", generation_id=generation - 1, member_id=ids[0]) == ErrorCode.illegal_generation
+    assert check(group_id="g", generation_id=generation, member_id="gone") == ErrorCode.unknown_member_id
+    assert check(group_id="g", generation_id=-1, member_id=ids[0]) == ErrorCode.illegal_generation
+
+
 def test_commit_during_completing_rebalance_is_refused(coordinator):
     a = join_new(coordinator, 0, "wa")
     coordinator.tick(DELAY_MS)

@@ -283,3 +283,194 @@ def test_metrics_count_transactions_and_show_the_lso(broker_factory):
     samples = wait_until(lambda: (s := scrape(address)) and value(s, "copyless_open_transactions") == 0 and s,
                          what="the transaction closed", timeout_s=10)
     assert value(samples, "copyless_partition_last_stable_offset", topic=topic, partition="0") == 6
+
+
+def _member(bootstrap: str, group: str, topic: str, **config) -> Consumer:
+    """A consumer that has joined ``group`` and holds an assignment of ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, **config})
+    consumer.subscribe([topic])
+    wait_until(lambda: consumer.poll(0.2) is None and bool(consumer.assignment()), timeout_s=30, interval_s=0,
+               what="an assignment")
+    return consumer
+
+
+def test_a_zombie_whose_consumer_left_the_group_cannot_commit_offsets(broker_factory):
+    """KIP-447: TxnOffsetCommit v3 carries the consumer's generation and member id; once that member has
+    left the group, the producer holding its metadata is refused and its transaction must abort."""
+    broker = broker_factory()
+    source, sink = unique_topic("src"), unique_topic("sink")
+    _create(broker.bootstrap, source)
+    _create(broker.bootstrap, sink)
+    group = unique_topic("zombie")
+    old = _member(broker.bootstrap, group, source)
+    stale = old.consumer_group_metadata()
+    old.close()  # leaves: the group moves on without that member
+    new = _member(broker.bootstrap, group, source)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    try:
+        producer.begin_transaction()
+        producer.produce(sink, b"from-the-zombie", partition=0)
+        with pytest.raises(KafkaException) as raised:
+            producer.send_offsets_to_transaction([TopicPartition(source, 0, 5)], stale, 30)
+        error = raised.value.args[0]
+        assert error.code() in (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION), error
+        assert error.txn_requires_abort(), error
+        producer.abort_transaction(30)
+        # The live member's metadata is accepted.
+        producer.begin_transaction()
+        producer.produce(sink, b"from-the-member", partition=0)
+        producer.send_offsets_to_transaction([TopicPartition(source, 0, 5)], new.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+    finally:
+        new.close()
+    assert _committed(broker.bootstrap, group, source) == [5, -1001]
+    assert _read_all(broker.bootstrap, sink, "read_committed") == ["from-the-member"]
+
+
+def test_a_read_committed_member_taking_over_mid_transaction_starts_at_the_pending_offset(broker_factory):
+    """KIP-447: librdkafka's read_committed consumer asks OffsetFetch with require_stable; while a
+    transaction holds the group's offset for the partition, it is told UNSTABLE_OFFSET_COMMIT and asks again,
+    so it starts at the offset the transaction commits, never at the one before (which would transform the
+    records in between twice)."""
+    broker = broker_factory()
+    source, sink = unique_topic("src"), unique_topic("sink")
+    _create(broker.bootstrap, source, partitions=1)
+    _create(broker.bootstrap, sink)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(10):
+        plain.produce(source, b"in%d" % i, partition=0)
+    plain.flush(30)
+    group = unique_topic("takeover")
+    committer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(source, 0, 2)], asynchronous=False)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    producer.begin_transaction()
+    producer.produce(sink, b"out2-4", partition=0)
+    producer.send_offsets_to_transaction([TopicPartition(source, 0, 5)], committer.consumer_group_metadata(), 30)
+    committer.close()
+    # The transaction is open: a new read_committed member takes the partition over.
+    taker = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False,
+                      "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    try:
+        taker.subscribe([source])
+        early = [m for m in (taker.poll(0.5) for _ in range(8)) if m is not None and not m.error()]
+        assert early == [], [(m.offset(), m.value()) for m in early]
+        producer.commit_transaction(30)
+        first = wait_until(lambda: (lambda m: m if m is not None and not m.error() else None)(taker.poll(0.5)),
+                           timeout_s=30, interval_s=0, what="a record after the commit")
+        assert first.offset() == 5, (first.offset(), first.value())
+    finally:
+        taker.close()
+
+
+def test_records_deleted_past_an_open_transaction_move_the_lso_to_the_log_start(broker_factory):
+    """Kafka 3.9 bounds retention and DeleteRecords by the high watermark only, not by the LSO
+    (``UnifiedLog.deletableSegments``, ``maybeIncrementLogStartOffset``), and the first unstable offset is
+    then the log start (``maybeIncrementFirstUnstableOffset``): the LSO never falls below the log start, so
+    read_committed consumers never see a range whose end is before its beginning."""
+    broker = broker_factory()
+    topic = unique_topic("txn-deleted")
+    _create(broker.bootstrap, topic, partitions=1)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    producer.begin_transaction()
+    producer.produce(topic, b"t0", partition=0)
+    producer.flush(30)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for value in (b"p1", b"p2"):
+        plain.produce(topic, value, partition=0)
+    plain.flush(30)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    [(_tp, future)] = admin.delete_records([TopicPartition(topic, 0, 2)]).items()
+    assert future.result(30).low_watermark == 2
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("reader"),
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        # While the transaction is open: the LSO is the log start (2), not its first offset (0).
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=20, cached=False) == (2, 2)
+        producer.commit_transaction(30)
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=20, cached=False) == (2, 4)
+        consumer.assign([TopicPartition(topic, 0, 2)])
+        first = wait_until(lambda: (lambda m: m if m is not None and not m.error() else None)(consumer.poll(0.5)),
+                           timeout_s=20, interval_s=0, what="the record after the log start")
+        assert (first.offset(), first.value()) == (2, b"p2")
+    finally:
+        consumer.close()
+
+
+def _replayed(log_text: str) -> int:
+    """The batches the last start-up replayed to load producer state (its "broker state loaded" line)."""
+    lines = [line for line in log_text.splitlines() if "broker state loaded" in line]
+    return int(lines[-1].split("batches replayed=")[1].split()[0])
+
+
+def test_restarts_load_transactions_from_snapshots_and_aborted_transaction_indexes(broker_factory):
+    """A transactional partition of many segments: after a clean shutdown the restart replays no batch (the
+    snapshots written at shutdown), after a kill -9 only the batches after the last roll's snapshot; both
+    times read_committed reads exactly the committed records (the aborted ones come from the .txnindex
+    files), and a transaction open across the kill is still open, then committed."""
+    broker = broker_factory()
+    topic = unique_topic("snapshots")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": str(64 << 10)})])[topic].result(30)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    committed = []
+    for number in range(100):
+        values = [f"{number}-{i}-" + "x" * 1000 for i in range(10)]
+        _produce_txn(producer, topic, values, commit=number % 3 != 1)
+        committed += values if number % 3 != 1 else []
+    directory = broker.data_dir / f"{topic}-0"
+    assert len(list(directory.glob("*.log"))) >= 5
+    assert list(directory.glob("*.txnindex")) and list(directory.glob("*.snapshot"))
+
+    broker.restart("graceful")
+    assert _replayed(broker.log_text()) == 0
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    for number in range(100, 110):
+        values = [f"{number}-{i}-" + "x" * 1000 for i in range(10)]
+        _produce_txn(producer, topic, values, commit=number % 3 != 1)
+        committed += values if number % 3 != 1 else []
+    producer.begin_transaction()
+    for i in range(4):
+        producer.produce(topic, f"open-{i}".encode(), partition=i % 2)
+    producer.flush(30)
+    broker.restart("kill")
+    # A scan of the whole log would read more than the topic's 220 markers alone.
+    replayed = _replayed(broker.log_text())
+    assert 0 < replayed < 2 * 110, f"replayed {replayed} batches"
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    producer.commit_transaction(60)
+    committed += [f"open-{i}" for i in range(4)]
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+
+
+def test_a_data_dir_written_before_snapshots_loads_by_the_scan_and_then_has_them(broker_factory):
+    """Upgrade: a data dir with no .snapshot and no .txnindex file (what the broker wrote before them; the
+    `transactional` file is there) loads by the whole-log scan, reads the same, and the next start has a
+    snapshot at the log end to start from."""
+    broker = broker_factory()
+    topic = unique_topic("upgrade")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": str(64 << 10)})])[topic].result(30)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    committed = []
+    for number in range(30):
+        values = [f"{number}-{i}-" + "x" * 1000 for i in range(10)]
+        _produce_txn(producer, topic, values, commit=number % 3 != 1)
+        committed += values if number % 3 != 1 else []
+    port = broker.port
+    assert broker.stop() == 0
+    removed = [path for pattern in ("*/*.snapshot", "*/*.txnindex") for path in broker.data_dir.glob(pattern)]
+    assert any(path.suffix == ".txnindex" for path in removed)
+    for path in removed:
+        path.unlink()
+    assert (broker.data_dir / f"{topic}-0" / "transactional").exists()
+    broker.start(port=port)
+    assert _replayed(broker.log_text()) > 2 * 30  # every batch, the topic's 60 markers among them
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert list((broker.data_dir / f"{topic}-0").glob("*.txnindex"))
+    broker.restart("graceful")
+    assert _replayed(broker.log_text()) == 0
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)

@@ -22,9 +22,13 @@ from kio.schema.find_coordinator.v2 import request as find_v2
 from kio.schema.init_producer_id.v4 import request as init_v4
 from kio.schema.list_offsets.v5 import request as list_offsets_v5
 from kio.schema.list_transactions.v0 import request as list_v0
-from kio.schema.offset_fetch.v5 import request as offset_fetch_v5
+from kio.schema.offset_commit.v7 import request as commit_v7
+from kio.schema.offset_fetch.v5 import request as fetch_offsets_v5
+from kio.schema.offset_fetch.v7 import request as fetch_offsets_v7
+from kio.schema.offset_fetch.v8 import request as fetch_offsets_v8
 from kio.schema.produce.v8 import request as produce_v8
-from kio.schema.txn_offset_commit.v3 import request as txn_offset_commit_v3
+from kio.schema.txn_offset_commit.v3 import request as txn_commit_v3
+from kio.schema.write_txn_markers.v1 import request as markers_v1
 
 from tests.support import batches
 from tests.support.kio_requests import MS, KafkaWire, create_topic
@@ -285,18 +289,18 @@ def _send_offsets(wire, tid, pid, epoch, group, topic, offset):
     added = wire.request(add_offsets_v3.AddOffsetsToTxnRequest(transactional_id=tid, producer_id=pid,
                                                                producer_epoch=epoch, group_id=group))
     assert ErrorCode(added.error_code) == ErrorCode.none
-    response = wire.request(txn_offset_commit_v3.TxnOffsetCommitRequest(
+    response = wire.request(txn_commit_v3.TxnOffsetCommitRequest(
         transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=epoch,
-        topics=(txn_offset_commit_v3.TxnOffsetCommitRequestTopic(name=topic, partitions=(
-            txn_offset_commit_v3.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=offset,
+        topics=(txn_commit_v3.TxnOffsetCommitRequestTopic(name=topic, partitions=(
+            txn_commit_v3.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=offset,
                                                                  committed_metadata=""),)),)))
     assert [ErrorCode(p.error_code) for t in response.topics for p in t.partitions] == [ErrorCode.none]
 
 
 def _committed(wire, group, topic):
     """The group's committed offset of partition 0 of ``topic``, or None while its coordinator loads."""
-    response = wire.request(offset_fetch_v5.OffsetFetchRequest(group_id=group, topics=(
-        offset_fetch_v5.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),)))
+    response = wire.request(fetch_offsets_v5.OffsetFetchRequest(group_id=group, topics=(
+        fetch_offsets_v5.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),)))
     if ErrorCode(response.error_code) == ErrorCode.coordinator_load_in_progress:
         return None
     assert ErrorCode(response.error_code) == ErrorCode.none
@@ -307,9 +311,9 @@ def test_offsets_of_a_commit_whose_marker_lands_while_their_group_loads_are_comm
     """The coordinator dies once PrepareCommit is stored (``txn.after_prepare``) for a transaction holding
     offsets of a group. On restart it writes the markers again, the one for the group's ``__consumer_offsets``
     partition while the group coordinator loads that partition (delay point ``groups.load.replayed``: the
-    replay has read the log, the shard does not serve from it yet). The offsets must be committed all the same: once lost
-    between the replay and the marker, they stayed pending for good, and the group's next member restarted
-    from the offsets before them."""
+    replay has read the log, the shard does not serve from it yet). The offsets must be committed all the
+    same: once lost between the replay and the marker, they stayed pending for good, and the group's next
+    member restarted from the offsets before them."""
     monkeypatch.setenv("COPYLESS_FAILPOINT", "txn.after_prepare")
     broker = broker_factory()
     monkeypatch.delenv("COPYLESS_FAILPOINT")
@@ -335,5 +339,166 @@ def test_offsets_of_a_commit_whose_marker_lands_while_their_group_loads_are_comm
         assert wait_until(lambda: _committed(wire, group, topic) is not None, what="the group loaded",
                           timeout_s=20)
         assert _committed(wire, group, topic) == 1
+    finally:
+        wire.close()
+
+
+# --- KIP-447: OffsetFetch require_stable, TxnOffsetCommit v3 ------------------------------------------------
+
+
+def _commit_plain(wire, group, topic, offsets):
+    response = wire.request(commit_v7.OffsetCommitRequest(
+        group_id=group, generation_id_or_member_epoch=-1, member_id="", topics=(commit_v7.OffsetCommitRequestTopic(
+            name=topic, partitions=tuple(commit_v7.OffsetCommitRequestPartition(
+                partition_index=p, committed_offset=o, committed_metadata="") for p, o in offsets.items())),)))
+    assert {ErrorCode(p.error_code) for t in response.topics for p in t.partitions} == {ErrorCode.none}
+
+
+def _txn_commit(wire, tid, pid, epoch, group, topic, offsets, *, generation=-1, member=""):
+    response = wire.request(add_offsets_v3.AddOffsetsToTxnRequest(
+        transactional_id=tid, producer_id=pid, producer_epoch=epoch, group_id=group))
+    assert ErrorCode(response.error_code) == ErrorCode.none
+    response = wire.request(txn_commit_v3.TxnOffsetCommitRequest(
+        transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=epoch, generation_id=generation,
+        member_id=member, topics=(txn_commit_v3.TxnOffsetCommitRequestTopic(name=topic, partitions=tuple(
+            txn_commit_v3.TxnOffsetCommitRequestPartition(partition_index=p, committed_offset=o,
+                                                          committed_metadata="") for p, o in offsets.items())),)))
+    return {p.partition_index: ErrorCode(p.error_code) for t in response.topics for p in t.partitions}
+
+
+def _fetch_offsets(wire, group, topic, partitions, *, stable, module=fetch_offsets_v7):
+    fields = dict(group_id=group, topics=(module.OffsetFetchRequestTopic(name=topic, partition_indexes=partitions),))
+    if module is fetch_offsets_v7:
+        fields["require_stable"] = stable
+    response = wire.request(module.OffsetFetchRequest(**fields))
+    assert ErrorCode(response.error_code) == ErrorCode.none
+    return {p.partition_index: (ErrorCode(p.error_code), p.committed_offset)
+            for t in response.topics for p in t.partitions}
+
+
+def test_require_stable_answers_unstable_while_a_transaction_holds_the_offset(wire):
+    topic, tid, pid, epoch = _setup(wire)
+    group = _name("g447")
+    _commit_plain(wire, group, topic, {0: 2})
+    assert _txn_commit(wire, tid, pid, epoch, group, topic, {0: 5}) == {0: ErrorCode.none}
+    # The transaction is open: a stable fetch gets UNSTABLE_OFFSET_COMMIT for the partition it holds, the
+    # others (partition 1: nothing committed) their offset; an unstable fetch (and v5) the committed 2.
+    assert _fetch_offsets(wire, group, topic, [0, 1], stable=True) == {
+        0: (ErrorCode.unstable_offset_commit, -1), 1: (ErrorCode.none, -1)}
+    assert _fetch_offsets(wire, group, topic, [0], stable=False) == {0: (ErrorCode.none, 2)}
+    assert _fetch_offsets(wire, group, topic, [0], stable=True, module=fetch_offsets_v5) == {0: (ErrorCode.none, 2)}
+    # v8: several groups in one request, each answered on its own.
+    other = _name("g447")
+    _commit_plain(wire, other, topic, {0: 9})
+    response = wire.request(fetch_offsets_v8.OffsetFetchRequest(require_stable=True, groups=tuple(
+        fetch_offsets_v8.OffsetFetchRequestGroup(group_id=g, topics=(
+            fetch_offsets_v8.OffsetFetchRequestTopics(name=topic, partition_indexes=(0,)),)) for g in (group, other))))
+    assert [(g.group_id, ErrorCode(g.error_code), [(ErrorCode(p.error_code), p.committed_offset)
+                                                   for t in g.topics for p in t.partitions])
+            for g in response.groups] == [(group, ErrorCode.none, [(ErrorCode.unstable_offset_commit, -1)]),
+                                          (other, ErrorCode.none, [(ErrorCode.none, 9)])]
+    assert _end(wire, tid, pid, epoch, commit=True) == ErrorCode.none
+    assert _fetch_offsets(wire, group, topic, [0], stable=True) == {0: (ErrorCode.none, 5)}
+
+
+def test_an_aborted_transaction_releases_the_offset_it_held(wire):
+    topic, tid, pid, epoch = _setup(wire)
+    group = _name("g447")
+    _commit_plain(wire, group, topic, {0: 3})
+    assert _txn_commit(wire, tid, pid, epoch, group, topic, {0: 8}) == {0: ErrorCode.none}
+    assert _fetch_offsets(wire, group, topic, [0], stable=True) == {0: (ErrorCode.unstable_offset_commit, -1)}
+    assert _end(wire, tid, pid, epoch, commit=False) == ErrorCode.none
+    assert _fetch_offsets(wire, group, topic, [0], stable=True) == {0: (ErrorCode.none, 3)}
+
+
+def test_txn_offset_commit_v3_names_a_member_the_group_must_know(wire):
+    """A producer naming a member or a generation of a group that has none is refused (Kafka's
+    validateOffsetCommit for transactional commits); naming neither is accepted."""
+    topic, tid, pid, epoch = _setup(wire)
+    group = _name("g447")
+    assert _txn_commit(wire, tid, pid, epoch, group, topic, {0: 1}, generation=4, member="gone-member") == {
+        0: ErrorCode.unknown_member_id}
+    assert _txn_commit(wire, tid, pid, epoch, group, topic, {0: 1}) == {0: ErrorCode.none}
+    assert _end(wire, tid, pid, epoch, commit=True) == ErrorCode.none
+    assert _fetch_offsets(wire, group, topic, [0], stable=True) == {0: (ErrorCode.none, 1)}
+
+
+# --- WriteTxnMarkers: the coordinator epoch ------------------------------------------------------------------
+
+
+def _marker(wire, topic, pid, epoch, coordinator_epoch, commit=True):
+    response = wire.request(markers_v1.WriteTxnMarkersRequest(markers=(markers_v1.WritableTxnMarker(
+        producer_id=pid, producer_epoch=epoch, transaction_result=commit, coordinator_epoch=coordinator_epoch,
+        topics=(markers_v1.WritableTxnMarkerTopic(name=topic, partition_indexes=(0,)),)),)))
+    return ErrorCode(response.markers[0].topics[0].partitions[0].error_code)
+
+
+@pytest.mark.parametrize("restart", ["kill", "graceful"])
+def test_a_marker_from_an_older_coordinator_epoch_is_fenced_also_after_a_restart(broker_factory, restart):
+    """Kafka's checkCoordinatorEpoch: once a partition has a producer's marker at coordinator epoch E, a
+    marker at an older epoch (a deposed coordinator's late retry) is refused with
+    TRANSACTION_COORDINATOR_FENCED and leaves the transaction open. After kill -9 the epoch is rebuilt by
+    replaying the log after the last snapshot; after a clean shutdown it comes from the snapshot at the log
+    end, with nothing replayed."""
+    broker = broker_factory()
+    wire = KafkaWire(broker.port)
+    topic, tid, pid, epoch = _setup(wire)
+    assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _produce(wire, topic, _txn_batch([b"a"], pid, epoch, 0), tid)[0] == ErrorCode.none
+    assert _marker(wire, topic, pid, epoch, coordinator_epoch=1000) == ErrorCode.none
+    assert _produce(wire, topic, _txn_batch([b"b"], pid, epoch, 1), tid)[0] == ErrorCode.none
+    assert _marker(wire, topic, pid, epoch, coordinator_epoch=999, commit=False) == \
+        ErrorCode.transaction_coordinator_fenced
+    assert _latest(wire, topic, isolation=1) == 2  # still open: the LSO is the second batch
+    wire.close()
+    broker.restart(restart)
+    wire = KafkaWire(broker.port)
+    try:
+        assert _marker(wire, topic, pid, epoch, coordinator_epoch=999, commit=False) == \
+            ErrorCode.transaction_coordinator_fenced
+        assert _marker(wire, topic, pid, epoch, coordinator_epoch=1000) == ErrorCode.none
+        assert _latest(wire, topic, isolation=1) == 4
+    finally:
+        wire.close()
+
+
+# --- transactional.id.expiration.ms ----------------------------------------------------------------------------
+
+
+def _listed(wire):
+    response = wire.request(list_v0.ListTransactionsRequest(state_filters=(), producer_id_filters=()))
+    return {t.transactional_id: t.transaction_state for t in response.transaction_states}
+
+
+def test_an_idle_transactional_id_expires_by_a_tombstone(broker_factory):
+    """Kafka's transactional.id.expiration.ms: an id with no transaction in progress, idle past it, is
+    removed by a tombstone in __transaction_state (so a restart does not bring it back); an id whose
+    transaction is open stays; the forgotten producer gets INVALID_PRODUCER_ID_MAPPING, and InitProducerId
+    starts the id afresh."""
+    broker = broker_factory(config={"transactional.id.expiration.ms": 3000,
+                                    "transaction.remove.expired.transaction.cleanup.interval.ms": 200})
+    wire = KafkaWire(broker.port)
+    topic, idle, pid, epoch = _setup(wire)
+    assert _add(wire, idle, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _produce(wire, topic, _txn_batch([b"a"], pid, epoch, 0), idle)[0] == ErrorCode.none
+    assert _end(wire, idle, pid, epoch, commit=True) == ErrorCode.none
+    # Known until it expires (CompleteCommit is stored in the background after EndTxn answers).
+    assert _listed(wire)[idle] in ("PrepareCommit", "CompleteCommit")
+    busy = _name("tid")
+    code, busy_pid, busy_epoch = _init(wire, busy)
+    assert code == ErrorCode.none
+    assert _add(wire, busy, busy_pid, busy_epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    wait_until(lambda: idle not in _listed(wire), what="the idle id expired", timeout_s=20)
+    # Kept meanwhile: the id whose transaction is open (its own timeout aborts it, not the expiration).
+    assert _listed(wire)[busy] == "Ongoing"
+    wire.close()
+    broker.restart("kill")
+    wire = KafkaWire(broker.port)
+    try:
+        listed = wait_until(lambda: _listed(wire) or None, what="the coordinator loaded", timeout_s=20)
+        assert idle not in listed and listed[busy] == "Ongoing"
+        assert _add(wire, idle, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.invalid_producer_id_mapping}
+        code, new_pid, new_epoch = _init(wire, idle)
+        assert code == ErrorCode.none and new_epoch == 0
     finally:
         wire.close()

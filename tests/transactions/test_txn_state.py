@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker.txn import metadata as m
 from copyless.broker.txn.log import TxnLogView, decode, encode_key, encode_value
-from copyless.broker.txn_partition import ABORT, COMMIT, PartitionTxns, build_marker, control_type_of
+from copyless.broker.txn_partition import ABORT, COMMIT, Marker, PartitionTxns, build_marker, control_type_of, read_marker
 from copyless.client.protocol.records import read_header, validate_batch
 
 NOW = 1_700_000_000_000
@@ -108,7 +108,19 @@ def test_a_marker_is_a_valid_control_batch():
         assert header.is_control and header.is_transactional and header.records_count == 1
         assert (header.producer_id, header.producer_epoch, header.base_sequence) == (42, 3, -1)
         assert control_type_of(marker) == kind
+        assert read_marker(marker) == Marker(kind, 7)
+        assert read_marker(marker[:61 + 32]) == Marker(kind, 7)  # what the load scan reads of it
         assert read_header(marker).size == len(marker)
+
+
+def test_a_marker_from_an_older_coordinator_epoch_is_fenced():
+    txns = PartitionTxns()
+    assert txns.coordinator_fenced(42, 0) is None
+    txns.on_batch(read_header(_txn_batch(42)), 0)
+    txns.on_marker(42, 1, COMMIT, 2, coordinator_epoch=5)
+    assert txns.coordinator_fenced(42, 4) == 5
+    assert txns.coordinator_fenced(42, 5) is None and txns.coordinator_fenced(42, 6) is None
+    assert txns.coordinator_fenced(43, 0) is None  # per producer
 
 
 # --- a partition's transactions against a model ---------------------------------------------------------------
