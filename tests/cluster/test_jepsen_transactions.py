@@ -474,7 +474,7 @@ def _wait(condition, seconds: float) -> bool:
 
 # The consume-transform-produce stage once stalled here in 2 of 6 runs: librdkafka's send_offsets_to_transaction
 # blocking for good once the group coordinator's broker handle was decommissioned (``_send_offsets``,
-# docs/transactions.md). 75-111 s a run on the 2-core CI machine.
+# docs/transactions.md). 62-115 s a run on the 2-core CI machine.
 @pytest.mark.timeout(600)
 def test_transactions_hold_under_overlapping_faults(tmp_path):
     available, why = NetLab.available()
