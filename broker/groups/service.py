@@ -67,6 +67,7 @@ from copyless.broker.groups.offsets import (
     offset_commit_key,
     partition_for,
 )
+from copyless.broker.storage._failpoints import delaypoint
 from copyless.client.protocol.records import read_header as batch_header
 
 __all__ = ["GroupService", "now_ms"]
@@ -297,7 +298,16 @@ class GroupService:
     async def _load(self, shard: _Shard, partition) -> None:
         started = time.monotonic()
         try:
-            store = await asyncio.to_thread(_replay_log, partition.log)
+            store, offset = await asyncio.to_thread(_replay_log, partition.log)
+            # Transaction markers are appended while the replay runs (the coordinator writes them whatever
+            # the group shard's state) and fold their pending offsets into no store yet: replay what came
+            # meanwhile until, checked on this thread (where markers are appended and applied), nothing
+            # did. A marker applied here and again by its writer changes nothing the second time.
+            while offset < partition.log.log_end_offset:
+                store, reached = await asyncio.to_thread(_replay_log, partition.log, store, offset)
+                if reached <= offset:
+                    break  # nothing complete to read (a torn tail)
+                offset = reached
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -727,10 +737,11 @@ def subscribed_topics(metadata: bytes) -> list[str]:
         return []
 
 
-def _replay_log(partition_log) -> OffsetStore:
-    """Read one ``__consumer_offsets`` partition from its start (worker thread: pread, decode)."""
-    store = OffsetStore()
-    offset = partition_log.log_start_offset
+def _replay_log(partition_log, store: OffsetStore | None = None, offset: int | None = None) -> tuple[OffsetStore, int]:
+    """Fold one ``__consumer_offsets`` partition into ``store`` (a new one) from ``offset`` (its start) to its
+    end (worker thread: pread, decode); returns the store and the offset after the last batch read."""
+    store = store if store is not None else OffsetStore()
+    offset = partition_log.log_start_offset if offset is None else offset
     end = partition_log.log_end_offset
     while offset < end:
         result = partition_log.read(offset, LOAD_READ_BYTES, min_one_message=True)
@@ -742,4 +753,5 @@ def _replay_log(partition_log) -> OffsetStore:
         if next_offset <= offset:
             break  # no complete batch: a torn tail recovery left behind; nothing more to read
         offset = next_offset
-    return store
+    delaypoint("groups.load.replayed")
+    return store, offset
