@@ -31,9 +31,10 @@ partition by default and is created at start; in a cluster it is created on the 
 Acting only while entitled to (the safety argument). Two coordinators must never both run one group: the
 old one would keep members it no longer owns heartbeating and synced while the new one hands their
 partitions to others. A coordinator is the leader of its group's offsets partition, so it acts only while
-a leader may: ``shard_for`` (``CoordinatorShards.entitled``) answers NOT_COORDINATOR (16) once this broker's metadata lease may have expired
-(``lease_valid``, counted from the last keepalive etcd answered, so it ends before etcd can expire the lease
-and let the controller elect a successor) or once the partition is no longer led here at the shard's epoch.
+a leader may: ``shard_for`` (``CoordinatorShards.entitled``) answers NOT_COORDINATOR (16) once this
+broker's metadata lease may have expired (``lease_valid``, counted from the last keepalive etcd answered, so
+it ends before etcd can expire the lease and let the controller elect a successor) or once the partition is
+no longer led here at the shard's epoch.
 A cut-off coordinator therefore stops answering JoinGroup, SyncGroup, Heartbeat and OffsetCommit before
 its successor can load the group, and its members look the coordinator up again.
 
