@@ -36,7 +36,7 @@ REPO_ROOT = BENCH_DIR.parent
 ORDER = ("zero_copy", "file_copy", "writev", "poll", "mmap_warmup", "storage", "prefault", "compaction",
          "compaction_vs_kafka", "compaction_offsets", "compaction_produce",
          "client", "connections", "throughput", "replication", "cluster_metadata", "security", "transactions",
-         "nemesis")
+         "txn_startup", "nemesis")
 TITLES = {
     "zero_copy": "Zero copy: read + send vs sendfile (IBM developerWorks, seeds 000/002)",
     "file_copy": "Copying a file four ways (seed 001)",
@@ -56,6 +56,7 @@ TITLES = {
     "cluster_metadata": "Cluster metadata in etcd",
     "nemesis": "Overlapping faults: the nemesis soak and the checker",
     "transactions": "Transactions: transactional produce, commit latency, read_committed consume",
+    "txn_startup": "Start-up of a long transactional partition: whole-log scan vs snapshots",
 }
 
 

@@ -126,9 +126,9 @@ class AtLeast:
     """Kafka's ``Range.atLeast``; ``also`` admits a few values below (-1: "no limit")."""
 
     minimum: int | float
-    also: tuple = ()
+    also: tuple[int | float, ...] = ()
 
-    def __call__(self, name: str, value) -> None:
+    def __call__(self, name: str, value: Any) -> None:
         if value < self.minimum and value not in self.also:
             raise _invalid(name, value, f"Value must be at least {self.minimum}"
                            + "".join(f" (or {other})" for other in self.also))
@@ -143,9 +143,9 @@ class Between:
 
     minimum: int | float
     maximum: int | float
-    also: tuple = ()
+    also: tuple[int | float, ...] = ()
 
-    def __call__(self, name: str, value) -> None:
+    def __call__(self, name: str, value: Any) -> None:
         if value in self.also:
             return
         if value < self.minimum:
@@ -164,7 +164,7 @@ class OneOf:
 
     values: tuple[str, ...]
 
-    def __call__(self, name: str, value) -> None:
+    def __call__(self, name: str, value: Any) -> None:
         if value not in self.values:
             raise _invalid(name, value, f"String must be one of: {', '.join(self.values)}")
 
@@ -178,7 +178,7 @@ class ListOf:
 
     values: tuple[str, ...]
 
-    def __call__(self, name: str, value) -> None:
+    def __call__(self, name: str, value: Any) -> None:
         for item in value:
             if item not in self.values:
                 raise _invalid(name, ",".join(value), f"Invalid value {item}: must be one of {', '.join(self.values)}")
@@ -192,9 +192,9 @@ class Supported:
     """Values Kafka knows but copyless does not do yet: only ``values`` are accepted, and the refusal says so
     (``cleanup.policy=compact is not supported (supported: delete)``). Lists are checked item by item."""
 
-    values: tuple
+    values: tuple[Any, ...]
 
-    def __call__(self, name: str, value) -> None:
+    def __call__(self, name: str, value: Any) -> None:
         items = value if isinstance(value, tuple) else (value,)
         if any(item not in self.values for item in items):
             supported = ", ".join(map(_text, self.values))
@@ -204,7 +204,7 @@ class Supported:
         return f"[{', '.join(map(_text, self.values))}]"
 
 
-def _text(value) -> str:
+def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
@@ -253,7 +253,7 @@ class ConfigKey:
     unlimited: bool = False
     sensitive: bool = False
     parse: Callable[[Any], Any] | None = None
-    apply: Callable[[Any], dict] | None = None
+    apply: Callable[[Any], dict[str, Any]] | None = None
     text: Callable[[Any], str | None] | None = None
     read: Callable[[Any], Any] | None = None
     per_listener: bool = False
@@ -330,7 +330,7 @@ class ConfigKey:
             return ",".join(str(item) for item in value)
         return str(value)
 
-    def fields(self, field_value: Any) -> dict:
+    def fields(self, field_value: Any) -> dict[str, Any]:
         """The BrokerConfig fields this value sets."""
         changes = {self.field: field_value} if self.field else {}
         if self.apply is not None:
@@ -361,7 +361,7 @@ class ConfigDef:
         self._broker_names: dict[str, tuple[ConfigKey, Synonym | None]] = {}
         self._topic_names: dict[str, ConfigKey] = {}
 
-    def define(self, name: str, config_type: ConfigType, doc: str, **options) -> ConfigDef:
+    def define(self, name: str, config_type: ConfigType, doc: str, **options: Any) -> ConfigDef:
         """Add a setting (options: the ``ConfigKey`` fields). Returns the registry, so definitions chain.
 
         Raises:
@@ -379,11 +379,11 @@ class ConfigDef:
         if key.default is NO_DEFAULT:
             raise ValueError(f"{key.name}: a default is required")
         name = key.name
-        names = []
+        names: list[tuple[str, str]] = []
         if key.is_topic:
             names.append(("topic", name))
         if key.is_broker:
-            names.append(("broker", key.broker_config_name))
+            names.append(("broker", key.broker_name or key.name))  # its broker_config_name
             names.extend(("broker", synonym.name) for synonym in key.synonyms)
         for kind, taken in names:
             table = self._topic_names if kind == "topic" else self._broker_names

@@ -76,6 +76,18 @@ class ConfigEntry:
 # --- dynamic broker configs ------------------------------------------------------------------------------------
 
 
+def _broker_name(key: ConfigKey) -> str:
+    """A broker setting's config name (``broker_config_name``, which is None only for a topic-only setting)."""
+    return key.broker_name or key.name
+
+
+def _field(key: ConfigKey) -> str:
+    """The BrokerConfig field a dynamic broker setting sets (every one has a field)."""
+    if key.field is None:
+        raise InvalidConfig(f"Cannot update these configs dynamically: {key.name} (no broker field)")
+    return key.field
+
+
 def check_broker_configs(configs: Mapping[str, str | None], registry: ConfigDef = CONFIGS) -> dict[str, Any]:
     """Check one map of dynamic broker configs; returns BrokerConfig field -> value.
 
@@ -96,7 +108,7 @@ def check_broker_configs(configs: Mapping[str, str | None], registry: ConfigDef 
         if text is None:
             raise InvalidConfig(f"Null value not supported for broker config {name}")
         try:
-            fields[key.field] = key.value_of(text, name)
+            fields[_field(key)] = key.value_of(text, name)
         except ConfigError as exc:
             raise InvalidConfig(str(exc)) from None
     return fields
@@ -110,7 +122,7 @@ def effective_config(static: BrokerConfig, node_id: int, dynamic: Mapping[str, M
     Raises:
         InvalidConfig: the resulting config is refused as a whole (``BrokerConfig.validate``'s message).
     """
-    fields = {key.field: getattr(static, key.field) for key in CONFIGS.broker_keys() if key.dynamic}
+    fields = {_field(key): getattr(static, _field(key)) for key in CONFIGS.broker_keys() if key.dynamic}
     fields.update(check_broker_configs(dynamic.get(DEFAULTS_KEY, {})))
     fields.update(check_broker_configs(dynamic.get(str(node_id), {})))
     config = dataclasses.replace(current or static, **fields)
@@ -125,7 +137,7 @@ def effective_config(static: BrokerConfig, node_id: int, dynamic: Mapping[str, M
 def _broker_layers(key: ConfigKey, static: BrokerConfig, node_id: int,
                    dynamic: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str | None, int]]:
     """(name, value, source) for every layer that has broker setting ``key``, strongest first."""
-    name = key.broker_config_name
+    name = _broker_name(key)
     hide = key.is_sensitive
     layers = []
     own = dynamic.get(str(node_id), {})
@@ -162,8 +174,8 @@ def describe_broker(static: BrokerConfig, node_id: int, dynamic: Mapping[str, Ma
         return entries
     for key in registry.broker_keys():
         layers = _broker_layers(key, static, node_id, dynamic)
-        _n, value, source = layers[0]
-        entries.append(ConfigEntry(key.broker_config_name, value, source, not key.dynamic, key.config_type,
+        _n, shown, source = layers[0]
+        entries.append(ConfigEntry(_broker_name(key), shown, source, not key.dynamic, key.config_type,
                                    tuple(layers), key.is_sensitive, key.doc))
     return entries
 

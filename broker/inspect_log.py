@@ -181,12 +181,12 @@ def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
     finally:
         os.close(fd)
     if indexes and base_offset is not None:
-        _check_indexes(report)
+        _check_indexes(report, base_offset)
     return report
 
 
-def _check_indexes(report: SegmentReport) -> None:
-    directory, base = report.path.parent, report.base_offset
+def _check_indexes(report: SegmentReport, base: int) -> None:
+    directory = report.path.parent
     starts = {info.position: info.header for info in report.batches}
     base_offsets = {info.header.base_offset for info in report.batches}
     end = report.next_offset
@@ -265,6 +265,24 @@ class PartitionReport:
         return self.segments[-1].next_offset if self.segments else None
 
 
+def _check_producer_state_files(directory: Path, report: PartitionReport) -> None:
+    """Producer snapshots read back (version, CRC); aborted-transaction indexes hold whole entries (a torn
+    tail is rewritten when the partition loads: a warning)."""
+    from copyless.broker import producer_snapshot
+    from copyless.broker.storage import txn_index
+
+    for offset in producer_snapshot.snapshot_offsets(directory):
+        try:
+            producer_snapshot.read(directory, offset)
+        except (producer_snapshot.CorruptSnapshotError, OSError) as exc:
+            report.findings.append(Finding(ERROR, str(producer_snapshot.snapshot_path(directory, offset)),
+                                           f"unreadable ({exc}): start-up deletes it and uses an older one"))
+    for base in txn_index.index_bases(directory):
+        path = txn_index.txn_index_path(directory, base)
+        if txn_index.read(path)[1]:
+            report.findings.append(Finding(WARNING, str(path), "a torn last entry: rewritten at start-up"))
+
+
 def check_partition(directory: Path, topic: str, partition: int) -> PartitionReport:
     report = PartitionReport(topic, partition)
     segments = []
@@ -293,6 +311,7 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
         text = metadata.read_text(errors="replace")
         if "topic_id:" not in text:
             report.findings.append(Finding(ERROR, str(metadata), "no topic_id line"))
+    _check_producer_state_files(directory, report)
     cleaned_to = read_cleaner_checkpoint(directory) or -1
     previous: SegmentReport | None = None
     for path in segments:
@@ -302,7 +321,8 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
         # A gap below the cleaner's checkpointed offset is compaction's (a cleaned segment's last records
         # removed); any other gap, or an overlap, is a broken chain.
         if previous is not None and previous.next_offset != segment.base_offset and not (
-                previous.next_offset < segment.base_offset <= cleaned_to):
+                previous.next_offset is not None and segment.base_offset is not None
+                and previous.next_offset < segment.base_offset <= cleaned_to):
             report.findings.append(Finding(ERROR, str(path), f"starts at offset {segment.base_offset}, but the "
                                            f"previous segment ends before offset {previous.next_offset}"))
         previous = segment
@@ -367,8 +387,8 @@ def check_data_dir(data_dir: Path) -> tuple[list[PartitionReport], list[Finding]
             if end is not None and offset > end:
                 findings.append(Finding(ERROR, str(checkpoint), f"{key[0]}-{key[1]}: {what} {offset} is past the "
                                         f"log end offset {end}"))
-            elif name == filenames.LOG_START_OFFSET_CHECKPOINT and key in starts and starts[key] is not None \
-                    and offset < starts[key]:
+            elif name == filenames.LOG_START_OFFSET_CHECKPOINT and (start := starts.get(key)) is not None \
+                    and offset < start:
                 findings.append(Finding(ERROR, str(checkpoint), f"{key[0]}-{key[1]}: log start offset {offset} is "
                                         f"below the first segment's base offset {starts[key]}"))
     return partitions, findings
@@ -448,13 +468,13 @@ def run(args) -> int:
     status = 0
     for path in args.segment:
         try:
-            report = inspect_segment(Path(path), indexes=args.indexes)
+            segment_report = inspect_segment(Path(path), indexes=args.indexes)
         except OSError as exc:
             print(f"ERROR {path}: {exc.strerror or exc}", file=out)
             status = 1
             continue
-        _print_segment(report, args.indexes, out)
-        for finding in report.findings:
+        _print_segment(segment_report, args.indexes, out)
+        for finding in segment_report.findings:
             print(finding, file=out)
             if finding.severity == ERROR:
                 status = 1

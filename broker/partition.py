@@ -192,6 +192,10 @@ class Partition:
         self.key = (topic, partition)
         # Open and aborted transactions (``broker.txn_partition``); rebuilt from the log at load.
         self.txns = txns if txns is not None else PartitionTxns()
+        # Where the producer state goes on disk (broker.partition_state_files); None: kept in memory only.
+        self.state_files: Any = None
+        self._snapshot_segment = -1  # the active segment's base when the last snapshot was captured
+        self._snapshot_offset = -1  # the log end of the last snapshot captured
         # Long-poll keys: consumers wait for the high watermark, followers for the log end.
         self.follower_key = (topic, partition, "log_end")
 
@@ -347,6 +351,7 @@ class Partition:
         self._producers.update(self.topic, self.partition, header, result.base_offset)
         if header.is_transactional:
             self.txns.on_batch(header, result.base_offset)
+        self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, result.log_append_time_ms,
@@ -372,8 +377,11 @@ class Partition:
                               f"producer {header.producer_id}'s marker is older than {newer}")
         result = self.log.append(records, leader_epoch=self.leader_epoch)
         self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
-        self.txns.on_marker(header.producer_id, result.base_offset, marker.control_type, self.high_watermark,
-                            marker.coordinator_epoch)
+        aborted = self.txns.on_marker(header.producer_id, result.base_offset, marker.control_type,
+                                      self.high_watermark, marker.coordinator_epoch)
+        if aborted is not None and self.state_files is not None:
+            self.state_files.append_aborted(self.log, aborted)
+        self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, -1, result.log_start_offset, False,
@@ -388,6 +396,7 @@ class Partition:
         result = self.log.append(records, leader_epoch=self.leader_epoch)
         self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
         self.txns.on_batch(header, result.base_offset)
+        self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
         self.maybe_advance_high_watermark()
         return AppendInfo(result.base_offset, result.last_offset, -1, result.log_start_offset, False,
@@ -412,7 +421,7 @@ class Partition:
 
     async def ensure_transactional(self) -> None:
         """Before the first transactional batch: create ``TXN_MARKER_FILE`` (fsync'd with its directory, on
-        a worker thread) so a restart rebuilds this partition's transactions from its log."""
+        a worker thread) so a restart that finds no usable snapshot replays this partition's whole log."""
         if self.txns.persisted:
             return
         from copyless.broker.storage.checkpoint import fsync_directory
@@ -427,6 +436,36 @@ class Partition:
 
         await asyncio.to_thread(create)
         self.txns.persisted = True
+
+    # --- producer state on disk -------------------------------------------------------------------------------
+
+    def keep_state_in(self, state_files: Any, snapshot_at_end: bool = False) -> None:
+        """Persist this partition's producer state with ``state_files`` from now on (the replica manager, once
+        the state is loaded; ``snapshot_at_end``: the load left a snapshot at the log end)."""
+        self.state_files = state_files
+        self._snapshot_segment = self.log.segments[-1].base_offset
+        self._snapshot_offset = self.log.log_end_offset if snapshot_at_end else -1
+
+    def _snapshot_if_rolled(self) -> None:
+        """After an append: a new active segment means a roll, and a roll a snapshot (Kafka takes one at
+        each roll), taken at the log end. Loop thread; the write is queued."""
+        if self.state_files is None:
+            return
+        active = self.log.segments[-1].base_offset
+        if active != self._snapshot_segment:
+            self._snapshot_segment = active
+            self.snapshot_state()
+
+    def snapshot_state(self):
+        """Queue a snapshot of the producer state at the log end (at a roll, and at a clean shutdown), unless
+        one was taken there. Loop thread: O(producers) to capture, nothing written here."""
+        from copyless.broker.partition_state_files import capture_snapshot
+
+        if self.state_files is None or self.log.log_end_offset == self._snapshot_offset:
+            return None
+        self._snapshot_offset = self.log.log_end_offset
+        return self.state_files.snapshot(
+            self.log, capture_snapshot(self.log, self._producers, self.topic, self.partition, self.txns))
 
     # --- transactions: the last stable offset ----------------------------------------------------------------
 
@@ -802,6 +841,7 @@ class Partition:
         result = self.log.append_as_follower(records)
         for base_offset, header in result.headers:
             self._follower_applied(header, base_offset, control_types)
+        self._snapshot_if_rolled()
         return self.log.log_end_offset
 
     async def mutate_as_follower(self, leader_epoch: int, blocking: Callable[[], Any],
@@ -857,8 +897,10 @@ class Partition:
                 self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
                 marker = (control_types or {}).get(base_offset)
                 if marker is not None:
-                    self.txns.on_marker(header.producer_id, base_offset, marker.control_type, self.high_watermark,
-                                        marker.coordinator_epoch)
+                    aborted = self.txns.on_marker(header.producer_id, base_offset, marker.control_type,
+                                                  self.high_watermark, marker.coordinator_epoch)
+                    if aborted is not None and self.state_files is not None:
+                        self.state_files.append_aborted(self.log, aborted)
             return
         self._producers.update(self.topic, self.partition, header, base_offset)
         if header.is_transactional:

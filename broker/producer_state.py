@@ -14,8 +14,9 @@ analyzeAndValidateProducerState``), per (producer id, topic, partition):
 Five is ``max.in.flight.requests.per.connection``'s ceiling for idempotent producers: a retried batch is
 always one of the last five its producer sent to that partition.
 
-The state is rebuilt on startup from the logs' batch headers (producer id, epoch, base sequence, offsets),
-so no separate snapshot file is needed; the scan reads 61 bytes per batch.
+The state is loaded at start-up from the partition's latest producer-state snapshot (``broker.
+producer_snapshot``) and the batch headers after it (producer id, epoch, base sequence, offsets: 61 bytes a
+batch); ``broker.partition_state_files`` does the loading.
 
 Producer ids: ``ProducerIdAllocator`` reserves blocks of ids in ``<data_dir>/producer-id-block`` (one
 integer: the first id not yet reserved), written with tmp + fsync + rename before any id of the block is
@@ -167,6 +168,20 @@ class ProducerStateManager:
     def remove_partition(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)
 
+    def entries_of(self, topic: str, partition: int) -> list[tuple[int, int, tuple]]:
+        """``(producer id, epoch, batches)`` of each producer of a partition, by id: what a snapshot keeps
+        (``broker.producer_snapshot``). O(producers); loop thread."""
+        producers = self._partitions.get((topic, partition), {})
+        return [(pid, entry.epoch, tuple(entry.batches)) for pid, entry in sorted(producers.items())]
+
+    def restore(self, topic: str, partition: int, entries: Iterable[tuple[int, int, Iterable]]) -> None:
+        """Replace a partition's state by ``entries`` (as ``entries_of`` gives them)."""
+        producers: dict[int, ProducerEntry] = {}
+        for producer_id, epoch, batches in entries:
+            entry = producers[producer_id] = ProducerEntry(epoch)
+            entry.batches.extend(BatchMetadata(*batch) for batch in batches)
+        self._partitions[(topic, partition)] = producers
+
     def max_producer_id(self) -> int:
         return max((pid for producers in self._partitions.values() for pid in producers), default=-1)
 
@@ -218,13 +233,14 @@ class ProducerIdAllocator:
 
 
 def producer_state_scan_start(partition_log) -> int:
-    """Where the startup scan for producer state begins: the second-to-last segment.
+    """Where loading replays from when a partition has no usable snapshot and never held a transactional
+    batch (a data dir written before snapshots): the second-to-last segment.
 
     Deduplication only needs the batches a retry can still refer to: the last five per producer, sent
-    moments before the restart. Kafka keeps producer-state snapshots for this; scanning the last two
-    segments' headers instead bounds startup to O(two segments) per partition rather than O(log) (a header
-    scan runs at roughly a million batches per second). A producer idle since before those segments restarts
-    with no state and may continue at any sequence, as Kafka allows once producer state expires.
+    moments before the restart, so the last two segments' headers bound that one load to O(two segments)
+    (a header scan runs at roughly a million batches per second). A producer idle since before those
+    segments restarts with no state and may continue at any sequence, as Kafka allows once producer state
+    expires. The load writes a snapshot at the log end, which the next one starts from.
     """
     bases = partition_log.segment_base_offsets()
     start = bases[-2] if len(bases) >= 2 else partition_log.log_start_offset

@@ -230,9 +230,9 @@ def bounded_decompress(codec: int, data) -> bytes:
             module = cramjam.lz4 if codec == CODEC_LZ4 else cramjam.zstd
             size = min(MAX_INFLATED_BYTES, max(_FIRST_GUESS_RATIO * len(data), _FIRST_GUESS_MIN_BYTES))
             while True:
-                out = bytearray(size)
+                inflated = bytearray(size)
                 try:
-                    written = module.decompress_into(data, out)
+                    written = module.decompress_into(data, inflated)
                 except Exception as exc:
                     if _TOO_SMALL not in str(exc):
                         raise
@@ -240,8 +240,8 @@ def bounded_decompress(codec: int, data) -> bytes:
                         raise too_large from None
                     size = MAX_INFLATED_BYTES
                     continue
-                del out[written:]
-                return bytes(out)
+                del inflated[written:]
+                return bytes(inflated)
     except RecordConversionError:
         raise
     except Exception as exc:  # each codec library has its own error types

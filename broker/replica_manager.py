@@ -197,6 +197,11 @@ class ReplicaManager:
 
     # --- applying images (loop thread) --------------------------------------------------------------------------
 
+    def _publish_again(self, _disk_work: object) -> None:
+        """Once stalled disk work ends, apply the latest image again (unless the broker is closing)."""
+        if not self.closing:
+            self.publish(self.image)
+
     def publish(self, image: ClusterImage) -> None:
         """A backend has a new image: apply it (after any image being applied now)."""
         self._pending = image
@@ -241,11 +246,11 @@ class ReplicaManager:
         apply_configs = getattr(self.broker, "apply_broker_configs", None)
         if apply_configs is not None and apply_configs(image.broker_configs):
             # New broker-wide log defaults: every partition takes its settings again (step 3).
-            for partition in self.partitions.values():
-                partition.configs = None
+            for hosted in self.partitions.values():
+                hosted.configs = None
         wanted: dict[tuple[str, int], TopicInfo] = {}
-        for topic, partition, info in image.hosted_by(node_id):
-            wanted[(topic, partition)] = info
+        for topic, index, topic_info in image.hosted_by(node_id):
+            wanted[(topic, index)] = topic_info
         # 1. Deletions: by the image's word only.
         doomed = []
         for key in list(self.broker.log_manager.logs()):
@@ -271,9 +276,9 @@ class ReplicaManager:
                          "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
         # 2. Creations.
         missing: dict[str, list[int]] = {}
-        for (topic, partition), info in wanted.items():
-            if self.broker.log_manager.get_log(topic, partition) is None or self._topic_ids.get((topic, partition)) is None:
-                missing.setdefault(topic, []).append(partition)
+        for (topic, index), info in wanted.items():
+            if self.broker.log_manager.get_log(topic, index) is None or self._topic_ids.get((topic, index)) is None:
+                missing.setdefault(topic, []).append(index)
         if disk_free and (doomed or missing):
             # Worker threads, waited for a bounded time (a stalled disk must not hold the states of step 3);
             # when they finish late, the latest image is applied again for what they left to do.
@@ -284,7 +289,7 @@ class ReplicaManager:
             except TimeoutError:
                 log.error("metadata revision %d: log deletions or creations still running after %.0f s (a stalled "
                           "disk?); applying the partitions' states without them", image.revision, DISK_STEP_TIMEOUT_S)
-                self._disk_work.add_done_callback(lambda _task: self.closing or self.publish(self.image))
+                self._disk_work.add_done_callback(self._publish_again)
         elif doomed or missing:
             log.warning("metadata revision %d: the storage is still busy with earlier log deletions or creations; "
                         "applying the partitions' states now, the logs once it is done", image.revision)
@@ -312,6 +317,7 @@ class ReplicaManager:
                                       lease_valid=self._lease_valid,
                                       txns=self.broker.txn_partitions.get(*key))
                 partition.on_mutation_end = self._resume_role_change
+                partition.keep_state_in(self.broker.state_files, key in self.broker.snapshots_at_end)
                 self.partitions[key] = partition
             try:
                 self._configure(partition, info)
@@ -506,7 +512,7 @@ class ReplicaManager:
         False when it is not (nothing cut)."""
         return await partition.mutate_as_follower(
             leader_epoch, lambda: self._truncate_blocking(partition, lambda: partition.log.truncate_to(offset)),
-            lambda headers: self._after_truncation(partition, headers))
+            lambda loaded: self._after_truncation(partition, loaded))
 
     async def truncate_fully(self, partition: Partition, offset: int, leader_epoch: int) -> bool:
         """Empty ``partition``'s log and restart it at ``offset`` (below the leader's log start); as
@@ -514,30 +520,20 @@ class ReplicaManager:
         return await partition.mutate_as_follower(
             leader_epoch,
             lambda: self._truncate_blocking(partition, lambda: partition.log.truncate_fully_and_start_at(offset)),
-            lambda headers: self._after_truncation(partition, headers))
+            lambda loaded: self._after_truncation(partition, loaded))
 
-    @staticmethod
-    def _truncate_blocking(partition: Partition, cut) -> list:
-        """Cut, then read the headers producer state is rebuilt from. Blocking (worker thread)."""
-        from copyless.broker.producer_state import producer_state_scan_start
-        from copyless.broker.txn_partition import transaction_events
-
+    def _truncate_blocking(self, partition: Partition, cut):
+        """Cut, then load the producer state of the cut log: snapshots past the cut deleted, its .txnindex
+        files cut, the log replayed from the latest snapshot left (broker/partition_state_files.py).
+        Blocking (worker thread)."""
         cut()
-        headers = list(partition.log.batch_headers(producer_state_scan_start(partition.log)))
-        events = transaction_events(partition.log)
-        return headers, events
+        return self.broker.state_files.reload(partition.log, partition.log.high_watermark)
 
-    def _after_truncation(self, partition: Partition, headers_and_events) -> None:
-        headers, events = headers_and_events
+    def _after_truncation(self, partition: Partition, loaded) -> None:
         self.stats["truncations"] += 1
-        self.broker.producers.rebuild(partition.topic, partition.partition, headers)
-        if events is not None:
-            for header, _control_type in events:
-                if header.is_control and header.producer_id >= 0:
-                    self.broker.producers.update_marker(partition.topic, partition.partition, header.producer_id,
-                                                        header.producer_epoch)
-            partition.txns = self.broker.txn_partitions.rebuild(partition.topic, partition.partition, events,
-                                                                partition.log.high_watermark)
+        self.broker.producers.restore(partition.topic, partition.partition, loaded.producers)
+        partition.txns = self.broker.txn_partitions.install(partition.topic, partition.partition, loaded.txns)
+        partition.keep_state_in(self.broker.state_files, loaded.snapshot_at_end)
         # Storage clamped its high watermark to the cut log (or set it to the new start of an emptied one).
         partition.high_watermark = partition.log.high_watermark
 

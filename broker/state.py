@@ -42,8 +42,9 @@ from copyless.broker.config_sources import effective_config
 from copyless.broker.handlers import HandlerTable, load_handlers
 from copyless.broker.meta_properties import META_FILE, ClusterMismatchError, read_meta
 from copyless.broker.notify import AppendNotifier
+from copyless.broker.partition_state_files import StateFiles, load_partition_state
 from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
-from copyless.broker.txn_partition import TxnPartitions, transaction_events
+from copyless.broker.txn_partition import TxnPartitions
 from copyless.broker.replica_manager import ReplicaManager
 from copyless.broker.security.manager import SecurityManager
 from copyless.broker.stats import BrokerStats
@@ -94,6 +95,10 @@ class Broker:
         self.cluster_id: str = ""
         self.producers = ProducerStateManager()
         self.txn_partitions = TxnPartitions()
+        # Writes the partitions' .txnindex entries and producer snapshots (one thread, started on first use).
+        self.state_files = StateFiles()
+        # The partitions whose load left a snapshot at the log end (a clean shutdown need not write one again).
+        self.snapshots_at_end: set[tuple[str, int]] = set()
         self.appends = AppendNotifier()
         self.stats = BrokerStats()
         self.handlers = handlers if handlers is not None else load_handlers()
@@ -194,19 +199,18 @@ class Broker:
             cleaner_config=self.cleaner_config(),
         )
         self.log_manager.startup()
-        producers = transactional = 0
+        producers = transactional = replayed = 0
         for (topic, partition), partition_log in self.log_manager.logs().items():
-            producers += self.producers.rebuild(
-                topic, partition, partition_log.batch_headers(producer_state_scan_start(partition_log))
-            )
-            events = transaction_events(partition_log)
-            if events is not None:
-                # Markers fence older epochs too: replayed from the whole log, after the last two segments'
-                # producer state, so an epoch bump older than those segments still fences.
-                for header, _control_type in events:
-                    if header.is_control and header.producer_id >= 0:
-                        self.producers.update_marker(topic, partition, header.producer_id, header.producer_epoch)
-                txns = self.txn_partitions.rebuild(topic, partition, events, partition_log.high_watermark)
+            # The latest producer snapshot plus the log after it (broker/partition_state_files.py).
+            loaded = load_partition_state(partition_log, partition_log.high_watermark)
+            self.producers.restore(topic, partition, loaded.producers)
+            producers += len(loaded.producers)
+            replayed += loaded.batches_replayed
+            if loaded.snapshot_at_end:
+                self.snapshots_at_end.add((topic, partition))
+            txns = loaded.txns
+            if txns.persisted or txns.has_transactions:
+                self.txn_partitions.install(topic, partition, txns)
                 transactional += 1
                 if txns.ongoing:
                     log.info("%s-%d: %d open transaction(s), last stable offset %d", topic, partition,
@@ -216,8 +220,8 @@ class Broker:
         if load is not None:
             load()
         log.info(
-            "broker state loaded: node_id=%d logs=%d producers=%d transactional=%d in %.0f ms",
-            self.node_id, len(self.log_manager.logs()), producers, transactional,
+            "broker state loaded: node_id=%d logs=%d producers=%d transactional=%d batches replayed=%d in %.0f ms",
+            self.node_id, len(self.log_manager.logs()), producers, transactional, replayed,
             (time.monotonic() - started) * 1000,
         )
 
@@ -293,8 +297,16 @@ class Broker:
             log.exception("leaving the cluster failed")
         await self.fetchers.close()
 
+    def snapshot_producer_state(self) -> None:
+        """Queue a producer snapshot at each partition's log end (a clean shutdown: the next start replays
+        nothing). Loop thread."""
+        for partition in list(self.replicas.partitions.values()):
+            partition.snapshot_state()
+
     def shutdown_logs(self) -> None:
-        """Flush, checkpoint, write the clean-shutdown marker. Blocking: worker thread."""
+        """Finish the producer snapshots queued (``snapshot_producer_state``), flush, checkpoint, write the
+        clean-shutdown marker. Blocking: worker thread."""
+        self.state_files.close()
         if self.log_manager is not None:
             self.log_manager.shutdown()
 

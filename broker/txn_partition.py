@@ -22,25 +22,23 @@ Marker format (Kafka's ``EndTransactionMarker``, ``ControlRecordType``): one unc
 attributes transactional|control (0x30), the producer's id and epoch, base sequence -1 and one record, key
 ``int16 version 0, int16 type (0 ABORT, 1 COMMIT)``, value ``int16 version 0, int32 coordinator epoch``.
 
-Where the state comes from (the crash story): the log. Loading a partition replays every batch header from
-the log start (``PartitionLog.transaction_events``: the 61-byte headers, plus a 32-byte pread of the key of
-each control batch) once the partition has ever held a transactional batch (``txn_marker_file``: an empty
-file created, fsync'd with its directory, before the first transactional batch is appended). There is no
-second file that could disagree with the log after a crash, a truncation or a retention pass: a marker torn
-by a crash is cut by segment recovery and its transaction is open again, to be closed by the coordinator's
-retry; an entry below the log start is dropped when read. What it costs: a header scan of the whole log of a
-transactional partition at start (about a million batches a second); non-transactional partitions pay
-nothing. Kafka's ``.txnindex`` files avoid the scan with snapshots; this keeps the log the one source.
+Where the state comes from (the crash story): the latest producer-state snapshot of the partition, the
+aborted transactions in its segments' ``.txnindex`` files below it, and the log after it
+(``broker.partition_state_files``; formats in ``broker.producer_snapshot`` and ``broker.storage.txn_index``).
+A marker torn by a crash is cut by segment recovery and its transaction is open again, to be closed by the
+coordinator's retry. ``TXN_MARKER_FILE`` (an empty file created, fsync'd with its directory, before the
+partition's first transactional batch) now only matters when no snapshot can be used (a data dir written
+before snapshots, or every snapshot past a cut): the log is then scanned from its first segment for a
+partition that has it, from its second-to-last segment for any other.
 
-Pure (the loop thread owns it) but for ``transaction_events``, the log scan ``rebuild`` is fed from (start-up,
-truncation: worker threads).
+Pure (the loop thread owns it).
 """
 
 from __future__ import annotations
 
 import bisect
 import struct
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from copyless.client.protocol.records import (
     CONTROL_BIT,
@@ -54,7 +52,7 @@ from copyless.client.protocol.records import (
 )
 
 __all__ = ["AbortedTxn", "Marker", "PartitionTxns", "TxnPartitions", "build_marker", "control_type_of", "read_marker",
-           "ABORT", "COMMIT", "TXN_MARKER_FILE", "transaction_events"]
+           "ABORT", "COMMIT", "TXN_MARKER_FILE"]
 
 ABORT, COMMIT = 0, 1
 # Created in a partition's directory before its first transactional batch: loading scans that log for
@@ -153,21 +151,30 @@ class PartitionTxns:
         last = self.coordinator_epochs.get(producer_id, -1)
         return last if coordinator_epoch < last else None
 
-    def on_marker(self, producer_id: int, marker_offset: int, control_type: int, high_watermark: int,
-                  coordinator_epoch: int = -1) -> None:
-        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction."""
+    def on_marker(self, producer_id: int, marker_offset: int, control_type: int | None, high_watermark: int,
+                  coordinator_epoch: int = -1) -> AbortedTxn | None:
+        """A control batch was appended at ``marker_offset``: it closes the producer's open transaction (a
+        control type other than ABORT or COMMIT, or None for an unreadable one, closes nothing). Returns the
+        aborted transaction it records (its ``.txnindex`` entry), if it aborted one."""
         if control_type not in (ABORT, COMMIT):
-            return
+            return None
         if coordinator_epoch >= 0:
             self.coordinator_epochs[producer_id] = coordinator_epoch
         first = self.ongoing.pop(producer_id, None)
         if first is None:
-            return  # a marker for a transaction with no batch here (a retried marker, or an empty one)
+            return None  # a marker for a transaction with no batch here (a retried marker, or an empty one)
+        entry = None
         if control_type == ABORT:
-            self.aborted.append(AbortedTxn(producer_id, first, marker_offset, self.lso(high_watermark)))
-            self._aborted_last.append(marker_offset)
+            entry = AbortedTxn(producer_id, first, marker_offset, self.lso(high_watermark))
+            self.add_aborted(entry)
         if marker_offset >= high_watermark:
             self.completing.append((marker_offset, first))
+        return entry
+
+    def add_aborted(self, entry: AbortedTxn) -> None:
+        """Record an aborted transaction (marker order: loading adds the ``.txnindex`` entries first)."""
+        self.aborted.append(entry)
+        self._aborted_last.append(entry.last_offset)
 
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         if self.completing:
@@ -200,15 +207,6 @@ class PartitionTxns:
         return bool(self.ongoing or self.aborted or self.completing)
 
 
-def transaction_events(partition_log) -> list | None:
-    """The ``(header, Marker or None)`` of every batch of a log that has held transactional batches (its
-    directory has ``TXN_MARKER_FILE``), from the log start, or None for any other log (the module docstring
-    says why the whole log). The module's one blocking function (stat, pread), for start-up and truncation."""
-    if not (partition_log.directory / TXN_MARKER_FILE).exists():
-        return None
-    return list(partition_log.transaction_events(partition_log.log_start_offset))
-
-
 class TxnPartitions:
     """Every hosted partition's ``PartitionTxns``, keyed by (topic, partition). Loop thread only."""
 
@@ -224,18 +222,8 @@ class TxnPartitions:
     def peek(self, topic: str, partition: int) -> PartitionTxns | None:
         return self._partitions.get((topic, partition))
 
-    def rebuild(self, topic: str, partition: int, events: Iterable[tuple[BatchHeader, Marker | None]],
-                high_watermark: int) -> PartitionTxns:
-        """Replace a partition's state by replaying ``(header, Marker or None)`` in log order."""
-        txns = PartitionTxns()
-        txns.persisted = True  # only logs holding TXN_MARKER_FILE are scanned
-        for header, marker in events:
-            if header.is_control:
-                if header.producer_id >= 0 and marker is not None:
-                    txns.on_marker(header.producer_id, header.base_offset, marker.control_type, high_watermark,
-                                   marker.coordinator_epoch)
-            else:
-                txns.on_batch(header, header.base_offset)
+    def install(self, topic: str, partition: int, txns: PartitionTxns) -> PartitionTxns:
+        """Replace a partition's state by one loaded off the loop (``broker.partition_state_files``)."""
         self._partitions[(topic, partition)] = txns
         return txns
 

@@ -118,6 +118,9 @@ class DeliveryFuture:
     """
 
     __slots__ = ("_batch", "_offset_delta", "_timestamp")
+    _batch: ProducerBatch
+    _offset_delta: int
+    _timestamp: int
 
     def done(self) -> bool:
         return self._batch.future.done()
@@ -179,7 +182,8 @@ class RecordAccumulator:
         self.reserved_bytes = 0
         self.outstanding: set[asyncio.Future] = set()
         self.memory_waiters: collections.deque[asyncio.Future] = collections.deque()
-        self.wake: asyncio.Event | None = None  # set when a batch becomes sendable (the sender waits on it)
+        # Set when a batch becomes sendable: the sender's event from start() on (nothing waits on this one).
+        self.wake = asyncio.Event()
         self.closing = False
         self.fatal: BaseException | None = None
         self.transactional = False  # batches carry the transactional attribute (a transactional producer)
@@ -193,8 +197,7 @@ class RecordAccumulator:
         """Close every open batch: all become ready to send now."""
         self.open.clear()
         self.last_batch = None
-        if self.wake is not None:
-            self.wake.set()
+        self.wake.set()
 
     def fail_all(self, error: BaseException) -> None:
         """Complete every batch not yet acknowledged with ``error`` and drop them."""
@@ -332,6 +335,7 @@ class RecordAccumulator:
             raise BufferFullError(f"buffer_memory ({self.buffer_memory} bytes) is full")
         builder = BatchBuilder(batch_size=self.batch_size, codec=self.codec, gather_min_bytes=self.gather_min_bytes,
                                transactional=self.transactional)
+        assert self._loop is not None  # start() ran: the producer starts its accumulator first
         future = self._loop.create_future()
         reservation = min(self.batch_size, _INITIAL_RESERVATION_BYTES)
         batch = ProducerBatch(tp[0], tp[1], builder, future, reservation)

@@ -33,6 +33,8 @@ from kio.schema.list_transactions.v0 import request as lt_rq, response as lt_rs
 from kio.schema.offset_commit.v3 import request as oc_rq, response as oc_rs
 from kio.schema.offset_delete.v0 import request as od_rq, response as od_rs
 from kio.schema.offset_fetch.v5 import request as of5_rq, response as of5_rs
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64, i64Timedelta
+from kio.schema.types import GroupId, TopicName, TransactionalId
 
 from copyless.client.admin_security import Acl, SecurityAdmin
 from copyless.client.assignors import TopicPartition, decode_assignment
@@ -199,14 +201,14 @@ class Admin(SecurityAdmin):
             topics=tuple(
                 CreatableTopic(
                     name=name,
-                    num_partitions=num_partitions,
-                    replication_factor=replication_factor,
+                    num_partitions=i32(num_partitions),
+                    replication_factor=i16(replication_factor),
                     assignments=(),
                     configs=tuple(CreatableTopicConfig(name=k, value=str(v)) for k, v in (configs or {}).items()),
                 )
                 for name in topics
             ),
-            timeout=datetime.timedelta(milliseconds=self.request_timeout_ms),
+            timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=self.request_timeout_ms)),
             validate_only=validate_only,
         )
         connection = await self._controller()
@@ -226,7 +228,8 @@ class Admin(SecurityAdmin):
         connection = await self._controller()
         response = await connection.request_kio(
             DeleteTopicsRequest(
-                topic_names=tuple(topics), timeout=datetime.timedelta(milliseconds=self.request_timeout_ms)
+                topic_names=tuple(topics),
+                timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=self.request_timeout_ms))
             ),
             DeleteTopicsResponse,
         )
@@ -295,7 +298,7 @@ class Admin(SecurityAdmin):
         connection = await self._cluster.any_connection()
         response = await connection.request_kio(
             dc_rq.DescribeConfigsRequest(
-                resources=(dc_rq.DescribeConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=topic,
+                resources=(dc_rq.DescribeConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=topic,
                                                          configuration_keys=None),),
                 include_synonyms=False,
             ),
@@ -317,12 +320,13 @@ class Admin(SecurityAdmin):
         Raises:
             KafkaError: INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION, ... with the broker's message.
         """
-        configs = tuple(ia_rq.AlterableConfig(name=k, config_operation=0, value=str(v)) for k, v in (set or {}).items())
-        configs += tuple(ia_rq.AlterableConfig(name=k, config_operation=1, value=None) for k in delete)
+        configs = tuple(ia_rq.AlterableConfig(name=k, config_operation=i8(0),
+                                              value=str(v)) for k, v in (set or {}).items())
+        configs += tuple(ia_rq.AlterableConfig(name=k, config_operation=i8(1), value=None) for k in delete)
         connection = await self._controller()
         response = await connection.request_kio(
             ia_rq.IncrementalAlterConfigsRequest(
-                resources=(ia_rq.AlterConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=topic, configs=configs),),
+                resources=(ia_rq.AlterConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=topic, configs=configs),),
                 validate_only=validate_only,
             ),
             ia_rs.IncrementalAlterConfigsResponse,
@@ -342,8 +346,8 @@ class Admin(SecurityAdmin):
         connection = await self._controller()
         response = await connection.request_kio(
             cp_rq.CreatePartitionsRequest(
-                topics=(cp_rq.CreatePartitionsTopic(name=topic, count=total, assignments=None),),
-                timeout=datetime.timedelta(milliseconds=self.request_timeout_ms),
+                topics=(cp_rq.CreatePartitionsTopic(name=TopicName(topic), count=i32(total), assignments=None),),
+                timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=self.request_timeout_ms)),
                 validate_only=validate_only,
             ),
             cp_rs.CreatePartitionsResponse,
@@ -367,14 +371,15 @@ class Admin(SecurityAdmin):
             if leader < 0:
                 raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition}")
             by_leader.setdefault(leader, {}).setdefault(topic, []).append(
-                dr_rq.DeleteRecordsPartition(partition_index=int(partition), offset=int(offset)))
+                dr_rq.DeleteRecordsPartition(partition_index=i32(int(partition)), offset=i64(int(offset))))
         out: dict[TopicPartition, int] = {}
         for leader, topics in by_leader.items():
             connection = await self._cluster.connection(leader)
             response = await connection.request_kio(
                 dr_rq.DeleteRecordsRequest(
-                    topics=tuple(dr_rq.DeleteRecordsTopic(name=t, partitions=tuple(p)) for t, p in topics.items()),
-                    timeout=datetime.timedelta(milliseconds=self.request_timeout_ms),
+                    topics=tuple(dr_rq.DeleteRecordsTopic(name=TopicName(t),
+                                                          partitions=tuple(p)) for t, p in topics.items()),
+                    timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=self.request_timeout_ms)),
                 ),
                 dr_rs.DeleteRecordsResponse,
             )
@@ -430,10 +435,10 @@ class Admin(SecurityAdmin):
             connection = await self._cluster.connection(node_id)
             from copyless.client.protocol.messages import encode_kio
 
-            request = dt_rq.DescribeTransactionsRequest(transactional_ids=(transactional_id,))
+            request = dt_rq.DescribeTransactionsRequest(transactional_ids=(TransactionalId(transactional_id),))
             # Decoded by hand: the start time is -1 for an id with no transaction started, as Kafka sends
             # it, which kio's timestamp reader refuses.
-            state = await connection.send(int(request.__api_key__), [b"\x00" + encode_kio(request)],
+            state = await connection.request(int(request.__api_key__), [b"\x00" + encode_kio(request)],
                                           _decode_describe_transactions, version=int(request.__version__))
             code = state[0]
             if code in COORDINATOR_ERRORS:
@@ -474,14 +479,14 @@ class Admin(SecurityAdmin):
                 raise KafkaError(code, f"describe group {group_id!r}")
 
         described = (await coordinator.request(
-            dg_rq.DescribeGroupsRequest(groups=(group_id,), include_authorized_operations=False),
+            dg_rq.DescribeGroupsRequest(groups=(GroupId(group_id),), include_authorized_operations=False),
             dg_rs.DescribeGroupsResponse, check_described)).groups[0]
 
         def check_fetched(response) -> None:
             if int(response.error_code):
                 raise KafkaError(int(response.error_code), f"offsets of group {group_id!r}")
 
-        fetched = await coordinator.request(of5_rq.OffsetFetchRequest(group_id=group_id, topics=None),
+        fetched = await coordinator.request(of5_rq.OffsetFetchRequest(group_id=GroupId(group_id), topics=None),
                                             of5_rs.OffsetFetchResponse, check_fetched)
         members = []
         owners: dict[TopicPartition, GroupMember] = {}
@@ -525,7 +530,7 @@ class Admin(SecurityAdmin):
         topics: dict[str, list] = {}
         for (topic, partition), offset in offsets.items():
             topics.setdefault(topic, []).append(oc_rq.OffsetCommitRequestPartition(
-                partition_index=int(partition), committed_offset=int(offset), committed_metadata=""))
+                partition_index=i32(int(partition)), committed_offset=i64(int(offset)), committed_metadata=""))
 
         def check(response) -> None:
             for topic in response.topics:
@@ -534,9 +539,10 @@ class Admin(SecurityAdmin):
                         raise KafkaError(int(p.error_code), f"commit {topic.name}-{p.partition_index} for group {group_id!r}")
 
         await self._group(group_id).request(
-            oc_rq.OffsetCommitRequest(group_id=group_id, generation_id_or_member_epoch=-1, member_id="",
-                                      retention_time=datetime.timedelta(milliseconds=-1),
-                                      topics=tuple(oc_rq.OffsetCommitRequestTopic(name=t, partitions=tuple(p))
+            oc_rq.OffsetCommitRequest(group_id=GroupId(group_id), generation_id_or_member_epoch=i32(-1), member_id="",
+                                      retention_time=i64Timedelta.parse(datetime.timedelta(milliseconds=-1)),
+                                      topics=tuple(oc_rq.OffsetCommitRequestTopic(name=TopicName(t),
+                                                                                  partitions=tuple(p))
                                                    for t, p in topics.items())),
             oc_rs.OffsetCommitResponse, check)
 
@@ -546,7 +552,7 @@ class Admin(SecurityAdmin):
         results: dict[str, int] = {}
         for group_id in ([group_ids] if isinstance(group_ids, str) else group_ids):
             response = await self._group(group_id).request(
-                dgr_rq.DeleteGroupsRequest(groups_names=(group_id,)), dgr_rs.DeleteGroupsResponse,
+                dgr_rq.DeleteGroupsRequest(groups_names=(GroupId(group_id),)), dgr_rs.DeleteGroupsResponse,
                 lambda response: _raise_coordinator_error(response.results))
             for result in response.results:
                 results[result.group_id] = int(result.error_code)
@@ -560,7 +566,7 @@ class Admin(SecurityAdmin):
         must not be subscribed to their topics."""
         topics: dict[str, list] = {}
         for topic, partition in partitions:
-            topics.setdefault(topic, []).append(od_rq.OffsetDeleteRequestPartition(partition_index=int(partition)))
+            topics.setdefault(topic, []).append(od_rq.OffsetDeleteRequestPartition(partition_index=i32(int(partition))))
 
         def check(response) -> None:
             if int(response.error_code):
@@ -571,8 +577,8 @@ class Admin(SecurityAdmin):
                         raise KafkaError(int(p.error_code), f"delete offset {topic.name}-{p.partition_index} of {group_id!r}")
 
         await self._group(group_id).request(
-            od_rq.OffsetDeleteRequest(group_id=group_id, topics=tuple(
-                od_rq.OffsetDeleteRequestTopic(name=t, partitions=tuple(p)) for t, p in topics.items())),
+            od_rq.OffsetDeleteRequest(group_id=GroupId(group_id), topics=tuple(
+                od_rq.OffsetDeleteRequestTopic(name=TopicName(t), partitions=tuple(p)) for t, p in topics.items())),
             od_rs.OffsetDeleteResponse, check)
 
 

@@ -18,6 +18,9 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 
+from kio.static.primitive import i8, i32
+
+from copyless.client.cluster import Cluster
 from copyless.client.errors import KafkaError
 
 __all__ = ["Acl", "SecurityAdmin", "RESOURCE_TYPES", "PATTERN_TYPES", "OPERATIONS", "PERMISSIONS",
@@ -71,6 +74,8 @@ class Acl:
 class SecurityAdmin:
     """Mixed into ``Admin``: needs ``self._cluster``."""
 
+    _cluster: Cluster  # Admin's (declared for the type checker)
+
     async def _any(self):
         return await self._cluster.any_connection()
 
@@ -99,9 +104,10 @@ class SecurityAdmin:
         rtype, name, pattern, principal, host, operation, permission = acl_filter.codes()
         connection = await self._any()
         response = await connection.request_kio(
-            rq.DescribeAclsRequest(resource_type_filter=rtype, resource_name_filter=name, pattern_type_filter=pattern,
-                                   principal_filter=principal, host_filter=host, operation=operation,
-                                   permission_type=permission), rs.DescribeAclsResponse)
+            rq.DescribeAclsRequest(resource_type_filter=i8(rtype), resource_name_filter=name,
+                                   pattern_type_filter=i8(pattern),
+                                   principal_filter=principal, host_filter=host, operation=i8(operation),
+                                   permission_type=i8(permission)), rs.DescribeAclsResponse)
         if int(response.error_code):
             raise KafkaError(int(response.error_code), response.error_message or "describe ACLs")
         return [Acl(_name(RESOURCE_TYPES, resource.resource_type), resource.resource_name,
@@ -161,14 +167,14 @@ class SecurityAdmin:
         salt = secrets.token_bytes(32)
         salted = await asyncio.to_thread(salted_password, MECHANISMS[mechanism.upper()], password, salt, iterations)
         await self._alter_scram(upsertions=(rq.ScramCredentialUpsertion(
-            name=user, mechanism=code, iterations=iterations, salt=salt, salted_password=salted),))
+            name=user, mechanism=i8(code), iterations=i32(iterations), salt=salt, salted_password=salted),))
 
     async def delete_scram_credential(self, user: str, *, mechanism: str = "SCRAM-SHA-512") -> None:
         """Raises KafkaError (RESOURCE_NOT_FOUND when the user has no credential for the mechanism)."""
         from kio.schema.alter_user_scram_credentials.v0 import request as rq
 
         await self._alter_scram(deletions=(rq.ScramCredentialDeletion(
-            name=user, mechanism=_code(SCRAM_MECHANISMS, mechanism, "SCRAM mechanism")),))
+            name=user, mechanism=i8(_code(SCRAM_MECHANISMS, mechanism, "SCRAM mechanism"))),))
 
     async def _alter_scram(self, *, upsertions=(), deletions=()) -> None:
         from kio.schema.alter_user_scram_credentials.v0 import request as rq, response as rs

@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from copyless.client.cli_common import (
     EXIT_INTERRUPTED,
@@ -155,7 +156,13 @@ def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
     put(None)
 
 
-def _install_stop(on_stop) -> callable:
+def _current_task() -> asyncio.Task[object]:
+    task = asyncio.current_task()
+    assert task is not None  # the commands run as the loop's main task
+    return task
+
+
+def _install_stop(on_stop: Callable[[], object]) -> Callable[[], None]:
     """SIGINT calls ``on_stop()`` once (the loop's own handler); returns the function that removes it."""
     loop = asyncio.get_running_loop()
     installed = False
@@ -204,7 +211,7 @@ async def _produce(args) -> int:
     progress = Progress(args.count, "records")
     started = time.perf_counter()
     stopping = asyncio.Event()
-    main_task = asyncio.current_task()
+    main_task = _current_task()
 
     def stop() -> None:
         stopping.set()
@@ -257,7 +264,7 @@ async def _produce(args) -> int:
         except asyncio.CancelledError:
             if not stopping.is_set():
                 raise
-            asyncio.current_task().uncancel()
+            _current_task().uncancel()
         if stopping.is_set():
             try:
                 async with asyncio.timeout(STOP_FLUSH_S):
@@ -359,7 +366,7 @@ def format_record(fmt: str, record) -> bytes:
     return bytes(out)
 
 
-def _parse_offset(text: str):
+def _parse_offset(text: str) -> str | int:
     if text in ("beginning", "earliest", "end", "latest"):
         return text
     try:
@@ -396,10 +403,11 @@ async def _position_partitions(consumer, tps, args) -> None:
     offset = _parse_offset(args.offset) if args.offset is not None else ("beginning" if args.from_beginning else None)
     if offset is None:
         return  # auto_offset_reset (latest) applies
-    if offset in ("beginning", "earliest"):
-        consumer.seek_to_beginning(*tps)
-    elif offset in ("end", "latest"):
-        consumer.seek_to_end(*tps)
+    if isinstance(offset, str):  # beginning, earliest, end or latest
+        if offset in ("beginning", "earliest"):
+            consumer.seek_to_beginning(*tps)
+        else:
+            consumer.seek_to_end(*tps)
     elif offset >= 0:
         starts = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
@@ -438,7 +446,7 @@ async def _consume(args) -> int:
     started = time.perf_counter()
     # Ctrl-C: the loop's own handler sets a flag the poll loop checks (getmany returns at least every
     # POLL_S) and cancels the task to cut the current wait short; a second Ctrl-C interrupts.
-    main_task = asyncio.current_task()
+    main_task = _current_task()
     stopping = False
 
     def stop() -> None:
@@ -501,7 +509,7 @@ async def _consume(args) -> int:
     except asyncio.CancelledError:  # Ctrl-C: stop cleanly, print what was read and the summary
         if not stopping:
             raise
-        asyncio.current_task().uncancel()
+        _current_task().uncancel()
     finally:
         remove_handler()
         progress.close()

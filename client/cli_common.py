@@ -19,6 +19,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["DEFAULT_BOOTSTRAP", "EXIT_INTERRUPTED", "add_common", "run", "Progress", "summary", "plural",
            "count_arg", "parse_time_ms", "client_security"]
@@ -93,7 +95,7 @@ def run(args, coroutine) -> int:
     try:
         import uvloop
 
-        runner = uvloop.run
+        runner: Callable[..., Any] = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     command = getattr(args, "command_name", "copyless")

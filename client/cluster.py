@@ -31,6 +31,8 @@ from kio.schema.list_offsets.v4.request import ListOffsetsPartition, ListOffsets
 from kio.schema.list_offsets.v4.response import ListOffsetsResponse
 from kio.schema.metadata.v5 import request as metadata_v5, response as metadata_v5_response
 from kio.schema.metadata.v8 import request as metadata_v8, response as metadata_v8_response
+from kio.static.primitive import i8, i32, i64
+from kio.schema.types import BrokerId, TopicName
 
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
 from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NotKafkaError
@@ -125,7 +127,7 @@ class Metadata:
                 index = int(partition.partition_index)
                 epoch = int(getattr(partition, "leader_epoch", -1))
                 known_epoch = known.leader_epochs.get(index, -1) if known is not None else -1
-                if epoch < known_epoch:
+                if known is not None and epoch < known_epoch:
                     # A broker that has not seen the latest leader change yet: keep what is known.
                     stale.add(topic.name)
                     info.leaders[index] = known.leaders[index]
@@ -312,9 +314,12 @@ class Cluster:
                 await asyncio.sleep(self.retry_backoff_ms / 1000)
                 continue
             names = None if topics is None else tuple(topics)
+            request: metadata_v8.MetadataRequest | metadata_v5.MetadataRequest
+            response_cls: type[metadata_v8_response.MetadataResponse] | type[metadata_v5_response.MetadataResponse]
             if connection.supports(3, 8) or not connection.api_versions:
                 request = metadata_v8.MetadataRequest(
-                    topics=None if names is None else tuple(metadata_v8.MetadataRequestTopic(name=t) for t in names),
+                    topics=None if names is None else tuple(metadata_v8.MetadataRequestTopic(name=TopicName(t))
+                                                            for t in names),
                     allow_auto_topic_creation=allow_auto_create,
                     include_cluster_authorized_operations=False,
                     include_topic_authorized_operations=False,
@@ -322,7 +327,8 @@ class Cluster:
                 response_cls = metadata_v8_response.MetadataResponse
             else:
                 request = metadata_v5.MetadataRequest(
-                    topics=None if names is None else tuple(metadata_v5.MetadataRequestTopic(name=t) for t in names),
+                    topics=None if names is None else tuple(metadata_v5.MetadataRequestTopic(name=TopicName(t))
+                                                            for t in names),
                     allow_auto_topic_creation=allow_auto_create,
                 )
                 response_cls = metadata_v5_response.MetadataResponse
@@ -410,7 +416,7 @@ class Cluster:
             try:
                 connection = await self.any_connection()
                 response = await connection.request_kio(
-                    FindCoordinatorRequest(key=group_id, key_type=key_type), FindCoordinatorResponse
+                    FindCoordinatorRequest(key=group_id, key_type=i8(key_type)), FindCoordinatorResponse
                 )
                 code = int(response.error_code)
                 if code == 0:
@@ -468,17 +474,18 @@ class Cluster:
                 by_topic: dict[str, list] = {}
                 for topic, partition in tps:
                     by_topic.setdefault(topic, []).append(ListOffsetsPartition(
-                        partition_index=partition,
-                        current_leader_epoch=self.metadata.leader_epoch(topic, partition),
-                        timestamp=pending[(topic, partition)],
+                        partition_index=i32(partition),
+                        current_leader_epoch=i32(self.metadata.leader_epoch(topic, partition)),
+                        timestamp=i64(pending[(topic, partition)]),
                     ))
                 try:
                     connection = await self.connection(leader)
                     response = await connection.request_kio(
                         ListOffsetsRequest(
-                            replica_id=-1,
-                            isolation_level=isolation_level,
-                            topics=tuple(ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()),
+                            replica_id=BrokerId(-1),
+                            isolation_level=i8(isolation_level),
+                            topics=tuple(ListOffsetsTopic(name=TopicName(t),
+                                                          partitions=tuple(p)) for t, p in by_topic.items()),
                         ),
                         ListOffsetsResponse,
                     )

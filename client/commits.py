@@ -23,6 +23,8 @@ from kio.schema.offset_commit.v3.request import (
 from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest, OffsetFetchRequestTopic
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
+from kio.static.primitive import i32, i64, i64Timedelta
+from kio.schema.types import TopicName
 
 from copyless.client.assignors import TopicPartition
 from copyless.client.errors import KafkaError
@@ -69,15 +71,15 @@ class OffsetCommits:
         topics: dict[str, list] = {}
         for tp, offset in offsets.items():
             topics.setdefault(tp.topic, []).append(
-                OffsetCommitRequestPartition(partition_index=tp.partition, committed_offset=offset, committed_metadata="")
+                OffsetCommitRequestPartition(partition_index=i32(tp.partition), committed_offset=i64(offset), committed_metadata="")
             )
         membership = self.membership
         request = OffsetCommitRequest(
             group_id=self.coordinator.group_id,
-            generation_id_or_member_epoch=membership.generation if membership is not None else -1,
+            generation_id_or_member_epoch=i32(membership.generation if membership is not None else -1),
             member_id=membership.member_id if membership is not None else "",
-            retention_time=datetime.timedelta(milliseconds=-1),
-            topics=tuple(OffsetCommitRequestTopic(name=t, partitions=tuple(p)) for t, p in topics.items()),
+            retention_time=i64Timedelta.parse(datetime.timedelta(milliseconds=-1)),
+            topics=tuple(OffsetCommitRequestTopic(name=TopicName(t), partitions=tuple(p)) for t, p in topics.items()),
         )
 
         def check(response) -> None:
@@ -107,7 +109,8 @@ class OffsetCommits:
         response = await self.coordinator.request(
             OffsetFetchRequest(
                 group_id=self.coordinator.group_id,
-                topics=tuple(OffsetFetchRequestTopic(name=t, partition_indexes=tuple(p)) for t, p in topics.items()),
+                topics=tuple(OffsetFetchRequestTopic(name=TopicName(t), partition_indexes=tuple(map(i32, p)))
+                             for t, p in topics.items()),
             ),
             OffsetFetchResponse,
             check,

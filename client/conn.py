@@ -257,11 +257,13 @@ class Connection:
     async def _tls_handshake(self) -> None:
         """TLS on the connected socket (module docstring). Raises KafkaConnectionError."""
         loop = self._loop
+        context, sock = self.security.ssl_context, self._sock
+        # ClientSecurity.check() refuses TLS without a context; connect() made the socket.
+        assert context is not None and sock is not None
         try:
-            tls = self.security.ssl_context.wrap_socket(self._sock, server_side=False, do_handshake_on_connect=False,
-                                                        server_hostname=self.host)
+            tls = context.wrap_socket(sock, server_side=False, do_handshake_on_connect=False, server_hostname=self.host)
         except (ssl.SSLError, OSError, ValueError) as exc:
-            self._sock.close()
+            sock.close()
             self._sock = None
             raise KafkaConnectionError(f"TLS with {self.host}:{self.port} failed: {exc}") from exc
         self._sock = tls
@@ -302,7 +304,9 @@ class Connection:
         from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
 
         security = self.security
-        mechanism = security.mechanism
+        mechanism, username, password = security.mechanism, security.username, security.password
+        # ClientSecurity.check() refuses a SASL protocol without all three.
+        assert mechanism is not None and username is not None and password is not None
         handshake = await self.request_kio(SaslHandshakeRequest(mechanism=mechanism), SaslHandshakeResponse,
                                            check_version=False)
         if handshake.error_code != 0:
@@ -317,11 +321,11 @@ class Connection:
             return response
 
         if mechanism == "PLAIN":
-            response = await step(f"\0{security.username}\0{security.password}".encode("utf-8"))
+            response = await step(f"\0{username}\0{password}".encode("utf-8"))
         else:
             from copyless.client.protocol.scram import ScramClient, ScramError
 
-            client = ScramClient(mechanism, security.username, security.password, secrets.token_urlsafe(24))
+            client = ScramClient(mechanism, username, password, secrets.token_urlsafe(24))
             server_first = (await step(client.first())).auth_bytes
             try:
                 # PBKDF2 (4096+ HMACs, a few ms): off the event loop.
@@ -373,6 +377,7 @@ class Connection:
         """During the handshake: does the answer so far start like a Kafka response? Closes the connection
         with ``NotKafkaError`` and returns False when it cannot be one."""
         greeting = self._greeting
+        assert greeting is not None  # the caller checks: the handshake is still on
         if len(greeting) < 8:
             return True
         size, correlation_id = struct.unpack_from(">ii", greeting)
@@ -477,7 +482,9 @@ class Connection:
 
     async def request(self, api_key: int, body: list, decoder, **kwargs):
         """Send a request and await its decoded response."""
-        return await self.send(api_key, body, decoder, **kwargs)
+        future = self.send(api_key, body, decoder, **kwargs)
+        assert future is not None  # a response is expected, and no callback takes it
+        return await future
 
     async def request_kio(self, request, response_cls, *, check_version: bool = True):
         """Send a kio request entity and await the decoded kio response entity."""
@@ -492,8 +499,8 @@ class Connection:
             # the client never sends it flexible.
             body = b"\x00" + body
         # The entity's own version goes in the header: it is the version its fields were encoded for.
-        return await self.send(api_key, [body], kio_decoder(response_cls, skip_tagged_header=flexible),
-                               check_version=check_version, version=int(request.__version__))
+        return await self.request(api_key, [body], kio_decoder(response_cls, skip_tagged_header=flexible),
+                                  check_version=check_version, version=int(request.__version__))
 
     async def drain(self) -> None:
         """Wait until queued bytes fall below the high-water mark (back-pressure for big producers)."""
@@ -507,6 +514,7 @@ class Connection:
     def _flush(self) -> None:
         queue = self._send_queue
         sock = self._sock
+        assert sock is not None  # send() refuses a closed connection, and _on_writable checks
         while queue.queued_bytes:
             iov = queue.iov()
             try:
@@ -585,7 +593,7 @@ class Connection:
                     self._dispatch(frame)
                     if self._sock is None:
                         return
-                if count < wanted and not (self._tls and sock.pending()):
+                if count < wanted and not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                     break
         except FrameTooLargeError as exc:
             self.close(KafkaConnectionError(f"{self.host}:{self.port}: {exc}"))

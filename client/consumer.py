@@ -112,7 +112,7 @@ class Consumer:
         self._coordinator: GroupCoordinator | None = None
         self._membership: GroupMembership | None = None
         self._commits: OffsetCommits | None = None
-        self._assignment_ready: asyncio.Event | None = None
+        self._assignment_ready = asyncio.Event()  # set on each assignment (a consumer without a group)
         self._started = False
         self._closed = False
 
@@ -158,7 +158,7 @@ class Consumer:
             if self._membership is not None:
                 self._membership.close()
             if self._commits is not None:
-                self._commits.close()
+                self._offsets.close()
             self._fetcher.close()
             await self._cluster.close()
 
@@ -184,7 +184,7 @@ class Consumer:
         if self._membership is None:
             self._membership = GroupMembership(
                 self._cluster,
-                self._coordinator,
+                self._offsets.coordinator,
                 strategies=self.strategies,
                 on_assigned=self._set_assignment,
                 before_rejoin=self._commit_before_rejoin if self.enable_auto_commit else None,
@@ -193,8 +193,15 @@ class Consumer:
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
                 retry_backoff_ms=self.retry_backoff_ms,
             )
-            self._commits.membership = self._membership
+            self._offsets.membership = self._membership
         self._membership.subscribe(topics)
+
+    @property
+    def _offsets(self) -> OffsetCommits:
+        """The group's offset commits: a consumer with a group_id has them from start() on."""
+        if self._commits is None:
+            raise ClientError("the consumer has no group (group_id) or is not started")
+        return self._commits
 
     def _set_assignment(self, partitions: list[TopicPartition]) -> None:
         self._fetcher.set_assignment(partitions)
@@ -301,7 +308,7 @@ class Consumer:
     def _maybe_auto_commit(self) -> None:
         membership = self._membership
         if self.enable_auto_commit and membership is not None and membership.generation >= 0:
-            self._commits.maybe_auto_commit(self._fetcher.positions)
+            self._offsets.maybe_auto_commit(self._fetcher.positions)
 
     async def _commit_before_rejoin(self) -> None:
         try:
@@ -310,7 +317,7 @@ class Consumer:
             log.info("commit before rejoin failed: %s", exc)
 
     async def _committed_for_reset(self, tps) -> dict[TopicPartition, int | None]:
-        return await self._commits.fetch(tps)
+        return await self._offsets.fetch(tps)
 
     async def commit(self, offsets: dict | None = None) -> None:
         """Commit ``{TopicPartition: offset}`` (default: every position) for the group.
@@ -321,13 +328,13 @@ class Consumer:
         if self.group_id is None:
             raise ClientError("commit() needs a group_id")
         if offsets is None:
-            await self._commits.commit(self._fetcher.positions(), only_changed=True)
+            await self._offsets.commit(self._fetcher.positions(), only_changed=True)
         else:
-            await self._commits.commit({TopicPartition(*tp): int(o) for tp, o in offsets.items()})
+            await self._offsets.commit({TopicPartition(*tp): int(o) for tp, o in offsets.items()})
 
     async def committed(self, partition) -> int | None:
         """The group's committed offset for ``partition`` (None if nothing was committed)."""
         if self.group_id is None:
             raise ClientError("committed() needs a group_id")
         tp = TopicPartition(*partition)
-        return (await self._commits.fetch([tp])).get(tp)
+        return (await self._offsets.fetch([tp])).get(tp)

@@ -143,6 +143,7 @@ class Fetcher:
         self.wake_waiters()
 
     def _spawn(self, coroutine) -> asyncio.Task:
+        assert self._loop is not None  # start() ran
         task = self._loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -159,6 +160,7 @@ class Fetcher:
     async def wait_for_data(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a fetch response or an error (fetching first if idle)."""
         self.maybe_fetch()
+        assert self._loop is not None  # start() ran
         waiter = self._loop.create_future()
         self._data_waiters.append(waiter)
         # asyncio.timeout, not wait_for: on 3.11, wait_for returns the waiter's result when a fetch wakes it
@@ -214,11 +216,11 @@ class Fetcher:
         tp = TopicPartition(*partition)
         if tp not in self._positions:
             raise ClientError(f"{tp} is not assigned")
-        while self._positions.get(tp) is None:
+        while (position := self._positions.get(tp)) is None:
             await self.resolve_positions([tp])
             if tp in self._unresolvable:
                 raise ClientError(f"{tp} has no committed offset and auto_offset_reset is 'none': seek first")
-        return self._positions[tp]
+        return position
 
     def pause(self, *partitions) -> None:
         self._paused.update(TopicPartition(*tp) for tp in partitions)
@@ -231,7 +233,7 @@ class Fetcher:
         self._tp_generation[tp] = self._tp_generation.get(tp, 0) + 1
         self._unresolvable.discard(tp)
         if self._buffered_count.pop(tp, None):
-            kept = collections.deque()
+            kept: collections.deque[_Fetched] = collections.deque()
             for fetched in self._buffered:
                 if fetched.tp == tp:
                     fetched.records._finish()
@@ -338,7 +340,7 @@ class Fetcher:
         high_watermarks = self._high_watermarks
         for leader, partitions in by_leader.items():
             if leader in waiting_leaders and all(
-                p.fetch_offset >= high_watermarks.get((p.topic, p.partition), 1 << 62) for p in partitions
+                p.fetch_offset >= high_watermarks.get(TopicPartition(p.topic, p.partition), 1 << 62) for p in partitions
             ):
                 # Every partition in this fetch is caught up: the broker would hold it for fetch_max_wait_ms,
                 # and with one fetch per broker in flight, the partitions still being consumed could not be
@@ -503,6 +505,7 @@ class Fetcher:
             fetched = buffered[0]
             tp = fetched.tp
             source = fetched.records
+            records: list[ConsumerRecord] | None
             if fetched.leftover is not None:
                 records, fetched.leftover = fetched.leftover, None
             else:

@@ -27,6 +27,8 @@ from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
 from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestAssignment
 from kio.schema.sync_group.v3.response import SyncGroupResponse
+from kio.static.primitive import i32, i32Timedelta
+from kio.schema.types import GroupId
 
 from copyless.client.assignors import (
     ASSIGNORS,
@@ -37,7 +39,8 @@ from copyless.client.assignors import (
     encode_subscription,
 )
 from copyless.client.cluster import COORDINATOR_ERRORS, Cluster
-from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from copyless.client.conn import Connection
+from copyless.client.errors import ClientError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 __all__ = ["GroupCoordinator", "GroupMembership"]
 
@@ -60,7 +63,7 @@ class GroupCoordinator:
         self._cluster = cluster
         self.group_id = group_id
         self.retry_backoff_ms = retry_backoff_ms
-        self._connection = None
+        self._connection: Connection | None = None
         self.closed = False
 
     async def connection(self):
@@ -84,6 +87,7 @@ class GroupCoordinator:
         """
         deadline = time.monotonic() + self._cluster.request_timeout_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        error: ClientError  # the last failure, reported once the deadline passes
         while True:
             try:
                 coordinator = await self.connection()
@@ -212,9 +216,9 @@ class GroupMembership:
         while True:
             response = await coordinator.request_kio(
                 JoinGroupRequest(
-                    group_id=self.group_id,
-                    session_timeout=_ms(self.session_timeout_ms),
-                    rebalance_timeout=_ms(self.rebalance_timeout_ms),
+                    group_id=GroupId(self.group_id),
+                    session_timeout=i32Timedelta.parse(_ms(self.session_timeout_ms)),
+                    rebalance_timeout=i32Timedelta.parse(_ms(self.rebalance_timeout_ms)),
                     member_id=self.member_id,
                     group_instance_id=None,
                     protocol_type="consumer",
@@ -239,8 +243,8 @@ class GroupMembership:
             assignments = await self._leader_assign(response)
         sync = await coordinator.request_kio(
             SyncGroupRequest(
-                group_id=self.group_id,
-                generation_id=generation,
+                group_id=GroupId(self.group_id),
+                generation_id=i32(generation),
                 member_id=self.member_id,
                 group_instance_id=None,
                 assignments=assignments,
@@ -296,7 +300,8 @@ class GroupMembership:
             try:
                 coordinator = await self.coordinator.connection()
                 response = await coordinator.request_kio(
-                    HeartbeatRequest(group_id=self.group_id, generation_id=self.generation, member_id=self.member_id),
+                    HeartbeatRequest(group_id=GroupId(self.group_id), generation_id=i32(self.generation),
+                                     member_id=self.member_id),
                     HeartbeatResponse,
                 )
                 code = int(response.error_code)
@@ -329,7 +334,7 @@ class GroupMembership:
             async with asyncio.timeout(5):  # a coordinator that is gone must not hold up close()
                 coordinator = await self.coordinator.connection()
                 await coordinator.request_kio(
-                    LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id), LeaveGroupResponse
+                    LeaveGroupRequest(group_id=GroupId(self.group_id), member_id=self.member_id), LeaveGroupResponse
                 )
         except Exception as exc:
             log.info("LeaveGroup failed: %s", exc)

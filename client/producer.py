@@ -179,8 +179,10 @@ class Producer:
             self._sender.need_producer_id = False
             # The state check goes on the transactional producer's own send methods only: the
             # non-transactional per-record path stays as it is.
-            self.send = self._send_in_transaction
-            self.send_nowait = self._send_nowait_in_transaction
+            self._check_can_send = self._txn.check_can_send
+            # Instance attributes over the methods, on purpose (the non-transactional path keeps no check).
+            self.send = self._send_in_transaction  # type: ignore[method-assign]
+            self.send_nowait = self._send_nowait_in_transaction  # type: ignore[method-assign]
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -286,6 +288,7 @@ class Producer:
                 if count is not None:
                     self._accumulator.partition_counts[topic] = count
             except BufferFullError:
+                assert self._loop is not None  # start() ran before any send
                 waiter = self._loop.create_future()
                 self._accumulator.memory_waiters.append(waiter)
                 await waiter
@@ -331,11 +334,11 @@ class Producer:
         await self._transactions().abort(self.flush)
 
     def _send_nowait_in_transaction(self, topic: str, value=None, key=None, **kwargs) -> DeliveryFuture:
-        self._txn.check_can_send()
+        self._check_can_send()
         return Producer.send_nowait(self, topic, value, key, **kwargs)
 
     async def _send_in_transaction(self, topic: str, value=None, key=None, **kwargs) -> DeliveryFuture:
-        self._txn.check_can_send()
+        self._check_can_send()
         return await Producer.send(self, topic, value, key, **kwargs)
 
     async def send_and_wait(self, topic: str, value=None, key=None, **kwargs) -> RecordMetadata:

@@ -126,6 +126,7 @@ async def _users(args) -> int:
                      for mechanism, iterations in sorted(mechanisms.items())]
             print(_table(rows))
         elif args.users_command == "set":
+            assert password is not None  # read above for "set"
             await admin.set_scram_credential(args.name, password, mechanism=args.mechanism, iterations=args.iterations)
             _done(args, {"user": args.name, "mechanism": args.mechanism, "iterations": args.iterations, "set": True},
                   f"{args.mechanism} credential of {args.name} set ({args.iterations} iterations)")
@@ -166,17 +167,17 @@ def _snake(camel: str) -> str:
     return "".join(out)
 
 
-def _resources(args) -> list[tuple[str, str]]:
-    resources = [("TOPIC", t) for t in args.topic] + [("GROUP", g) for g in args.group]
+def _resources(args) -> list[tuple[str, str | None]]:
+    resources: list[tuple[str, str | None]] = [("TOPIC", t) for t in args.topic] + [("GROUP", g) for g in args.group]
     resources += [("TRANSACTIONAL_ID", t) for t in args.transactional_id]
     if args.cluster:
         resources.append(("CLUSTER", "kafka-cluster"))
     return resources
 
 
-def _entries(args) -> list[tuple[str, str, str]]:
+def _entries(args) -> list[tuple[str, str | None, str | None]]:
     """(permission, principal, host) for every principal and host given."""
-    entries = []
+    entries: list[tuple[str, str | None, str | None]] = []
     for permission, principals, hosts in (("ALLOW", args.allow_principal, args.allow_host),
                                           ("DENY", args.deny_principal, args.deny_host)):
         for principal in principals:

@@ -28,15 +28,20 @@ import collections
 import datetime
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
 from kio.schema.init_producer_id.v1.response import InitProducerIdResponse
+from kio.static.primitive import i32Timedelta
 
 from copyless.client.accumulator import ProducerBatch, RecordAccumulator
 from copyless.client.cluster import LEADER_ERRORS, Cluster
 from copyless.client.errors import ClientError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 from copyless.client.protocol.messages import ApiKey, decode_produce_response, encode_produce_request
 from copyless.client.protocol.records import NO_PRODUCER_ID
+
+if TYPE_CHECKING:
+    from copyless.client.transactions import TransactionManager
 
 __all__ = ["Sender"]
 
@@ -94,7 +99,7 @@ class Sender:
         self.need_producer_id = enable_idempotence
         # A transactional producer's TransactionManager: batches wait for their partition to be added to
         # the transaction, and failures go to it (the producer id is its business, never reset here).
-        self.txn = None
+        self.txn: TransactionManager | None = None
         self._connecting_nodes: set[int] = set()
         self.flushing = 0
         self.closed = False
@@ -119,7 +124,8 @@ class Sender:
         deadline = time.monotonic() + self.request_timeout_ms / 1000
         while True:
             response = await connection.request_kio(
-                InitProducerIdRequest(transactional_id=None, transaction_timeout=_ms(60_000)), InitProducerIdResponse
+                InitProducerIdRequest(transactional_id=None,
+                                      transaction_timeout=i32Timedelta.parse(_ms(60_000))), InitProducerIdResponse
             )
             code = int(response.error_code)
             if code == 0:
@@ -239,9 +245,10 @@ class Sender:
                 # unless the partition is retrying (then strictly one at a time, in sequence order).
                 if tp in self._retrying:
                     continue
-                batch = next((b for b in queue if not b.in_flight), None)
-                if batch is None or self._in_flight_partitions[tp] >= self.max_in_flight:
+                waiting = next((b for b in queue if not b.in_flight), None)
+                if waiting is None or self._in_flight_partitions[tp] >= self.max_in_flight:
                     continue
+                batch = waiting
             if now - batch.created > delivery_timeout_s:
                 self._expire(tp, batch)
                 continue
@@ -284,6 +291,7 @@ class Sender:
         if connection is None:
             if node_id not in self._connecting_nodes:
                 self._connecting_nodes.add(node_id)
+                assert self._loop is not None  # start() ran: it runs this loop's task
                 self._loop.create_task(self._connect_node(node_id))
             return False
         if connection.in_flight_count >= self.max_in_flight:

@@ -48,9 +48,13 @@ from kio.schema.txn_offset_commit.v3.request import (
     TxnOffsetCommitRequestTopic,
 )
 from kio.schema.txn_offset_commit.v3.response import TxnOffsetCommitResponse
+from kio.static.primitive import i16, i32, i32Timedelta, i64
+from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
 
 from copyless.client.cluster import COORDINATOR_ERRORS
+from copyless.client.conn import Connection
 from copyless.client.errors import (
+    ClientError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
@@ -110,7 +114,7 @@ class TransactionManager:
         self._pending: set[tuple[str, int]] = set()
         self._adding: asyncio.Task | None = None
         self._offsets_added = False
-        self._coordinator = None
+        self._coordinator: Connection | None = None
 
     # --- states -------------------------------------------------------------------------------------------
 
@@ -172,6 +176,7 @@ class TransactionManager:
         if deadline is None:
             deadline = time.monotonic() + self.max_block_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        error: ClientError  # the last failure, reported once the deadline passes
         while True:
             try:
                 if self._coordinator is None or self._coordinator.closed:
@@ -197,10 +202,10 @@ class TransactionManager:
             backoff = min(backoff * 2, 0.5)
 
     async def _init_producer_id(self, producer_id: int = -1, producer_epoch: int = -1) -> None:
+        timeout = i32Timedelta.parse(datetime.timedelta(milliseconds=self.transaction_timeout_ms))
         response = await self._request(
-            InitProducerIdRequest(transactional_id=self.transactional_id,
-                                  transaction_timeout=datetime.timedelta(milliseconds=self.transaction_timeout_ms),
-                                  producer_id=producer_id, producer_epoch=producer_epoch),
+            InitProducerIdRequest(transactional_id=TransactionalId(self.transactional_id), transaction_timeout=timeout,
+                                  producer_id=ProducerId(producer_id), producer_epoch=i16(producer_epoch)),
             InitProducerIdResponse, lambda r: int(r.error_code), "InitProducerId")
         self._sender.set_producer_id(int(response.producer_id), int(response.producer_epoch))
         self.bump_epoch = False
@@ -240,10 +245,10 @@ class TransactionManager:
             for topic, partition in sorted(partitions):
                 topics.setdefault(topic, []).append(partition)
             request = AddPartitionsToTxnRequest(
-                v3_and_below_transactional_id=self.transactional_id,
+                v3_and_below_transactional_id=TransactionalId(self.transactional_id),
                 v3_and_below_producer_id=self._sender.producer_id,
                 v3_and_below_producer_epoch=self._sender.producer_epoch,
-                v3_and_below_topics=tuple(AddPartitionsToTxnTopic(name=t, partitions=tuple(p))
+                v3_and_below_topics=tuple(AddPartitionsToTxnTopic(name=TopicName(t), partitions=tuple(map(i32, p)))
                                           for t, p in topics.items()))
             try:
                 await self._request(request, AddPartitionsToTxnResponse, _add_partitions_code, "AddPartitionsToTxn")
@@ -262,9 +267,9 @@ class TransactionManager:
         try:
             if not self._offsets_added:
                 await self._request(
-                    AddOffsetsToTxnRequest(transactional_id=self.transactional_id,
+                    AddOffsetsToTxnRequest(transactional_id=TransactionalId(self.transactional_id),
                                            producer_id=self._sender.producer_id,
-                                           producer_epoch=self._sender.producer_epoch, group_id=group_id),
+                                           producer_epoch=self._sender.producer_epoch, group_id=GroupId(group_id)),
                     AddOffsetsToTxnResponse, lambda r: int(r.error_code), "AddOffsetsToTxn")
                 self._offsets_added = True
             topics: dict[str, list] = {}
@@ -272,12 +277,14 @@ class TransactionManager:
                 topic, partition = tp[0], int(tp[1])
                 offset = getattr(offset, "offset", offset)
                 topics.setdefault(topic, []).append(TxnOffsetCommitRequestPartition(
-                    partition_index=partition, committed_offset=int(offset), committed_metadata=""))
+                    partition_index=i32(partition), committed_offset=i64(int(offset)), committed_metadata=""))
             request = TxnOffsetCommitRequest(
-                transactional_id=self.transactional_id, group_id=group_id, producer_id=self._sender.producer_id,
-                producer_epoch=self._sender.producer_epoch, generation_id=generation_id, member_id=member_id,
+                transactional_id=TransactionalId(self.transactional_id), group_id=GroupId(group_id),
+                producer_id=self._sender.producer_id,
+                producer_epoch=self._sender.producer_epoch, generation_id=i32(generation_id), member_id=member_id,
                 group_instance_id=group_instance_id,
-                topics=tuple(TxnOffsetCommitRequestTopic(name=t, partitions=tuple(p)) for t, p in topics.items()))
+                topics=tuple(TxnOffsetCommitRequestTopic(name=TopicName(t), partitions=tuple(p))
+                             for t, p in topics.items()))
             await self._group_request(request, group_id)
         except KafkaError as exc:
             self.fail(exc)
@@ -289,6 +296,7 @@ class TransactionManager:
         """TxnOffsetCommit to the group's coordinator, retried as ``_request`` retries."""
         deadline = time.monotonic() + self.max_block_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        error: ClientError  # the last failure, reported once the deadline passes
         while True:
             try:
                 connection = await self._cluster.coordinator(group_id)
@@ -350,7 +358,8 @@ class TransactionManager:
         if self.added or self._offsets_added:
             try:
                 await self._request(
-                    EndTxnRequest(transactional_id=self.transactional_id, producer_id=self._sender.producer_id,
+                    EndTxnRequest(transactional_id=TransactionalId(self.transactional_id),
+                                  producer_id=self._sender.producer_id,
                                   producer_epoch=self._sender.producer_epoch, committed=commit),
                     EndTxnResponse, lambda r: int(r.error_code), "EndTxn")
             except KafkaError as exc:

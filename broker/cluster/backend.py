@@ -50,7 +50,7 @@ def inter_broker_client_id(node_id: int) -> str:
 
 
 def is_inter_broker(client_id: str | None) -> bool:
-    return bool(client_id) and client_id.startswith(_INTER_BROKER_PREFIX)
+    return client_id is not None and client_id.startswith(_INTER_BROKER_PREFIX)
 
 
 # A follower's fetches name its broker epoch in the client id (Fetch v11 has no field for it; KIP-903's

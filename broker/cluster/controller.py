@@ -61,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from kio.schema.errors import ErrorCode
 
@@ -243,7 +243,9 @@ class Controller:
                 self.resign("the controller epoch moved on (another broker was elected)")
         return result
 
-    async def _write_states(self, changes: list[tuple[str, int, PartitionState | None, PartitionState, Mapping]]) -> int:
+    async def _write_states(
+        self, changes: Sequence[tuple[str, int, PartitionState | None, PartitionState, Mapping[int, int]]]
+    ) -> int:
         """Write (topic, partition, old state or None, new state, its ISR members' broker epochs) in chunks,
         each conditional on the old versions. Returns the revision of the last successful chunk (0 if none)."""
         layout = self.layout

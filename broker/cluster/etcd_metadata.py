@@ -60,6 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8, i16, i32, i32Timedelta
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster import etcd_client as etcd
@@ -506,13 +507,13 @@ class EtcdMetadata(MetadataBackend):
         from kio.schema.types import BrokerId, TopicName
 
         assignments = tuple(
-            CreatableReplicaAssignment(partition_index=index, broker_ids=tuple(BrokerId(b) for b in replicas))
+            CreatableReplicaAssignment(partition_index=i32(index), broker_ids=tuple(BrokerId(b) for b in replicas))
             for index, replicas in sorted((new.assignments or {}).items()))
         topic = CreatableTopic(
-            name=TopicName(new.name), num_partitions=new.partitions if not assignments else -1,
-            replication_factor=new.replication_factor if not assignments else -1, assignments=assignments,
+            name=TopicName(new.name), num_partitions=i32(new.partitions if not assignments else -1),
+            replication_factor=i16(new.replication_factor if not assignments else -1), assignments=assignments,
             configs=tuple(CreatableTopicConfig(name=k, value=v) for k, v in new.configs.items()))
-        request = CreateTopicsRequest(topics=(topic,), timeout=datetime.timedelta(seconds=30),
+        request = CreateTopicsRequest(topics=(topic,), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
                                       validate_only=validate_only)
         try:
             response = await self._controller_request(request, CreateTopicsResponse)
@@ -544,7 +545,8 @@ class EtcdMetadata(MetadataBackend):
 
             try:
                 response = await self._controller_request(
-                    DeleteTopicsRequest(topic_names=(TopicName(name),), timeout=datetime.timedelta(seconds=30)),
+                    DeleteTopicsRequest(topic_names=(TopicName(name),),
+                                        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30))),
                     DeleteTopicsResponse)
             except TopicError:
                 raise
@@ -630,9 +632,9 @@ class EtcdMetadata(MetadataBackend):
         for topic, index in partitions or ():
             by_topic.setdefault(topic, []).append(index)
         request = ElectLeadersRequest(
-            election_type=0, timeout=datetime.timedelta(seconds=30),
+            election_type=i8(0), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
             topic_partitions=None if partitions is None else tuple(
-                TopicPartitions(topic=TopicName(t), partitions=tuple(p)) for t, p in by_topic.items()))
+                TopicPartitions(topic=TopicName(t), partitions=tuple(map(i32, p))) for t, p in by_topic.items()))
         try:
             response = await self._controller_request(request, ElectLeadersResponse)
         except TopicError:
@@ -646,8 +648,8 @@ class EtcdMetadata(MetadataBackend):
         moved = {key for key, code in outcome.items() if code == ErrorCode.none}
         if moved:
             try:
-                await self.wait_for(lambda image: all(image.partition_state(*key) is not None and
-                                                       image.partition_state(*key).leader ==
+                await self.wait_for(lambda image: all((state := image.partition_state(*key)) is not None and
+                                                       state.leader ==
                                                        image.topics[key[0]].assignment[key[1]][0]
                                                        for key in moved), PROPAGATION_TIMEOUT_S)
             except (TimeoutError, KeyError):
@@ -687,7 +689,7 @@ class EtcdMetadata(MetadataBackend):
             assignments=None if assignments is None else tuple(
                 CreatePartitionsAssignment(broker_ids=tuple(BrokerId(b) for b in replicas))
                 for replicas in assignments))
-        request = CreatePartitionsRequest(topics=(topic,), timeout=datetime.timedelta(seconds=30),
+        request = CreatePartitionsRequest(topics=(topic,), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
                                           validate_only=validate_only)
         try:
             response = await self._controller_request(request, CreatePartitionsResponse)
@@ -719,8 +721,8 @@ class EtcdMetadata(MetadataBackend):
         if not result.succeeded:
             raise TopicError(ErrorCode.invalid_request, f"Topic '{name}' changed meanwhile; retry")
         try:
-            await self.wait_for(lambda image: image.topic(name) is not None and
-                                dict(image.topic(name).configs) == dict(configs), PROPAGATION_TIMEOUT_S)
+            await self.wait_for(lambda image: (topic := image.topic(name)) is not None and
+                                dict(topic.configs) == dict(configs), PROPAGATION_TIMEOUT_S)
         except TimeoutError:
             log.warning("configs of %s were altered but this broker has not seen it yet", name)
 

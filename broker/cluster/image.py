@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from copyless.broker.partition import PartitionState
 
@@ -75,7 +75,7 @@ class ClusterImage:
     def partition_state(self, topic: str, partition: int) -> PartitionState | None:
         return self.partitions.get((topic, partition))
 
-    def hosted_by(self, node_id: int):
+    def hosted_by(self, node_id: int) -> Iterator[tuple[str, int, TopicInfo]]:
         """(topic, partition, TopicInfo) for every partition with a replica on ``node_id``."""
         for topic in self.topics.values():
             for partition, replicas in enumerate(topic.assignment):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from copyless.broker.cluster.etcd_client import KeyValue
@@ -84,7 +85,7 @@ class Layout:
         return self.prefix + f"configs/brokers/{key or 'default'}".encode()
 
 
-def _json(value) -> bytes:
+def _json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -119,7 +120,7 @@ def decode_topic(name: str, value: bytes) -> TopicInfo:
                      internal=bool(data.get("internal", False)))
 
 
-def encode_state(state: PartitionState, controller_epoch: int, isr_epochs=None) -> bytes:
+def encode_state(state: PartitionState, controller_epoch: int, isr_epochs: Mapping[int, int] | None = None) -> bytes:
     """The partition's state key. The replicas live in the topic's assignment, not here. ``isr_epochs``
     maps ISR members to the broker epoch each was admitted under (a member left out: 0, not known)."""
     epochs = dict(isr_epochs or {})
@@ -147,7 +148,7 @@ def decode_state(value: bytes, replicas: tuple[int, ...], version: int) -> tuple
     return state, int(data.get("controller_epoch", -1))
 
 
-def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
+def decode_image(layout: Layout, kvs: Iterable[KeyValue], revision: int) -> ClusterImage:
     """Build the image from every key under ``layout.prefix`` (as of ``revision``). Keys that do not parse
     are skipped (a corrupt key must not stop a broker; the controller rewrites states it needs)."""
     prefix = layout.prefix
@@ -168,8 +169,8 @@ def decode_image(layout: Layout, kvs, revision: int) -> ClusterImage:
                 name = rest[len("topics/"):]
                 topics[name] = decode_topic(name, kv.value)
             elif rest.startswith("partitions/"):
-                name, _, index = rest[len("partitions/"):].rpartition("/")
-                states.append((name, int(index), kv))
+                name, _, number = rest[len("partitions/"):].rpartition("/")
+                states.append((name, int(number), kv))
             elif rest == "controller":
                 controller_id = int(json.loads(kv.value)["broker_id"])
             elif rest.startswith("configs/brokers/"):

@@ -41,9 +41,9 @@ def assign_replicas(brokers: Sequence[int], partitions: int, replication_factor:
     count = len(ordered)
     if not 1 <= replication_factor <= count:
         raise ValueError(f"replication factor {replication_factor} needs 1..{count} brokers")
-    rng = rng or random
-    start = rng.randrange(count) if start_index is None else start_index
-    shift = rng.randrange(count) if first_shift is None else first_shift
+    randrange = rng.randrange if rng is not None else random.randrange
+    start = randrange(count) if start_index is None else start_index
+    shift = randrange(count) if first_shift is None else first_shift
     assignment = []
     for partition in range(start_partition, start_partition + partitions):
         if partition > 0 and partition % count == 0:

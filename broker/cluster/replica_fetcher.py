@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from typing import Any
@@ -99,6 +100,11 @@ def truncation_step(own_epochs: Any, log_end: int, leader_epoch: int, leader_end
     return target, target >= log_end
 
 
+def _delete_records_before(partition: Partition, offset: int) -> Any:
+    """A follower's move of its log start (blocking: the log in place when the step runs)."""
+    return partition.log.delete_records_before(offset)
+
+
 @dataclasses.dataclass
 class _Follow:
     partition: Partition
@@ -123,9 +129,9 @@ class FetcherManager:
         """The replica manager's hook: ``partition`` follows ``partition.leader_id`` (``changed``: it must
         truncate first), or stops following (``changed`` is None)."""
         key = partition.key
-        for leader_id, fetcher in list(self.fetchers.items()):
-            if key in fetcher.partitions and (changed is None or leader_id != partition.leader_id):
-                fetcher.remove(key)
+        for leader_id, running in list(self.fetchers.items()):
+            if key in running.partitions and (changed is None or leader_id != partition.leader_id):
+                running.remove(key)
         if changed is None or self.closing or partition.leader_id < 0:
             return
         fetcher = self.fetchers.get(partition.leader_id)
@@ -295,8 +301,8 @@ class ReplicaFetcher:
 
         config = self.broker.config
         by_topic: dict[str, list[_Follow]] = {}
-        for follow in follows:
-            by_topic.setdefault(follow.partition.topic, []).append(follow)
+        for each in follows:
+            by_topic.setdefault(each.partition.topic, []).append(each)
         request = FetchRequest(
             replica_id=self.broker.node_id,
             max_wait=datetime.timedelta(milliseconds=config.replica_fetch_wait_max_ms),
@@ -370,7 +376,7 @@ class ReplicaFetcher:
             follow = follows_by_key[partition.key]
             if target > partition.log.log_start_offset and self._current(follow):
                 await partition.mutate_as_follower(follow.leader_epoch,
-                                                   lambda p=partition, t=target: p.log.delete_records_before(t),
+                                                   functools.partial(_delete_records_before, partition, target),
                                                    lambda _start: None)
         if appended and config.flush_mode == "sync":
             # The next fetch's offset tells the leader how far this replica is, and the leader's high
@@ -391,7 +397,7 @@ class ReplicaFetcher:
                 log.warning("%s-%d: the fdatasync of replicated records still runs after %.0f s (a stalled disk?); "
                             "the partition is not fetched until it ends", key[0], key[1], FLUSH_WAIT_S)
                 follow.flushing = flush
-                flush.add_done_callback(lambda done, follow=follow: self._flushed(follow, done))
+                flush.add_done_callback(functools.partial(self._flushed, follow))
             elif flush.exception() is not None:
                 failed = flush.exception()
         if failed is not None:

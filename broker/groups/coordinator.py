@@ -565,7 +565,7 @@ class GroupCoordinator:
         member.join_waiter = waiter
 
     def _join_result(self, group: _Group, member: _Member) -> JoinResult:
-        members = ()
+        members: tuple[tuple[str, str | None, bytes], ...] = ()
         if member.member_id == group.leader_id:
             members = tuple((m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name))
                             for m in group.members.values())

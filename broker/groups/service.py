@@ -548,7 +548,7 @@ class GroupService:
             if snapshot.state not in (GroupState.EMPTY, GroupState.DEAD) or not shard.coordinator.remove_group(group_id):
                 results[group_id] = ErrorCode.non_empty_group
                 continue
-            tombstones = [(offset_commit_key(group_id, topic, partition), None)
+            tombstones: list[tuple[bytes, bytes | None]] = [(offset_commit_key(group_id, topic, partition), None)
                           for topic, partition in sorted(shard.store.committed(group_id))]
             tombstones.append(shard.store.group_record(GroupSnapshot(group_id, GroupState.DEAD, -1, None, None,
                                                                      None, now_ms())))

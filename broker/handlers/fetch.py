@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -75,7 +76,7 @@ def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int
     has_error = False
     for fetch_topic in request.topics:
         name = fetch_topic.topic
-        results = []
+        results: list[FetchPartitionResult] = []
         topics.append((name, results))
         for fetch_partition in fetch_topic.partitions:
             result = FetchPartitionResult(fetch_partition.partition)
@@ -148,7 +149,7 @@ async def handle(ctx: RequestContext, request):
         denied = checks.denied_topics(ctx, Operation.READ, (t.topic for t in request.topics))
     # Consumers wait for a partition's high watermark to move; followers for its log end.
     if getattr(request, "replica_id", -1) >= 0:
-        keys = [(t.topic, p.partition, "log_end") for t in request.topics for p in t.partitions]
+        keys: list[tuple[Any, ...]] = [(t.topic, p.partition, "log_end") for t in request.topics for p in t.partitions]
     else:
         keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
     replica_epoch = replica_epoch_of(ctx.client_id)

@@ -273,6 +273,7 @@ def _fetch_offsets(ctx: RequestContext, module, group_id: str, requested, requir
     """(group error, response topics) for one group; ``requested`` None means every committed partition."""
     v8 = ctx.api_version >= 8
     groups: GroupService = ctx.broker.groups
+    committed: dict[tuple[str, int], CommittedOffset]
     if not checks.group(ctx, Operation.DESCRIBE, group_id):
         group_error, committed = ErrorCode.group_authorization_failed, {}
     else:
@@ -383,6 +384,7 @@ async def offset_delete(ctx: RequestContext, request):
     denied = checks.denied_topics(ctx, Operation.READ, (t.name for t in request.topics))
     wanted = [(topic.name, int(p.partition_index)) for topic in request.topics for p in topic.partitions
               if topic.name not in denied]
+    outcome: dict[tuple[str, int], ErrorCode]
     if not checks.group(ctx, Operation.DELETE, request.group_id):
         code, outcome = ErrorCode.group_authorization_failed, {}
     elif groups is None:

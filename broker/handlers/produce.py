@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -166,7 +167,7 @@ async def handle(ctx: RequestContext, request):
 
     for topic_data in request.topic_data:
         name = topic_data.name
-        partition_results = []
+        partition_results: list[list[Any]] = []
         results.append((name, partition_results))
         for partition_data in topic_data.partition_data:
             index = partition_data.index

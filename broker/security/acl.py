@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 __all__ = [
     "ResourceType",
@@ -164,13 +164,13 @@ class AclBinding:
             raise AclError("host must not be empty (use '*' for any)")
         return self
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"resource_type": self.resource_type.name, "resource_name": self.resource_name,
                 "pattern_type": self.pattern_type.name, "principal": self.principal, "host": self.host,
                 "operation": self.operation.name, "permission": self.permission.name}
 
     @classmethod
-    def from_json(cls, data: dict) -> "AclBinding":
+    def from_json(cls, data: dict[str, Any]) -> "AclBinding":
         """Raises AclError (KeyError, ValueError inside) on a document that is not a binding."""
         try:
             return cls(ResourceType[data["resource_type"]], str(data["resource_name"]),
@@ -318,6 +318,6 @@ class Authorizer:
         return sorted((b for b in self.bindings if acl_filter.matches(b)), key=_order)
 
 
-def _order(binding: AclBinding):
+def _order(binding: AclBinding) -> tuple[ResourceType, str, PatternType, str, str, Operation, Permission]:
     return (binding.resource_type, binding.resource_name, binding.pattern_type, binding.principal, binding.host,
             binding.operation, binding.permission)

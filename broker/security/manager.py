@@ -26,7 +26,7 @@ import re
 import secrets
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from copyless.broker.security.acl import Authorizer, Operation, ResourceType
@@ -50,7 +50,7 @@ class ListenerRuntime:
     security: ListenerSecurity
     context: Any = None  # ssl.SSLContext
     ktls: bool = False
-    mapper: PrincipalMapper | None = None
+    mapper: PrincipalMapper = field(default_factory=PrincipalMapper)  # DEFAULT: the subject as it is
 
     @property
     def protocol(self) -> str:

@@ -23,6 +23,7 @@ e-mail address), as Java does.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["distinguished_name", "PrincipalMapper", "MappingError"]
@@ -73,7 +74,7 @@ def _der_hex(tag: int, value: str) -> str:
     return "#" + (bytes([tag]) + length + data).hex()
 
 
-def distinguished_name(subject) -> str:
+def distinguished_name(subject: Iterable[Iterable[tuple[str, str]]]) -> str:
     """RFC 2253 string of ``getpeercert()["subject"]`` (a tuple of RDNs, each a tuple of (name, value))."""
     rdns = []
     for rdn in reversed(tuple(subject)):
@@ -92,7 +93,7 @@ def distinguished_name(subject) -> str:
 
 @dataclass(frozen=True)
 class _Rule:
-    pattern: re.Pattern | None  # None: DEFAULT
+    pattern: re.Pattern[str] | None  # None: DEFAULT
     replacement: str = ""
     case: str = ""
 

@@ -219,6 +219,7 @@ class SaslSession:
 
     def _scram_step(self, token: bytes) -> Step:
         mechanism = self.mechanism
+        assert mechanism is not None  # authenticate() refuses a token before the handshake chose one
         failed = (f"Authentication failed during authentication due to invalid credentials with SASL mechanism "
                   f"{mechanism}")
         try:

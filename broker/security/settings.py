@@ -102,7 +102,7 @@ def _key(name: str, config_type: ConfigType, default, doc: str, check=None, *, p
     """A security setting of the broker's registry: static, read from ``BrokerConfig.security``."""
     return ConfigKey(name, config_type, doc, default=default, validator=_checked(check) if check else None,
                      per_listener=per_listener, sensitive=sensitive,
-                     read=lambda config, name=name: config.security.get(name))
+                     read=lambda config: config.security.get(name))
 
 
 # The security settings of the broker's config registry (``broker.config.CONFIGS`` adds them, as Kafka's
@@ -268,8 +268,8 @@ class SecuritySettings:
                 else raw.get(key.name, key.default)
             resolved[key.name] = value
         for mechanism in ("plain", "scram-sha-256", "scram-sha-512"):
-            key = f"{prefix}{mechanism}.sasl.jaas.config"
-            value = raw.get(key, raw.get(f"{mechanism}.sasl.jaas.config", raw.get("sasl.jaas.config")))
+            jaas_name = f"{prefix}{mechanism}.sasl.jaas.config"
+            value = raw.get(jaas_name, raw.get(f"{mechanism}.sasl.jaas.config", raw.get("sasl.jaas.config")))
             resolved[f"{mechanism}.sasl.jaas.config"] = value
         return ListenerSecurity(name, protocol, resolved)
 

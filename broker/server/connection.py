@@ -39,7 +39,7 @@ from copyless.broker.handlers.context import CloseConnection, EncodedResponse, R
 from copyless.broker.stats import response_error_codes
 from copyless.broker.security.manager import ANONYMOUS
 from copyless.broker.security.sasl import StepKind
-from copyless.broker.server.transfer import send_bytes, send_segments, wait_readable, wait_writable
+from copyless.broker.server.transfer import Writable, send_bytes, send_segments, wait_readable, wait_writable
 from copyless.broker.wire.codecs import encode_response
 from copyless.broker.wire.headers import RemoteProtocolError
 from copyless.broker.wire.requests import ApiVersionsFallback, decode_request, encode_api_versions_fallback
@@ -87,7 +87,7 @@ class Connection:
         self.tls: ssl.SSLSocket | None = None
         # What responses are written to: the socket itself (PLAINTEXT, SASL_PLAINTEXT), a KernelTlsWriter
         # (kTLS: the kernel encrypts), or None (copying through OpenSSL).
-        self.writer = sock
+        self.writer: Writable | None = sock
         if self.sasl is not None:
             # Until authenticated, frames are capped at sasl.server.max.receive.size.
             self.frames.max_frame_bytes = min(self.frames.max_frame_bytes, security.max_receive_bytes())
@@ -104,7 +104,7 @@ class Connection:
                 return
             while True:
                 try:
-                    frame = self.frames.next_frame()
+                    frame: bytes | bytearray | None = self.frames.next_frame()
                 except FrameTooLargeError as exc:
                     if exc.size < 0:
                         self._close_reason(f"invalid frame size {exc.size}")
@@ -213,6 +213,7 @@ class Connection:
         if self.writer is None:
             from copyless.broker.server.tls_io import send_bytes_tls
 
+            assert self.tls is not None  # no writer: a TLS session copying through OpenSSL
             await send_bytes_tls(loop, self.tls, data, self.broker.stats)
         else:
             await send_bytes(loop, self.writer, data, self.broker.stats)
@@ -222,6 +223,7 @@ class Connection:
         if self.writer is None:
             from copyless.broker.server.tls_io import send_segments_tls
 
+            assert self.tls is not None  # no writer: a TLS session copying through OpenSSL
             await send_segments_tls(loop, self.tls, segments, stats, self.broker.security.stats, replica=replica)
             return
         ktls = self.tls is not None

@@ -26,14 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
 import socket
 import time
+from typing import TYPE_CHECKING, Any
 
 from copyless.broker.server.connection import Connection
 from copyless.broker.state import Broker
+
+if TYPE_CHECKING:
+    from copyless.broker.server.metrics_http import MetricsServer
 
 __all__ = ["Server", "ListenError"]
 
@@ -71,7 +76,7 @@ class Server:
         self._periodic: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
         self._last_accept_warning = 0.0
-        self.metrics = None  # the /metrics endpoint (--metrics-listen), once started
+        self.metrics: MetricsServer | None = None  # the /metrics endpoint (--metrics-listen), once started
 
     # --- start -----------------------------------------------------------------------------------------------
 
@@ -100,7 +105,7 @@ class Server:
         first = next(iter(self.listen_sockets.values()))
         self.listen_socket = first
         self.bound_host, self.bound_port = first.getsockname()[:2]
-        changes = {}
+        changes: dict[str, Any] = {}
         if self.config.listen_port == 0 and not self.config.listeners:
             # Port 0: advertise the port the kernel chose (unless an advertised port was configured).
             changes["listen_port"] = self.bound_port
@@ -126,7 +131,8 @@ class Server:
         if self.config.stats_interval_s > 0:
             self._periodic.append(asyncio.create_task(self._stats_loop(), name="copyless-stats"))
         if self.config.connections_max_idle_ms:
-            self._periodic.append(asyncio.create_task(self._idle_reaper(), name="copyless-idle-reaper"))
+            self._periodic.append(asyncio.create_task(self._idle_reaper(self.config.connections_max_idle_ms),
+                                                      name="copyless-idle-reaper"))
         self._periodic.append(asyncio.create_task(self._lag_probe(), name="copyless-loop-lag"))
         self._announce()
 
@@ -205,7 +211,10 @@ class Server:
             stats.connections_open += 1
             task = asyncio.create_task(connection.run(), name=f"copyless-conn-{connection_id}")
             self.connections[connection_id] = (connection, task)
-            task.add_done_callback(lambda _t, cid=connection_id: self.connections.pop(cid, None))
+            task.add_done_callback(functools.partial(self._forget_connection, connection_id))
+
+    def _forget_connection(self, connection_id: int, _task: object) -> None:
+        self.connections.pop(connection_id, None)
 
     def _tune(self, sock: socket.socket) -> None:
         """TCP_NODELAY, and the configured socket buffers (see BrokerConfig.socket_send_buffer_bytes)."""
@@ -239,12 +248,12 @@ class Server:
             await asyncio.sleep(LAG_PROBE_INTERVAL_S)
             lag.record(max(0.0, time.monotonic() - due))
 
-    async def _idle_reaper(self) -> None:
+    async def _idle_reaper(self, max_idle_ms: int) -> None:
         """Close connections without a request for connections.max.idle.ms (Kafka's default: 10 minutes), so
         abandoned clients do not hold descriptors forever. A sweep costs O(connections) every tenth of the
         limit (at most every 30 s): 10,000 connections take about a millisecond."""
         loop = asyncio.get_running_loop()
-        limit_s = self.config.connections_max_idle_ms / 1000
+        limit_s = max_idle_ms / 1000
         while True:
             await asyncio.sleep(min(max(limit_s / 10, 0.05), 30.0))
             now = loop.time()
@@ -291,6 +300,7 @@ class Server:
                 await asyncio.wait(pending, timeout=5)
         await self.broker.run_shutdown_hooks()
         await self.broker.stop_cluster()
+        self.broker.snapshot_producer_state()
         await asyncio.to_thread(self.broker.shutdown_logs)
         log.info("%s", self.broker.stats.log_line())
         print("stats-json " + json.dumps(self.broker.stats_snapshot(), sort_keys=True), flush=True)

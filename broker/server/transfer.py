@@ -34,13 +34,24 @@ import asyncio
 import os
 import socket
 import threading
+from typing import Any, Protocol
 
-__all__ = ["send_segments", "send_bytes", "wait_readable", "wait_writable", "is_cached", "warm", "IOV_MAX"]
+__all__ = ["Writable", "send_segments", "send_bytes", "wait_readable", "wait_writable", "is_cached", "warm", "IOV_MAX"]
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 # sendfile(2) moves at most 0x7ffff000 bytes per call.
 _SENDFILE_MAX = 0x7FFFF000
 _MSG_MORE = getattr(socket, "MSG_MORE", 0)
+
+
+class Writable(Protocol):
+    """What responses are written to: a socket, or tls_io's KernelTlsWriter (kTLS: the kernel encrypts)."""
+
+    def send(self, data: Any, flags: int = ..., /) -> int: ...
+
+    def sendmsg(self, buffers: Any, ancdata: Any = ..., flags: int = ..., /) -> int: ...
+
+    def fileno(self) -> int: ...
 
 
 def _resolve(future: asyncio.Future) -> None:
@@ -66,7 +77,7 @@ async def wait_readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
         loop.remove_reader(fd)
 
 
-async def send_bytes(loop, sock: socket.socket, data, stats=None, *, more: bool = False) -> None:
+async def send_bytes(loop, sock: Writable, data, stats=None, *, more: bool = False) -> None:
     """Write one buffer completely."""
     view = memoryview(data)
     flags = _MSG_MORE if more else 0
@@ -84,7 +95,7 @@ async def send_bytes(loop, sock: socket.socket, data, stats=None, *, more: bool 
         stats.response_bytes += len(data)
 
 
-async def _send_buffers(loop, sock: socket.socket, buffers: list, stats, *, more: bool) -> None:
+async def _send_buffers(loop, sock: Writable, buffers: list, stats, *, more: bool) -> None:
     """Write a run of buffers with gathered sendmsg calls, handling partial writes."""
     if len(buffers) == 1:
         await send_bytes(loop, sock, buffers[0], stats, more=more)
@@ -168,7 +179,7 @@ def warm(file_slice) -> None:
         remaining -= sent
 
 
-async def _sendfile(loop, sock: socket.socket, file_slice, stats, replica: bool = False) -> None:
+async def _sendfile(loop, sock: Writable, file_slice, stats, replica: bool = False) -> None:
     if not is_cached(file_slice):
         stats.fetch_cold_warmups += 1
         await asyncio.to_thread(warm, file_slice)
@@ -194,7 +205,7 @@ async def _sendfile(loop, sock: socket.socket, file_slice, stats, replica: bool 
         remaining -= sent
 
 
-async def send_segments(loop, sock: socket.socket, segments: list, stats, *, use_sendfile: bool = True,
+async def send_segments(loop, sock: Writable, segments: list, stats, *, use_sendfile: bool = True,
                         replica: bool = False) -> None:
     """Write ``bytes`` and FileSlice segments in order. Does not release the slices (the caller does).
     ``replica``: a follower's fetch (its record bytes are counted apart from consumers')."""

@@ -91,10 +91,18 @@ TXN_POINTS = (
 )
 
 
+# A producer-state snapshot's write (broker.producer_snapshot), in protocol order.
+SNAPSHOT_POINTS = (
+    "snapshot.after_tmp_write",  # the .tmp written, not fsync'd
+    "snapshot.before_rename",  # the .tmp fsync'd, not renamed
+    "snapshot.after_rename",  # renamed, the directory not yet fsync'd
+)
+
+
 def arm(name: str | None, skip: int = 0) -> None:
     """SIGKILL this process at the ``skip``+1-th hit of failpoint ``name`` (None disarms)."""
     global _ARMED, _skip
-    if name is not None and name not in POINTS + TRUNCATION_POINTS + COMPACTION_POINTS + TXN_POINTS:
+    if name is not None and name not in POINTS + TRUNCATION_POINTS + COMPACTION_POINTS + TXN_POINTS + SNAPSHOT_POINTS:
         raise ValueError(f"unknown failpoint {name!r}")
     _ARMED, _skip = name, skip
 

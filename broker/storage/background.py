@@ -73,7 +73,7 @@ class Completion:
         ``asyncio.wrap_future``."""
         with self._lock:
             if self._future is None or self._event.is_set():
-                future = Future()
+                future: Future[None] = Future()
                 if self._event.is_set():
                     future.set_running_or_notify_cancel()
                     future.set_result(None)

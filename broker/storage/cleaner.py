@@ -133,8 +133,10 @@ def _write_cleaner_checkpoint(directory: Path, offset: int) -> None:
 
 
 def _cleaned_paths(directory: Path, base_offset: int) -> tuple[Path, Path, Path]:
-    return tuple(path.with_name(path.name + filenames.CLEANED_SUFFIX)
-                 for path in filenames.segment_paths(directory, base_offset))
+    log, index, time_index = filenames.segment_paths(directory, base_offset)
+    suffix = filenames.CLEANED_SUFFIX
+    return log.with_name(log.name + suffix), index.with_name(index.name + suffix), time_index.with_name(
+        time_index.name + suffix)
 
 
 def recover_swap(directory: Path) -> int:
@@ -520,7 +522,7 @@ def _swap(partition_log, cleaned: list[tuple[list[Segment], Segment, int]], trun
         failpoint("clean.after_swap_manifest")
         for group, new, _ in cleaned:
             for segment in group:
-                segment.rename_deleted()
+                segment.rename_deleted(keep_txn_index=True)
                 failpoint("clean.after_old_renamed")
             targets = filenames.segment_paths(directory, new.base_offset)
             new.offset_index.rename(targets[1])

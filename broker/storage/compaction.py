@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from copyless.client.protocol.batch_builder import compress
 from copyless.client.protocol.records import (
+    Buffer,
     ATTRIBUTES_OFFSET,
     CODEC_MASK,
     CODEC_NONE,
@@ -93,7 +95,7 @@ class ParsedRecord:
     is_tombstone: bool
 
 
-def parse_records(data, count: int) -> list[ParsedRecord]:
+def parse_records(data: Buffer, count: int) -> list[ParsedRecord]:
     """The ``count`` records of a decompressed records blob. Raises InvalidBatchError when malformed.
 
     Most varints of a record fit one byte (the timestamp delta, the key's length, the first 64 offset deltas)
@@ -164,12 +166,12 @@ def parse_records(data, count: int) -> list[ParsedRecord]:
     return records
 
 
-def _payload(batch, header: BatchHeader):
+def _payload(batch: Buffer, header: BatchHeader) -> bytes | memoryview:
     body = memoryview(batch)[RECORD_BATCH_OVERHEAD:header.size]
     return body if header.codec == CODEC_NONE else decompress(header.codec, body)
 
 
-def iter_record_keys(batch, header: BatchHeader):
+def iter_record_keys(batch: Buffer, header: BatchHeader) -> Iterator[tuple[int, bytes | None]]:
     """``(offset, key)`` of every record of one batch (``batch`` starts at the batch). Raises
     InvalidBatchError."""
     if header.is_control or header.records_count == 0:
@@ -179,14 +181,14 @@ def iter_record_keys(batch, header: BatchHeader):
         yield header.base_offset + record.offset_delta, record.key
 
 
-def count_tombstones(batch, header: BatchHeader) -> int:
+def count_tombstones(batch: Buffer, header: BatchHeader) -> int:
     """How many records of one batch have a null value (``copyless inspect``). Raises InvalidBatchError."""
     if header.is_control or header.records_count == 0:
         return 0
     return sum(record.is_tombstone for record in parse_records(_payload(batch, header), header.records_count))
 
 
-def first_keyless_offset_delta(batch, header: BatchHeader) -> int | None:
+def first_keyless_offset_delta(batch: Buffer, header: BatchHeader) -> int | None:
     """The offset delta of the batch's first record without a key, None when every record has one (the
     produce path's check on a compacted topic: Kafka's LogValidator). Raises InvalidBatchError."""
     if header.is_control:
@@ -255,7 +257,7 @@ class OffsetMap:
     def __len__(self) -> int:
         return len(self.latest)
 
-    def add_batch(self, batch, header: BatchHeader) -> bool:
+    def add_batch(self, batch: Buffer, header: BatchHeader) -> bool:
         """Fold one batch's keys in. False (nothing folded in) when its new keys would overflow the map:
         the pass ends before this batch. Raises InvalidBatchError."""
         if header.is_control or header.records_count == 0 or header.is_transactional:
@@ -280,13 +282,13 @@ class OffsetMap:
 class BatchOutcome:
     """What cleaning did to one batch: ``data`` to write (None: the batch vanishes)."""
 
-    data: bytes | memoryview | None
+    data: Buffer | None
     records_kept: int
     records_dropped: int
     tombstones_dropped: int
 
 
-def filter_batch(batch, header: BatchHeader, offsets: OffsetMap, *, now_ms: int, delete_retention_ms: int,
+def filter_batch(batch: Buffer, header: BatchHeader, offsets: OffsetMap, *, now_ms: int, delete_retention_ms: int,
                  producer_last_batch: bool) -> BatchOutcome:
     """The cleaned form of one batch (``batch``: its bytes, from its first byte). See the module docstring.
 

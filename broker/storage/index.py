@@ -52,7 +52,7 @@ class SparseIndex:
         self.skipped_entries = 0
         # What lookups read: the writable map while active, a read-only map (or b"") once sealed, None until
         # a sealed index is first used.
-        self._data = writable_map
+        self._data: mmap.mmap | bytes | None = writable_map
         # True while the entries live in an anonymous map (rebuilt on a full disk; see make_writable).
         self.in_memory = False
 
@@ -101,6 +101,7 @@ class SparseIndex:
                 os.ftruncate(self.fd, length)  # the sparse rest: a map may not reach past the end of its file
             region = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             if self.in_memory and used:
+                assert previous_writable is not None  # in_memory: the entries are in an anonymous map
                 region[:used] = previous_writable[:used]
             self.in_memory = False
         except OSError as exc:
@@ -144,7 +145,9 @@ class SparseIndex:
         if self.entries >= self.allocated_entries:
             self.skipped_entries += 1  # its blocks are not allocated yet (allocate_to): a sparse index skips
             return
-        self.entry.pack_into(self._writable_map, self.entries * self.entry.size, a, b)
+        region = self._writable_map
+        assert region is not None  # sealing sets allocated_entries = entries: a sealed index returns above
+        self.entry.pack_into(region, self.entries * self.entry.size, a, b)
         self.entries += 1
 
     def prefault(self, start: int, length: int, should_stop=lambda: False) -> None:
@@ -204,7 +207,9 @@ class SparseIndex:
         """Persist entries kept in memory (sealing on a full disk). If even that finds no space, the file is
         left empty: an empty index is valid (lookups scan from position 0) and recovery rebuilds it."""
         length = self.entries * self.entry.size
-        data = bytes(self._writable_map[:length])
+        region = self._writable_map
+        assert region is not None  # only an index still in memory is written out
+        data = bytes(region[:length])
         try:
             written = 0
             while written < length:

@@ -12,6 +12,11 @@ log2(n) cold pages first. Kafka measured ~1 s produce stalls from those page fau
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from copyless.client.protocol.records import Buffer
 
 __all__ = [
     "OFFSET_ENTRY",
@@ -29,13 +34,16 @@ TIME_ENTRY = struct.Struct(">qI")
 WARM_BYTES = 8192
 
 
-def _floor_slot(data, entries: int, entry: struct.Struct, key_of, target, strict: bool) -> int:
+def _floor_slot(
+    data: Buffer, entries: int, entry: struct.Struct, key_of: Callable[[tuple[Any, ...]], int], target: int,
+    strict: bool,
+) -> int:
     """Largest slot whose key is <= target (< target when ``strict``), or -1."""
     if entries == 0:
         return -1
 
     def below(slot: int) -> bool:
-        key = key_of(entry.unpack_from(data, slot * entry.size))
+        key: int = key_of(entry.unpack_from(data, slot * entry.size))
         return key < target if strict else key <= target
 
     warm_entries = WARM_BYTES // entry.size
@@ -58,18 +66,18 @@ def _floor_slot(data, entries: int, entry: struct.Struct, key_of, target, strict
     return low
 
 
-def floor_offset_slot(data, entries: int, relative_offset: int) -> int:
+def floor_offset_slot(data: Buffer, entries: int, relative_offset: int) -> int:
     """Slot of the last offset-index entry with relative offset <= ``relative_offset``; -1 if none."""
     return _floor_slot(data, entries, OFFSET_ENTRY, lambda e: e[0], relative_offset, strict=False)
 
 
-def floor_position_slot(data, entries: int, position: int) -> int:
+def floor_position_slot(data: Buffer, entries: int, position: int) -> int:
     """Slot of the last offset-index entry pointing at or below file ``position``; -1 if none (positions
     increase with offsets, so the same search applies)."""
     return _floor_slot(data, entries, OFFSET_ENTRY, lambda e: e[1], position, strict=False)
 
 
-def floor_timestamp_slot(data, entries: int, timestamp_ms: int) -> int:
+def floor_timestamp_slot(data: Buffer, entries: int, timestamp_ms: int) -> int:
     """Slot of the last time-index entry with timestamp < ``timestamp_ms``; -1 if none.
 
     Strictly below: entry (T, O) promises every record up to the batch at O has a timestamp <= T, so when
@@ -78,11 +86,11 @@ def floor_timestamp_slot(data, entries: int, timestamp_ms: int) -> int:
     return _floor_slot(data, entries, TIME_ENTRY, lambda e: e[0], timestamp_ms, strict=True)
 
 
-def offset_entry(data, slot: int) -> tuple[int, int]:
+def offset_entry(data: Buffer, slot: int) -> tuple[int, int]:
     """``(relative_offset, position)`` of an offset-index slot."""
     return OFFSET_ENTRY.unpack_from(data, slot * OFFSET_ENTRY.size)
 
 
-def time_entry(data, slot: int) -> tuple[int, int]:
+def time_entry(data: Buffer, slot: int) -> tuple[int, int]:
     """``(timestamp_ms, relative_offset)`` of a time-index slot."""
     return TIME_ENTRY.unpack_from(data, slot * TIME_ENTRY.size)

@@ -226,7 +226,7 @@ class LeaderEpochCache:
                 after an unclean stop; None after a clean one). A missing or unreadable file is rebuilt from
                 every batch, from ``log_start_offset``.
         """
-        loaded = None
+        loaded: list[EpochEntry] | None = None
         try:
             lines = read_entries(self.path)
             if lines is not None:

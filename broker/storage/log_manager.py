@@ -132,7 +132,7 @@ class LogManager:
             config = self.topic_configs.get(topic, self.default_config)
             try:
                 partition_log, stats = PartitionLog.load(
-                    topic, partition, Path(entry.path), config, self._background, clean=clean,
+                    topic, partition, Path(entry.path), config, self.background, clean=clean,
                     recovery_point=recovery_points.get((topic, partition), 0),
                     high_watermark=high_watermarks.get((topic, partition)),
                     log_start_offset=log_start_offsets.get((topic, partition)))
@@ -181,8 +181,8 @@ class LogManager:
         for partition_log in list(self._logs.values()):
             partition_log.close()
         self.checkpoint_offsets(disk_full_ok=True)
-        self._background.reap(now_ms=1 << 62)
-        self._background.shutdown()
+        self.background.reap(now_ms=1 << 62)
+        self.background.shutdown()
         write_marker(self.data_dir / filenames.CLEAN_SHUTDOWN_MARKER)
         self._release()
         log.info("storage shut down cleanly")
@@ -197,7 +197,7 @@ class LogManager:
         for partition_log in list(self._logs.values()):
             partition_log.stop_for_abandon()
         # Tasks already running finish (a crash a moment later); queued ones never run, as after a real kill.
-        self._background.shutdown(cancel_queued=True)
+        self.background.shutdown(cancel_queued=True)
         for partition_log in list(self._logs.values()):
             partition_log.abandon()
         self._release()
@@ -212,7 +212,7 @@ class LogManager:
     # --- logs ------------------------------------------------------------------------------------------
 
     def _add(self, topic: str, partition: int, partition_log: PartitionLog) -> None:
-        partition_log.checkpoint_offsets = self.checkpoint_offsets
+        partition_log.checkpoint_offsets = self.checkpoint_offsets  # type: ignore[assignment]  # declared None there
         self._logs[(topic, partition)] = partition_log
 
     def get_log(self, topic: str, partition: int) -> PartitionLog | None:
@@ -236,10 +236,10 @@ class LogManager:
             directory = self.data_dir / filenames.partition_dir_name(topic, partition)
             try:
                 if directory.exists():
-                    partition_log, _ = PartitionLog.load(topic, partition, directory, config, self._background,
+                    partition_log, _ = PartitionLog.load(topic, partition, directory, config, self.background,
                                                          clean=False, recovery_point=0)
                 else:
-                    partition_log = PartitionLog.create_new(topic, partition, directory, config, self._background)
+                    partition_log = PartitionLog.create_new(topic, partition, directory, config, self.background)
             except OSError as exc:
                 shutil.rmtree(directory, ignore_errors=True)
                 raise storage_error_from(exc, "creating a log", directory, bytes_needed=config.segment_bytes) from None
@@ -261,8 +261,8 @@ class LogManager:
         except OSError as exc:
             raise storage_error_from(exc, "deleting a log", partition_log.directory) from None
         segments = partition_log.retire_all(target, now_ms())
-        self._background.retire_directory(target, segments, now_ms())
-        self._background.submit_io(self._background.reap)
+        self.background.retire_directory(target, segments, now_ms())
+        self.background.submit_io(self.background.reap)
 
     # --- periodic work --------------------------------------------------------------------------------------
 
@@ -325,9 +325,10 @@ class LogManager:
         """Block until seals, renames and deletions queued so far are done, then reap. Tests, benchmarks."""
         self._require_started()
         # The io thread is FIFO: a reap queued now runs after every seal, rename and reap queued before it.
-        self._background.submit_io(self._background.reap).result(timeout_s)
+        self.background.submit_io(self.background.reap).result(timeout_s)
 
     def _housekeeping(self) -> None:
+        assert self.background_interval_ms is not None  # the thread runs only with an interval (start)
         interval_s = self.background_interval_ms / 1000
         last_checkpoint = last_retention = last_offsets = now_ms()
         while not self._stop.wait(interval_s):
@@ -341,7 +342,7 @@ class LogManager:
                     last_retention = now
                     self.run_retention(now)
                 else:
-                    self._background.reap(now)
+                    self.background.reap(now)
                 if now - last_checkpoint >= self.checkpoint_interval_ms:
                     last_checkpoint = now
                     self.checkpoint_recovery_points()
@@ -358,6 +359,13 @@ class LogManager:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    @property
+    def background(self) -> Background:
+        """The worker threads: start() creates them."""
+        if self._background is None:
+            raise StorageError("LogManager is not started", path=self.data_dir)
+        return self._background
 
     def _require_started(self) -> None:
         if not self.started:

@@ -131,6 +131,7 @@ class PreparedSegment:
         try:
             stop = lambda: self.stop_warm  # noqa: E731
             expected_entries = self.segment_bytes // max(index_interval_bytes, 64) + 2
+            assert self.offset_index is not None and self.time_index is not None  # warm runs after create
             for index in (self.offset_index, self.time_index):
                 length = min(index.allocated_entries, expected_entries) * index.entry.size
                 if length and not self.stop_warm:
@@ -194,6 +195,7 @@ class PreparedSegment:
             end = min(end, self.segment_bytes)
             if self.stop_warm or self.map is None or end <= start:
                 return
+            assert self.offset_index is not None and self.time_index is not None  # created with the map
             for index in (self.offset_index, self.time_index):
                 index.allocate_to(index_allocation_bytes(end, index.entry.size, index.entries * index.entry.size,
                                                          self.index_interval_bytes, self.index_ahead_bytes))
@@ -228,6 +230,7 @@ class PreparedSegment:
             self.map = None
             os.close(self.fd)
             self.fd = -1
+            assert self.offset_index is not None and self.time_index is not None  # created with the map
             self.offset_index.close()
             self.time_index.close()
 

@@ -64,6 +64,7 @@ from . import prefault as prefault_module
 from .prefault import Prefault, observe_append_wait, observe_outrun
 from .prepared_segment import PreparedSegment, index_allocation_bytes
 from .scan import scan_headers
+from .txn_index import txn_index_path
 from .segment_recovery import SegmentRecovery
 
 __all__ = ["Segment"]
@@ -165,6 +166,8 @@ class Segment(SegmentRecovery):
         that took 1-8 ms here under load; start-up adopts a prepared file that holds batches, see
         ``adopt_prepared``)."""
         prepared.taken = True
+        # Taken only once ready and not failed (PartitionLog's roll): its files exist and are open.
+        assert prepared.offset_index is not None and prepared.time_index is not None
         segment = cls(prepared.directory, base_offset, prepared.fd, prepared.offset_index, prepared.time_index,
                       size_bytes=0, index_interval_bytes=index_interval_bytes)
         segment.log_path = prepared.log_path
@@ -313,6 +316,7 @@ class Segment(SegmentRecovery):
             self.first_append_ms = now_ms()
         self.last_append_s = time.monotonic()
         region = self.map
+        assert region is not None  # only the active segment takes appends, and it is mapped
         head = 0
         if start == 0:
             # A segment's first batch names it at start-up when a roll's renames never ran (adopt_prepared),
@@ -541,8 +545,10 @@ class Segment(SegmentRecovery):
         self.next_offset = next_offset
         return next_offset
 
-    def rename_deleted(self) -> None:
-        """Rename the three files to ``*.deleted`` (retention); the fd stays valid for pinned readers."""
+    def rename_deleted(self, *, keep_txn_index: bool = False) -> None:
+        """Rename the three files to ``*.deleted`` (retention), and its ``.txnindex`` unless
+        ``keep_txn_index`` (a cleaning: the markers stay in the log, and loading files each index entry
+        under the segment holding its marker); the fd stays valid for pinned readers."""
         with self._lock:
             for attribute in ("log", "offset_index", "time_index"):
                 path = self.log_path if attribute == "log" else getattr(self, attribute).path
@@ -556,6 +562,13 @@ class Segment(SegmentRecovery):
                 except FileNotFoundError:
                     pass
                 failpoint("retention.after_rename")
+            if not keep_txn_index:
+                # The segment's aborted-transaction index goes with it (a later segment may reuse the base).
+                index = txn_index_path(self.log_path.parent, self.base_offset)
+                try:
+                    os.rename(index, index.with_name(index.name + filenames.DELETED_SUFFIX))
+                except FileNotFoundError:
+                    pass
 
     def close(self, *, unlink: bool = False) -> None:
         """Release map and fds (and remove the files when ``unlink``). Blocking; worker thread or shutdown."""
@@ -572,6 +585,14 @@ class Segment(SegmentRecovery):
             failpoint("retention.before_unlink")
             for path in (self.log_path, self.offset_index.path, self.time_index.path):
                 remove_file(path)
+            # Its .txnindex, when the segment was live or retired under its own name (not a cleaning's
+            # .cleaned segment, whose base names a live segment's index).
+            live = filenames.log_path(self.log_path.parent, self.base_offset)
+            index = txn_index_path(self.log_path.parent, self.base_offset)
+            if self.log_path == live:
+                remove_file(index)
+            elif self.log_path.name == live.name + filenames.DELETED_SUFFIX:
+                remove_file(index.with_name(index.name + filenames.DELETED_SUFFIX))
 
     def trim_for_shutdown(self) -> None:
         """Clean close of the active segment: final time entry, unmap, trim, fdatasync (shutdown)."""

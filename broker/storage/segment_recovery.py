@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from . import filenames
 from ._fileops import no_readaround, preallocate, set_readahead, sync_data
 from .background import Completion
 from .config import LogConfig
+from .index import OffsetIndex, TimeIndex
 from .prefault import Prefault
 from .prepared_segment import index_allocation_bytes
 from .scan import scan_headers
@@ -53,6 +55,21 @@ class RecoveryOutcome:
 
 class SegmentRecovery:
     """Start-up's part of Segment (see the module docstring). Blocking; start-up or a worker thread."""
+
+    # Segment's state that recovery reads and sets (Segment.__init__ assigns each; declared here for the
+    # type checker, which reads this class on its own).
+    base_offset: int
+    log_path: Path
+    fd: int
+    offset_index: OffsetIndex
+    time_index: TimeIndex
+    index_interval_bytes: int
+    map: mmap.mmap | None
+    committed_position: int
+    warm_done: Completion | None
+    stop_warm: bool
+    closed: bool
+    _index_batch: Callable[[int, int, int, int], None]
 
     @staticmethod
     def adopt_prepared(directory: Path, log_path: Path, after: int) -> int | None:
@@ -220,6 +237,8 @@ class SegmentRecovery:
 
     def warm_remainder(self) -> None:
         """Pre-fault the unused part of a reopened active segment's indexes (worker thread)."""
+        done = self.warm_done
+        assert done is not None  # make_active gave it one before submitting this
         try:
             if self.map is not None and not self.sealed:
                 stop = lambda: self.sealed or self.closed or self.stop_warm  # noqa: E731
@@ -232,7 +251,7 @@ class SegmentRecovery:
         except OSError as exc:
             log.warning("warming %s failed: %s", self.log_path, exc)
         finally:
-            self.warm_done.set()
+            done.set()
 
     def seal_recovered(self) -> None:
         """A recovered segment that is not the last one: final time entry, trim the rebuilt indexes,

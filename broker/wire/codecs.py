@@ -68,7 +68,7 @@ def response_module(api_key: int, api_version: int) -> ModuleType:
 
 
 @functools.cache
-def response_writer(api_key: int, api_version: int):
+def response_writer(api_key: int, api_version: int) -> tuple[Callable[[Any, Any], None], bool]:
     schema = load_response_schema(api_key, api_version)
     return entity_writer(schema), bool(schema.__flexible__)
 
@@ -78,7 +78,7 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(field.name for field in dataclasses.fields(cls))
 
 
-def build(cls: type, **values: Any):
+def build(cls: type, **values: Any) -> Any:
     """Construct a kio entity from ``values``, dropping the keys this version's class does not have."""
     names = _field_names(cls)
     return cls(**{name: value for name, value in values.items() if name in names})
@@ -90,7 +90,7 @@ def frame_response_body(correlation_id: int, body: bytes, *, flexible_header: bo
     return _SIZE.pack(len(header) + len(body)) + header + body
 
 
-def encode_response(correlation_id: int, api_key: int, api_version: int, entity) -> bytes:
+def encode_response(correlation_id: int, api_key: int, api_version: int, entity: Any) -> bytes:
     """Serialize ``entity`` (a kio response dataclass) into a complete response frame."""
     writer, flexible = response_writer(api_key, api_version)
     buffer = io.BytesIO()

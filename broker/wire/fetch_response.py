@@ -84,7 +84,7 @@ def encode_fetch_response(
     *,
     error_code: int = 0,
     session_id: int = 0,
-) -> list:
+) -> list[Any]:
     """Encode a whole response frame as ``[bytes, slice, bytes, slice, ..., bytes]``.
 
     Args:
@@ -96,7 +96,7 @@ def encode_fetch_response(
     """
     if not MIN_VERSION <= version <= MAX_VERSION:
         raise ValueError(f"Fetch v{version} is not encoded here")
-    segments: list = []
+    segments: list[Any] = []  # bytes, and the FileSlices between them
     pending: list[bytes] = []
     if version >= 7:
         pending.append(_HEAD_V7.pack(correlation_id, 0, error_code, session_id))
@@ -149,6 +149,6 @@ def encode_fetch_response(
     return segments
 
 
-def segments_length(segments: Sequence) -> int:
+def segments_length(segments: Sequence[Any]) -> int:
     """Bytes the segments occupy on the wire."""
     return sum(len(s) if isinstance(s, (bytes, bytearray, memoryview)) else s.length for s in segments)

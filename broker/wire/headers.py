@@ -60,7 +60,7 @@ class RequestHeader(NamedTuple):
     end_offset: int
 
 
-def parse_request_header(frame) -> RequestHeader:
+def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader:
     """Read the four fields every request header version shares.
 
     Raises:
@@ -84,7 +84,7 @@ def parse_request_header(frame) -> RequestHeader:
     return RequestHeader(api_key, api_version, correlation_id, client_id, offset)
 
 
-def _read_uvarint(frame, offset: int, correlation_id: int) -> tuple[int, int]:
+def _read_uvarint(frame: bytes | bytearray | memoryview, offset: int, correlation_id: int) -> tuple[int, int]:
     value = 0
     shift = 0
     while True:
@@ -100,7 +100,7 @@ def _read_uvarint(frame, offset: int, correlation_id: int) -> tuple[int, int]:
             raise RemoteProtocolError("varint longer than 5 bytes in tagged fields", correlation_id)
 
 
-def skip_tagged_fields(frame, offset: int, correlation_id: int = -1) -> int:
+def skip_tagged_fields(frame: bytes | bytearray | memoryview, offset: int, correlation_id: int = -1) -> int:
     """Skip a tagged-field section (request header v2); return the offset after it.
 
     The broker knows no header tags, so their values are ignored, as Kafka ignores unknown tags.

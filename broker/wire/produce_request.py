@@ -57,7 +57,7 @@ class ProduceRequestView:
     topic_data: tuple[TopicProduceView, ...]
 
 
-def decode_produce_request(frame, offset: int, correlation_id: int = -1, version: int = MAX_VERSION) -> ProduceRequestView:
+def decode_produce_request(frame: bytes | bytearray | memoryview, offset: int, correlation_id: int = -1, version: int = MAX_VERSION) -> ProduceRequestView:
     """Decode the body of a Produce request of ``version`` that starts at ``offset`` of ``frame`` (bytes).
 
     Raises:
@@ -90,7 +90,7 @@ def decode_produce_request(frame, offset: int, correlation_id: int = -1, version
     def read_count() -> int:
         nonlocal offset
         need(4)
-        (count,) = _I32.unpack_from(view, offset)
+        count: int = _I32.unpack_from(view, offset)[0]
         offset += 4
         if count < 0:
             return 0  # a null array is an empty one here
@@ -106,6 +106,7 @@ def decode_produce_request(frame, offset: int, correlation_id: int = -1, version
     topics = []
     for _ in range(read_count()):
         name = read_string(nullable=False)
+        assert name is not None  # read_string(nullable=False) raises on a null name
         partitions = []
         for _ in range(read_count()):
             need(8)

@@ -38,7 +38,7 @@ _PARTITION_V5 = struct.Struct(">ihqqq")  # + log_start_offset
 _PARTITION_V8 = struct.Struct(">ihqqqi")  # + record_errors count (0)
 
 # (partition, error_code, base_offset, log_append_time_ms, log_start_offset, error_message)
-PartitionResult = tuple
+PartitionResult = tuple[int, int, int, int, int, str | None]
 
 
 def _string(text: str | None) -> bytes:

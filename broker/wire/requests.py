@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
+from kio.static.primitive import i16
 
 from copyless.broker.wire import produce_request
 from copyless.broker.wire.codecs import API_VERSIONS_KEY, frame_response_body, request_codec
@@ -46,7 +47,7 @@ class ApiVersionsFallback:
     header: RequestHeader
 
 
-def decode_request(frame, served: Mapping[int, tuple[int, int]]) -> DecodedRequest | ApiVersionsFallback:
+def decode_request(frame: bytes | bytearray | memoryview, served: Mapping[int, tuple[int, int]]) -> DecodedRequest | ApiVersionsFallback:
     """Decode a request frame (size prefix stripped).
 
     Args:
@@ -95,7 +96,7 @@ def encode_api_versions_fallback(correlation_id: int, min_version: int, max_vers
     """The v0 ApiVersions response with UNSUPPORTED_VERSION and the ApiVersions range (a whole frame)."""
     response = ApiVersionsResponse(
         error_code=ErrorCode.unsupported_version,
-        api_keys=(ApiVersion(api_key=API_VERSIONS_KEY, min_version=min_version, max_version=max_version),),
+        api_keys=(ApiVersion(api_key=i16(API_VERSIONS_KEY), min_version=i16(min_version), max_version=i16(max_version)),),
     )
     buffer = io.BytesIO()
     _FALLBACK_WRITER(buffer, response)

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import gzip
 import struct
+from collections.abc import Sequence
+from typing import TypeAlias
 
 import crc32c as _crc32c
 
@@ -97,6 +99,12 @@ def encode_varint(value: int) -> bytes:
     return _encode_varint_uncached(value)
 
 
+# A key or value: bytes-like, or None for a null one.
+Payload: TypeAlias = bytes | bytearray | memoryview
+# A record's headers: (name, value) pairs; a name is text or its UTF-8 bytes, a value bytes or None.
+Headers: TypeAlias = Sequence[tuple[str | bytes, Payload | None]]
+
+
 def _clock_seconds(ns: int) -> float:
     """What ``time.time()`` returns when ``time.time_ns()`` would return ``ns``.
 
@@ -109,7 +117,7 @@ def _clock_seconds(ns: int) -> float:
     return float(ns) / 1e9
 
 
-def _encode_headers(headers) -> bytes:
+def _encode_headers(headers: Headers | None) -> bytes:
     if not headers:
         return b"\x00"
     out = bytearray(encode_varint(len(headers)))
@@ -125,7 +133,9 @@ def _encode_headers(headers) -> bytes:
     return bytes(out)
 
 
-def record_size(offset_delta: int, timestamp_delta: int, key, value, headers=None) -> int:
+def record_size(
+    offset_delta: int, timestamp_delta: int, key: Payload | None, value: Payload | None, headers: Headers | None = None
+) -> int:
     """Bytes a record takes in a batch, its length varint included (for sizing estimates and tests)."""
     body = (
         1
@@ -138,7 +148,7 @@ def record_size(offset_delta: int, timestamp_delta: int, key, value, headers=Non
     return len(encode_varint(body)) + body
 
 
-def compress(codec: int, data) -> bytes:
+def compress(codec: int, data: Payload) -> bytes:
     """Compress a records blob with Kafka's framing for ``codec``.
 
     gzip comes from the stdlib; snappy, lz4 and zstd from ``cramjam`` (one wheel, no system libraries).
@@ -173,7 +183,7 @@ class BuiltBatch:
 
     __slots__ = ("buffers", "size_bytes", "record_count", "_header")
 
-    def __init__(self, buffers: list, size_bytes: int, record_count: int, header: bytearray) -> None:
+    def __init__(self, buffers: list[Payload], size_bytes: int, record_count: int, header: bytearray) -> None:
         self.buffers = buffers
         self.size_bytes = size_bytes
         self.record_count = record_count
@@ -258,7 +268,7 @@ class BatchBuilder:
         self.gather_min_bytes = gather_min_bytes if codec == CODEC_NONE else 1 << 62
         self.transactional = transactional
         # The batch's pieces in wire order; [0] stands for the header. Joined by build().
-        self._parts: list = [_HEADER_PLACEHOLDER]
+        self._parts: list[Payload] = [_HEADER_PLACEHOLDER]
         self._cuts: list[int] = []  # indexes in _parts of values sent as their own iovec
         self._count = 0
         self._size = RECORD_BATCH_OVERHEAD  # exact up to _run_count records (see _settle)
@@ -269,7 +279,7 @@ class BatchBuilder:
         # leaves it to the next record of its run, which writes it as the first byte of its prefix.
         self._record_open = False
         # The current append_value run (see _start_run); _run_limit = 0 means "no run".
-        self._run_timestamp = None
+        self._run_timestamp = -1  # no run yet (and _run_limit = 0 admits none)
         # The run's millisecond as time.time() readings: from < time.time() < until only for a clock
         # reading inside it (see _clock_seconds), which stamps a record with _run_timestamp, so the
         # producer tests a reading without converting it to milliseconds.
@@ -281,7 +291,7 @@ class BatchBuilder:
         self._run_head = b""
         self._run_tail = b""
         # The values of the run's records after its first, in order: their pieces are laid out by _settle.
-        self._run_values: list = []
+        self._run_values: list[bytes] = []
         self._run_record_bytes = 0
 
     @property
@@ -352,7 +362,7 @@ class BatchBuilder:
             self._parts.append(_NO_HEADERS)
             self._record_open = False
 
-    def _start_run(self, timestamp_ms: int, value) -> int:
+    def _start_run(self, timestamp_ms: int, value: Payload | None) -> int:
         """Append one record through the general path and, for a small ``bytes`` value, set up the run:
         the pieces later records with the same timestamp and value length share, and how many fit."""
         if type(value) is not bytes or len(value) >= self.gather_min_bytes:
@@ -397,7 +407,9 @@ class BatchBuilder:
         self._run_record_bytes = total
         return count
 
-    def append(self, timestamp_ms: int, key, value, headers=None) -> int:
+    def append(
+        self, timestamp_ms: int, key: Payload | None, value: Payload | None, headers: Headers | None = None
+    ) -> int:
         """Add one record; return its offset delta, or -1 when it does not fit (the batch is full).
 
         ``key``/``value`` are bytes-like or None. ``headers`` is a sequence of ``(str, bytes | None)``.
@@ -444,16 +456,16 @@ class BatchBuilder:
             return -1
         parts = self._parts
         if value_length >= self.gather_min_bytes:
-            parts.append(b"%b\x00%b%b%b%b%b" % (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix))
+            # %b takes any buffer (PEP 461); mypy's format check admits only bytes.
+            parts.append(b"%b\x00%b%b%b%b%b" % (  # type: ignore[str-format]
+                length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix))
             self._cuts.append(len(parts))
             parts.append(value)
             parts.append(header_bytes)
         else:
             # One copy now: the caller may reuse a mutable value (bytearray, memoryview) after the call.
-            parts.append(
-                b"%b\x00%b%b%b%b%b%b%b"
-                % (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix, value, header_bytes)
-            )
+            pieces = (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix, value, header_bytes)
+            parts.append(b"%b\x00%b%b%b%b%b%b%b" % pieces)  # type: ignore[str-format]  # any buffer, as above
         if not count:
             self._base_timestamp = self._max_timestamp = timestamp_ms
         elif timestamp_ms > self._max_timestamp:
@@ -513,7 +525,7 @@ class BatchBuilder:
         )
         crc = _crc32c.crc32c
         view = memoryview(buffer)
-        buffers = [view]
+        buffers: list[Payload] = [view]
         checksum = crc(view[_ATTRIBUTES_POSITION:])
         for number, cut in enumerate(cuts):
             value = parts[cut]

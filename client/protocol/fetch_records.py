@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import operator
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import crc32c as _crc32c
@@ -43,6 +44,7 @@ from copyless.client.protocol.records import (
     TIMESTAMP_TYPE_BIT,
     TRANSACTIONAL_BIT,
     BatchHeader,
+    Buffer,
     InvalidBatchError,
     decompress,
     encode_varint,
@@ -73,7 +75,7 @@ class ConsumerRecord(NamedTuple):
     timestamp_type: int  # CREATE_TIME or LOG_APPEND_TIME
     key: bytes | None
     value: bytes | None
-    headers: tuple  # ((str, bytes | None), ...)
+    headers: tuple[tuple[str, bytes | None], ...]
 
 
 _ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]  # one-byte zig-zag varints, decoded
@@ -91,7 +93,9 @@ _OFFSETS_2_HIGH = bytes((2 * d) >> 7 for d in range(_ONE_BYTE_OFFSETS, _TWO_BYTE
 _value_structs: dict[tuple[int, int, int], struct.Struct] = {}
 
 
-def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int, min_offset: int):
+def _decode_uniform(
+    data: bytes, header: BatchHeader, topic: str, partition: int, min_offset: int
+) -> list[ConsumerRecord] | None:
     """The records of a batch whose records share one shape - no key, no headers, attributes 0, one value
     length, 1-byte timestampDeltas, consecutive offsetDeltas from 0 - decoded column by column in C; or
     None when the batch is not of that shape (the caller then decodes it record by record).
@@ -144,9 +148,9 @@ def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int
         timestamps_of = [base_timestamp + delta for delta in _ZIGZAG].__getitem__
         timestamp_type = CREATE_TIME
     base_offset = header.base_offset
-    offsets = []
-    timestamps = []
-    values = []
+    offsets: list[range] = []
+    timestamps: list[bytes] = []
+    values: list[bytes] = []
     start = 0
     first = 0
     while first < count:
@@ -200,11 +204,11 @@ def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int
         return None
     all_offsets = itertools.chain.from_iterable(offsets)
     if timestamps_of is None:
-        all_timestamps = itertools.repeat(header.max_timestamp)
+        all_timestamps: Iterator[int] = itertools.repeat(header.max_timestamp)
     else:
         all_timestamps = map(timestamps_of, b"".join(timestamps))
     repeat = itertools.repeat
-    records = list(
+    decoded: list[ConsumerRecord] = list(
         map(
             tuple.__new__,
             repeat(ConsumerRecord),
@@ -221,8 +225,8 @@ def _decode_uniform(data: bytes, header: BatchHeader, topic: str, partition: int
         )
     )
     if min_offset > base_offset:
-        del records[: min_offset - base_offset]
-    return records
+        del decoded[: min_offset - base_offset]
+    return decoded
 
 
 _first = operator.itemgetter(0)
@@ -234,7 +238,7 @@ def decode_batch_records(
     topic: str,
     partition: int,
     min_offset: int,
-    out: list,
+    out: list[ConsumerRecord],
 ) -> None:
     """Decode the records of one batch (``data`` = its records section, decompressed) into ``out``.
 
@@ -259,7 +263,7 @@ def decode_records_one_by_one(
     topic: str,
     partition: int,
     min_offset: int,
-    out: list,
+    out: list[ConsumerRecord],
 ) -> None:
     """``decode_batch_records`` without the column-wise path: any batch, record by record."""
     zigzag = _ZIGZAG
@@ -276,7 +280,7 @@ def decode_records_one_by_one(
         base_timestamp = header.base_timestamp
         timestamp_scale = 1
     position = 0
-    no_headers = ()
+    no_headers: tuple[tuple[str, bytes | None], ...] = ()
     try:
         for _ in range(header.records_count):
             # length varint: skipped; the batch's total is checked once at the end (the CRC already
@@ -408,18 +412,18 @@ class PartitionRecords:
         self,
         topic: str,
         partition: int,
-        buffer,
+        buffer: Buffer,
         start: int,
         end: int,
         fetch_offset: int,
         *,
         check_crcs: bool = True,
         high_watermark: int = -1,
-        aborted_transactions=(),
+        aborted_transactions: Iterable[tuple[int, int]] = (),
     ) -> None:
         self.topic = topic
         self.partition = partition
-        self._buffer = buffer
+        self._buffer: Buffer | None = buffer  # None once exhausted
         self._position = start
         self._end = end
         self.next_fetch_offset = fetch_offset
@@ -427,7 +431,7 @@ class PartitionRecords:
         self.batches_parsed = 0
         self.truncated_first_batch = False
         self.high_watermark = high_watermark
-        self.on_done = None  # called once when the region is exhausted (releases the response buffer)
+        self.on_done: Callable[[], None] | None = None  # called once when the region is exhausted (releases the response buffer)
         # read_committed (Kafka's CompletedFetch): the aborted transactions, by first offset, latest first
         # so the next to start is popped from the end; and the producers whose aborted transaction the
         # batches are inside (until that transaction's marker, a control batch of the producer).
@@ -444,7 +448,7 @@ class PartitionRecords:
         if callback is not None:
             callback()
 
-    def next_batch_records(self):
+    def next_batch_records(self) -> list[ConsumerRecord] | None:
         """Decode the next batch with records at or after the fetch position; None when none remain.
 
         Returns a list of ``ConsumerRecord`` (possibly empty for a control batch or a batch wholly before
@@ -460,14 +464,16 @@ class PartitionRecords:
         end = self._end
         remaining = end - position
         if remaining < RECORD_BATCH_OVERHEAD:
-            return self._stop(remaining)
+            self._stop(remaining)
+            return None
         header = BatchHeader._make(_HEADER.unpack_from(buffer, position))
         size = header.batch_length + LOG_OVERHEAD
         if header.batch_length < RECORD_BATCH_OVERHEAD - LOG_OVERHEAD:
             self._finish()
             raise InvalidBatchError("bad length", f"batchLength {header.batch_length}")
         if size > remaining:
-            return self._stop(remaining)
+            self._stop(remaining)
+            return None
         if header.magic != 2:
             self._finish()
             raise InvalidBatchError("bad magic", f"magic {header.magic} at offset {header.base_offset}")
@@ -479,7 +485,7 @@ class PartitionRecords:
             raise InvalidBatchError("bad crc", f"batch at offset {header.base_offset}")
         fetch_position = self.next_fetch_offset
         next_offset = header.base_offset + header.last_offset_delta + 1
-        out: list = []
+        out: list[ConsumerRecord] = []
         if (self._aborted or self._aborted_producers) and self._skip_aborted(header, next_offset):
             if next_offset > fetch_position:
                 self.next_fetch_offset = next_offset
@@ -531,8 +537,7 @@ class PartitionRecords:
             next_offset = self.next_fetch_offset
         return next_offset
 
-    def _stop(self, remaining: int):
+    def _stop(self, remaining: int) -> None:
         if remaining > 0 and self.batches_parsed == 0:
             self.truncated_first_batch = True
         self._finish()
-        return None

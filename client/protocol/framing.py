@@ -42,7 +42,7 @@ class FrameBuffer:
         self._start = 0
         self.max_frame_bytes = max_frame_bytes
 
-    def feed(self, data) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes."""
         self._buffer += data
 
@@ -70,7 +70,7 @@ class FrameBuffer:
             self._start = 0
         return partial
 
-    def take_partial_of(self, data) -> tuple[bytearray, int] | None:
+    def take_partial_of(self, data: bytes | bytearray | memoryview) -> tuple[bytearray, int] | None:
         """``take_partial`` for bytes just received and not fed: with nothing buffered, and ``data`` the start of
         a large frame that it does not complete (the conditions of ``take_partial``), the frame is built
         straight from ``data``. None otherwise, and the caller feeds ``data``.

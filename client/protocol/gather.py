@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Iterable
 
-from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES, Payload
 
 __all__ = ["IOV_MAX", "SendQueue"]
 
@@ -47,7 +48,7 @@ class SendQueue:
             raise ValueError("iov_max must be at least 1")
         self.gather_min_bytes = gather_min_bytes
         self.iov_max = iov_max
-        self._buffers: deque = deque()
+        self._buffers: deque[Payload] = deque()
         # The bytearray that small buffers are being copied into, or None once it has been handed out by
         # iov() (a memoryview of it may then be alive, and a bytearray with exports cannot grow).
         self._open_tail: bytearray | None = None
@@ -59,7 +60,7 @@ class SendQueue:
     def __bool__(self) -> bool:
         return self.queued_bytes > 0
 
-    def extend(self, buffers) -> None:
+    def extend(self, buffers: Iterable[Payload]) -> None:
         """Queue ``buffers`` (bytes-like) after everything already queued."""
         small = self.gather_min_bytes
         queue = self._buffers
@@ -81,7 +82,7 @@ class SendQueue:
         self._open_tail = tail
         self.queued_bytes += total
 
-    def iov(self) -> list:
+    def iov(self) -> list[Payload]:
         """The next buffers to offer to ``sendmsg`` (at most ``iov_max``; empty when nothing is queued)."""
         self._open_tail = None
         queue = self._buffers

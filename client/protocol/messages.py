@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kio.serial import entity_reader, entity_writer
 
@@ -279,7 +279,7 @@ def decode_fetch_response(frame, offset: int = 0) -> tuple[int, list[FetchPartit
                 offset += _FETCH_PARTITION.size
                 (aborted_count,) = _I32.unpack_from(frame, offset)
                 offset += 4
-                aborted = ()
+                aborted: tuple[tuple[Any, ...], ...] = ()
                 if aborted_count > 0:
                     if offset + 16 * aborted_count > frame_length:
                         raise ValueError("aborted transactions run past the end of the response")

@@ -61,7 +61,7 @@ class LeasedFrame:
     __slots__ = ("view", "_buffer", "_pool")
 
     def __init__(self, buffer: bytearray, size: int, pool: BufferPool) -> None:
-        self._buffer = buffer
+        self._buffer: bytearray | None = buffer
         self._pool = pool
         self.view = memoryview(buffer)[:size]
 
@@ -142,7 +142,7 @@ class ReceiveBuffer:
         else:
             self._end += nbytes
 
-    def next_frame(self):
+    def next_frame(self) -> bytes | LeasedFrame | None:
         """The next complete frame: ``bytes`` (small), ``LeasedFrame`` (large), or None (need more data).
 
         Raises:

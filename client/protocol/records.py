@@ -32,9 +32,10 @@ these rewrites leave the CRC untouched because both fields lie before byte 21.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, TypeAlias
 
 import crc32c as _crc32c
 
@@ -109,8 +110,13 @@ _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
 assert _HEADER.size == RECORD_BATCH_OVERHEAD
 
+# What the codec reads batches from: bytes, a receive buffer, a view of either, or a segment's mmap.
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+# What it rewrites in place (offsets, epochs, timestamps before a batch is appended).
+WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
 
-def crc32c(data) -> int:
+
+def crc32c(data: Buffer) -> int:
     """CRC-32C (Castagnoli) of ``data`` (any buffer), as Kafka's ``Crc32C``."""
     return _crc32c.crc32c(data)
 
@@ -180,7 +186,7 @@ class BatchHeader(NamedTuple):
         return (self.base_sequence + self.last_offset_delta) % (1 << 31)
 
 
-def read_header(buf, position: int = 0) -> BatchHeader:
+def read_header(buf: Buffer, position: int = 0) -> BatchHeader:
     """Decode the header of the batch starting at ``position`` in ``buf``.
 
     Raises:
@@ -191,21 +197,22 @@ def read_header(buf, position: int = 0) -> BatchHeader:
     return BatchHeader._make(_HEADER.unpack_from(buf, position))
 
 
-def batch_size_at(buf, position: int = 0) -> int | None:
+def batch_size_at(buf: Buffer, position: int = 0) -> int | None:
     """Total size of the batch at ``position`` from its length field, or None if 12 bytes aren't there yet."""
     if len(buf) - position < LOG_OVERHEAD:
         return None
-    return _I32.unpack_from(buf, position + LENGTH_OFFSET)[0] + LOG_OVERHEAD
+    size: int = _I32.unpack_from(buf, position + LENGTH_OFFSET)[0]
+    return size + LOG_OVERHEAD
 
 
-def check_crc(buf, position: int, size: int, header: BatchHeader | None = None) -> bool:
+def check_crc(buf: Buffer, position: int, size: int, header: BatchHeader | None = None) -> bool:
     """True when the stored CRC-32C matches bytes [position+21, position+size) of ``buf``."""
     stored = header.crc if header is not None else _U32.unpack_from(buf, position + CRC_OFFSET)[0]
     with memoryview(buf) as view:
         return crc32c(view[position + ATTRIBUTES_OFFSET : position + size]) == stored
 
 
-def validate_batch(buf, position: int = 0, *, limit: int | None = None, cleaned: bool = False) -> BatchHeader:
+def validate_batch(buf: Buffer, position: int = 0, *, limit: int | None = None, cleaned: bool = False) -> BatchHeader:
     """Check framing, magic, CRC and the count rule of the batch at ``position``; return its header.
 
     The checks are Kafka's shallow produce-path checks (``UnifiedLog.analyzeAndValidateRecords``,
@@ -248,17 +255,17 @@ def validate_batch(buf, position: int = 0, *, limit: int | None = None, cleaned:
     return header
 
 
-def set_base_offset(buf, position: int, base_offset: int) -> None:
+def set_base_offset(buf: WritableBuffer, position: int, base_offset: int) -> None:
     """Rewrite baseOffset in place (outside the CRC: no recompute)."""
     _I64.pack_into(buf, position + BASE_OFFSET_OFFSET, base_offset)
 
 
-def set_leader_epoch(buf, position: int, epoch: int) -> None:
+def set_leader_epoch(buf: WritableBuffer, position: int, epoch: int) -> None:
     """Rewrite partitionLeaderEpoch in place (outside the CRC: no recompute)."""
     _I32.pack_into(buf, position + LEADER_EPOCH_OFFSET, epoch)
 
 
-def set_log_append_time(buf, position: int, size: int, timestamp_ms: int) -> None:
+def set_log_append_time(buf: WritableBuffer, position: int, size: int, timestamp_ms: int) -> None:
     """Mark the batch LogAppendTime with ``timestamp_ms`` as its maxTimestamp, and recompute the CRC.
 
     Records keep their deltas; consumers use maxTimestamp for every record when the bit is set
@@ -272,7 +279,7 @@ def set_log_append_time(buf, position: int, size: int, timestamp_ms: int) -> Non
     _U32.pack_into(buf, position + CRC_OFFSET, crc)
 
 
-def iter_batches(buf, position: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+def iter_batches(buf: Buffer, position: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
     """Yield ``(position, header)`` for each complete batch in ``buf[position:end]``, without CRC checks.
 
     Stops silently at a trailing partial batch (as Kafka clients do with a byte-sliced fetch).
@@ -311,7 +318,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def read_varint(buf, position: int) -> tuple[int, int]:
+def read_varint(buf: Buffer, position: int) -> tuple[int, int]:
     """Zig-zag varint (up to 64 bits) at ``position``: returns (value, next position).
 
     Raises:
@@ -333,7 +340,7 @@ def read_varint(buf, position: int) -> tuple[int, int]:
             raise InvalidBatchError("bad varint", f"at {position}")
 
 
-def decompress(codec: int, data) -> bytes:
+def decompress(codec: int, data: Buffer) -> bytes:
     """Decompress a batch's records blob. Snappy accepts both raw and xerial-framed (Java client) data.
 
     Raises:
@@ -372,7 +379,7 @@ def decompress(codec: int, data) -> bytes:
     raise InvalidBatchError("bad compression", f"unknown codec {codec}")
 
 
-def _records_payload(buf, position: int, header: BatchHeader):
+def _records_payload(buf: Buffer, position: int, header: BatchHeader) -> bytes:
     start = position + RECORD_BATCH_OVERHEAD
     end = position + header.size
     with memoryview(buf) as view:
@@ -382,7 +389,7 @@ def _records_payload(buf, position: int, header: BatchHeader):
         return decompress(header.codec, payload)
 
 
-def decode_records(buf, position: int = 0) -> list[Record]:
+def decode_records(buf: Buffer, position: int = 0) -> list[Record]:
     """Decode every record of the batch at ``position`` (decompressing when needed).
 
     LogAppendTime batches give every record the batch's maxTimestamp, as consumers do.
@@ -432,7 +439,7 @@ def decode_records(buf, position: int = 0) -> list[Record]:
     return records
 
 
-def iter_record_timestamps(buf, position: int = 0) -> Iterator[tuple[int, int]]:
+def iter_record_timestamps(buf: Buffer, position: int = 0) -> Iterator[tuple[int, int]]:
     """Yield ``(offset, timestamp)`` of each record in the batch at ``position``, in log order.
 
     Used by the broker's exact per-record timestamp lookup (Kafka ``FileRecords.searchForTimestamp``).

@@ -36,6 +36,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -260,7 +261,7 @@ class ScramServer:
         nonce: the server nonce to append to the client's.
     """
 
-    def __init__(self, mechanism: str, lookup, nonce: str) -> None:
+    def __init__(self, mechanism: str, lookup: Callable[[str], ScramCredential], nonce: str) -> None:
         self.mechanism = mechanism
         self.hash_name = _digest(mechanism)
         _check_nonce(nonce)

@@ -6,11 +6,11 @@ Each scenario is a coroutine taking a bootstrap address; it asserts as it goes a
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from copyless.client import Admin, BufferFullError, Consumer, Producer, TopicPartition
 from copyless.client.protocol.partitioner import partition_for_key
+from tests.support.polling import gather_async, wait_until_async
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 
@@ -24,13 +24,12 @@ async def consume_exactly(bootstrap: str, topic: str, partitions: int, count: in
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        out = []
-        deadline = time.monotonic() + 60
-        while len(out) < count:
-            assert time.monotonic() < deadline, f"only {len(out)} of {count} records arrived"
-            batch = await consumer.getmany(timeout_ms=1000)
-            for records in batch.values():
-                out.extend(records)
+
+        async def fetch():
+            return [r for records in (await consumer.getmany(timeout_ms=1000)).values() for r in records]
+
+        out = await gather_async(fetch, count=count, timeout_s=60)
+        assert len(out) >= count, f"only {len(out)} of {count} records arrived"
         # nothing beyond what was produced
         extra = await consumer.getmany(timeout_ms=300)
         assert not extra, extra
@@ -189,18 +188,20 @@ async def group_members_share_partitions(bootstrap: str, strategy: str) -> None:
     await first.start()
     await second.start()
     try:
-        deadline = time.monotonic() + 60
         seen = {}
-        while True:
-            assert time.monotonic() < deadline, "the group never settled on two members"
+
+        async def settled() -> bool:
             for member in (first, second):
                 batch = await member.getmany(timeout_ms=200)
                 for records in batch.values():
                     for record in records:
                         seen[(record.partition, record.offset)] = member
             a, b = first.assignment(), second.assignment()
-            if a and b and not a & b and len(a | b) == 4 and len(seen) == 200:
-                break
+            return bool(a and b and not a & b and len(a | b) == 4 and len(seen) == 200)
+
+        await wait_until_async(settled, what="the group to settle on two members", timeout_s=60, interval_s=0,
+                               detail=lambda: f"assignments {first.assignment()} and {second.assignment()}, "
+                                              f"{len(seen)} of 200 records read")
         assert {tp.partition for tp in first.assignment() | second.assignment()} == {0, 1, 2, 3}
         assert len(first.assignment()) == len(second.assignment()) == 2
         await first.commit()
@@ -271,10 +272,12 @@ async def consume_across_restart(bootstrap: str, restart) -> None:
         while len(got) < 1000:
             got += (await consumer.getmany(timeout_ms=1000, max_records=1000 - len(got))).get(tp, [])
         await asyncio.get_running_loop().run_in_executor(None, restart)
-        deadline = time.monotonic() + 60
-        while len(got) < 2000:
-            assert time.monotonic() < deadline, f"stuck at {len(got)} after the restart"
-            got += (await consumer.getmany(timeout_ms=1000)).get(tp, [])
+
+        async def fetch():
+            return (await consumer.getmany(timeout_ms=1000)).get(tp, [])
+
+        got += await gather_async(fetch, count=2000 - len(got), timeout_s=60)
+        assert len(got) >= 2000, f"stuck at {len(got)} after the restart"
         assert [r.offset for r in got] == list(range(2000))
         assert [r.value for r in got] == [b"%d" % i for i in range(2000)]
     finally:
@@ -295,11 +298,14 @@ async def auto_commit_and_reset_policies(bootstrap: str) -> None:
     await first.start()
     try:
         got = []
-        deadline = time.monotonic() + 60
-        while len(got) < 60:
-            assert time.monotonic() < deadline
+
+        async def sixty_read() -> bool:  # never past 60: closing commits the position
             for records in (await first.getmany(timeout_ms=500, max_records=60 - len(got))).values():
-                got += records
+                got.extend(records)
+            return len(got) >= 60
+
+        await wait_until_async(sixty_read, what="the first 60 records", timeout_s=60, interval_s=0,
+                               detail=lambda: f"{len(got)} read")
         assert [r.offset for r in got] == list(range(60))
     finally:
         await first.close()  # commits position 60

@@ -14,6 +14,7 @@ from copyless.client import Consumer, Producer, TopicPartition
 from copyless.client.conn import Connection
 from copyless.client.protocol.messages import ApiKey
 from tests.client import _client_scenarios as scenarios
+from tests.support.polling import wait_until_async
 
 
 def run(coroutine, loop: str = "uvloop"):
@@ -193,10 +194,8 @@ def test_getmany_is_cancelled_even_when_data_arrives_in_the_same_step(broker, lo
             await consumer._cluster.wait_for_topic(topic, allow_auto_create=True)
             consumer.assign([TopicPartition(topic, 0)])
             task = asyncio.ensure_future(consumer.getmany(timeout_ms=10_000))
-            deadline = asyncio.get_running_loop().time() + 10
-            while not consumer._fetcher._data_waiters:  # getmany is parked on its waiter
-                assert asyncio.get_running_loop().time() < deadline, "getmany never waited"
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: consumer._fetcher._data_waiters, what="getmany to park on its waiter",
+                                   timeout_s=10, interval_s=0.01)
             consumer._fetcher.wake_waiters()  # what a fetch response does ...
             task.cancel()             # ... in the same step as the cancellation
             started = asyncio.get_running_loop().time()
@@ -236,16 +235,17 @@ def test_group_shared_with_aiokafka_members(broker):
         await theirs.start()
         await ours.start()
         try:
-            deadline = asyncio.get_running_loop().time() + 60
-            while True:
-                assert asyncio.get_running_loop().time() < deadline, (ours.assignment(), theirs.assignment())
+
+            async def split() -> bool:
                 await theirs.getmany(timeout_ms=100)
                 await ours.getmany(timeout_ms=100)
                 mine = {tp.partition for tp in ours.assignment()}
                 other = {tp.partition for tp in theirs.assignment()}
-                if mine and other and not mine & other and mine | other == {0, 1, 2, 3}:
-                    break
-            assert len(mine) == len(other) == 2
+                return bool(mine and other and not mine & other and mine | other == {0, 1, 2, 3})
+
+            await wait_until_async(split, what="the four partitions split between the two members", timeout_s=60,
+                                   interval_s=0, detail=lambda: f"ours {ours.assignment()}, theirs {theirs.assignment()}")
+            assert len(ours.assignment()) == len(theirs.assignment()) == 2
         finally:
             await ours.close()
             await theirs.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 import uuid
 from collections import Counter
 
@@ -23,7 +22,7 @@ import pytest
 from tests.support.clients import DRIVERS, KCAT, OP_TIMEOUT_S, REQUEST_TIMEOUT_MS
 from tests.support.cluster import Cluster
 from tests.support.groups import Member, read_events
-from tests.support.polling import wait_until
+from tests.support.polling import gather, gather_async, wait_until
 from tests.support.topics import unique_topic
 
 PARTITIONS = 6
@@ -61,18 +60,18 @@ def consume_kafka_python(bootstrap, topic, count):
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                              fetch_max_wait_ms=100, request_timeout_ms=REQUEST_TIMEOUT_MS)
-    out = []
     try:
         partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
-        deadline = time.monotonic() + OP_TIMEOUT_S
-        while len(out) < count and time.monotonic() < deadline:
-            for tp, messages in consumer.poll(timeout_ms=500).items():
-                out += [(tp.partition, m.offset, m.value) for m in messages]
+        return gather(lambda: _rows(consumer.poll(timeout_ms=500)), count=count, timeout_s=OP_TIMEOUT_S)
     finally:
         consumer.close()
-    return out
+
+
+def _rows(fetched) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of a kafka-python poll's or an aiokafka getmany's records."""
+    return [(tp.partition, m.offset, m.value) for tp, messages in fetched.items() for m in messages]
 
 
 def produce_aiokafka(bootstrap, topic, values_by_partition):
@@ -100,18 +99,17 @@ def consume_aiokafka(bootstrap, topic, count):
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                     fetch_max_wait_ms=100, request_timeout_ms=REQUEST_TIMEOUT_MS)
         await consumer.start()
-        out = []
         try:
             partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
             consumer.assign(partitions)
             await consumer.seek_to_beginning(*partitions)
-            deadline = time.monotonic() + OP_TIMEOUT_S
-            while len(out) < count and time.monotonic() < deadline:
-                for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
-                    out += [(tp.partition, m.offset, m.value) for m in messages]
+
+            async def fetch():
+                return _rows(await consumer.getmany(timeout_ms=500))
+
+            return await gather_async(fetch, count=count, timeout_s=OP_TIMEOUT_S)
         finally:
             await consumer.stop()
-        return out
 
     return asyncio.run(asyncio.wait_for(go(), OP_TIMEOUT_S * 2))
 
@@ -137,18 +135,19 @@ def consume_confluent(bootstrap, topic, count):
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 100})
-    out = []
+
+    def fetch():
+        messages = consumer.consume(num_messages=count, timeout=0.5)
+        for m in messages:
+            if m.error():
+                raise KafkaException(m.error())
+        return [(m.partition(), m.offset(), m.value()) for m in messages]
+
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        deadline = time.monotonic() + OP_TIMEOUT_S
-        while len(out) < count and time.monotonic() < deadline:
-            for m in consumer.consume(num_messages=count, timeout=0.5):
-                if m.error():
-                    raise KafkaException(m.error())
-                out.append((m.partition(), m.offset(), m.value()))
+        return gather(fetch, count=count, timeout_s=OP_TIMEOUT_S)
     finally:
         consumer.close()
-    return out
 
 
 def _kcat(args, stdin=None) -> str:

@@ -44,7 +44,7 @@ from tests.support.cluster import Cluster, read_metadata
 from tests.support.groups import Member, read_events
 from tests.support.kio_requests import KafkaWire, list_offsets, produce
 from tests.support.log_files import read_partition_log
-from tests.support.polling import wait_until
+from tests.support.polling import holds_for, wait_until
 from tests.support.topics import unique_topic
 
 FAILOVER_CONFIG = {
@@ -352,12 +352,13 @@ def test_no_live_in_sync_replica_means_no_leader_unless_unclean_election_is_enab
         interval), and 3 refuses writes for it."""
         wait_until(lambda: set(cluster.metadata(via=3).brokers) == live, what=f"brokers {sorted(live)} live",
                    timeout_s=LEASE_S + 30)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+
+        def leaderless():
             view = partition_view(cluster, clean, via=3)
             assert view is not None and view.leader == -1 and view.error_code == ErrorCode.leader_not_available, view
             assert view.isr == (1,), view
-            time.sleep(0.2)
+
+        holds_for(leaderless, seconds=seconds)
         refused = raw_produce(survivor, clean, 0, [b"no-leader"], acks=1)
         assert refused.error_code == ErrorCode.not_leader_or_follower
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_failover import acks_all, log_batches, partition_view, read_values
-from tests.support.polling import wait_until
+from tests.support.polling import holds_for, wait_until
 from tests.support.power_loss import in_another_boot, lose_unflushed
 from tests.support.topics import unique_topic
 
@@ -77,12 +76,12 @@ def test_a_replica_without_the_data_its_isr_entry_promised_is_never_elected(clus
     else:
         # Watched across several of the controller's rounds: 2 is alive and in the recorded ISR, but its
         # entry names an incarnation whose records it no longer has.
-        deadline = time.monotonic() + 6.0
-        while time.monotonic() < deadline:
+        def not_elected():
             view = state()
             assert view is not None and view.leader == -1, f"broker 2 was elected after a {fault}: {view}"
             assert set(view.isr) == {1, 2, 3}, view
-            time.sleep(0.2)
+
+        holds_for(not_elected, seconds=6.0)
         assert "its data may be incomplete" in two.log_text() or fault == "wiped disk"
 
     # Broker 1 (killed in this boot) comes back with everything; 3 too. Whoever leads, nothing acknowledged

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import Cluster
-from tests.support.polling import wait_until
+from tests.support.polling import gather, wait_until
 
 
 def create_topic(cluster: Cluster, name: str, partitions: int = 1, replication_factor: int = 3, **configs) -> None:
@@ -39,16 +39,18 @@ def read_all(bootstrap: str, topic: str, partition: int, end: int) -> list[tuple
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.monotonic_ns()}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.assign([TopicPartition(topic, partition, 0)])
-    out = []
-    deadline = time.monotonic() + 60
-    while len(out) < end and time.monotonic() < deadline:
+
+    def fetch() -> list[tuple[int, bytes]]:
         message = consumer.poll(0.5)
         if message is None or (message.error() and message.error().code() == KafkaError._PARTITION_EOF):
-            continue
+            return []
         assert not message.error(), message.error()
-        out.append((message.offset(), message.value()))
-    consumer.close()
-    return out
+        return [(message.offset(), message.value())]
+
+    try:
+        return gather(fetch, count=end, timeout_s=60)
+    finally:
+        consumer.close()
 
 
 def broker_stats(broker) -> dict:

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.polling import gather_async, wait_until
+
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CLUSTER_DIR = REPO_ROOT / "cluster"
 CLUSTER_FILE = REPO_ROOT / "docker-compose.yml"
@@ -331,29 +333,41 @@ class ComposeProject:
     def wait_healthy(self, *services: str, timeout_s: float = HEALTHY_TIMEOUT_S) -> None:
         """Until every named service runs and its healthcheck passes. Raises DockerError, with the services'
         states and log tails, when one exits, turns unhealthy or is still starting at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        pending = list(services)
-        while pending:
-            states = {service: self.state(service) for service in pending}
+        pending: dict[str, ServiceState] = {}
+
+        def report(shown: dict[str, ServiceState]) -> str:
+            lines = "\n".join(f"--- {s}: {st}\n{self.logs(s, tail=30)}" for s, st in shown.items())
+            return f"{', '.join(shown)} of {self.name} not healthy:\n{lines}"
+
+        def all_healthy() -> bool:
+            states = {service: self.state(service) for service in services}
             broken = {s: st for s, st in states.items()
                       if st.status in ("exited", "dead", "missing") or st.health == "unhealthy"}
-            pending = [s for s, st in states.items() if not (st.status == "running" and st.health in ("healthy", ""))]
-            if broken or (pending and time.monotonic() > deadline):
-                shown = broken or {s: states[s] for s in pending}
-                report = "\n".join(f"--- {s}: {st}\n{self.logs(s, tail=30)}" for s, st in shown.items())
-                raise DockerError(f"{', '.join(shown)} of {self.name} not healthy:\n{report}")
-            if pending:
-                time.sleep(0.5)
+            if broken:
+                raise DockerError(report(broken))
+            pending.clear()
+            pending.update({s: st for s, st in states.items()
+                            if not (st.status == "running" and st.health in ("healthy", ""))})
+            return not pending
+
+        try:
+            wait_until(all_healthy, what=f"{', '.join(services)} of {self.name} to be healthy", timeout_s=timeout_s,
+                       interval_s=0.5)
+        except AssertionError as exc:
+            raise DockerError(f"{exc}\n{report(pending)}") from None
 
     def wait_state(self, service: str, statuses: tuple[str, ...], timeout_s: float = 30.0) -> ServiceState:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = self.state(service)
-            if state.status in statuses:
-                return state
-            if time.monotonic() > deadline:
-                raise DockerError(f"{service} of {self.name} is {state}, not {statuses} after {timeout_s:.0f} s")
-            time.sleep(0.2)
+        last: list[ServiceState] = []
+
+        def reached() -> ServiceState | None:
+            last.append(self.state(service))
+            return last[-1] if last[-1].status in statuses else None
+
+        try:
+            return wait_until(reached, what=f"{service} of {self.name} to be {' or '.join(statuses)}",
+                              timeout_s=timeout_s, interval_s=0.2)
+        except AssertionError as exc:
+            raise DockerError(f"{exc}; it is {last[-1]}") from None
 
     def kill(self, service: str, signal: str = "KILL") -> None:
         """`docker kill -s SIGNAL`: with KILL no shutdown runs; `restart: unless-stopped` does not revive it."""
@@ -522,14 +536,14 @@ def consume(bootstrap: str, topic: str, partitions: list[int], count: int, *,
     from copyless import Consumer
 
     async def main():
-        records = []
         async with Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest") as consumer:
             consumer.assign([(topic, p) for p in partitions])
-            deadline = time.monotonic() + timeout_s
-            while len(records) < count and time.monotonic() < deadline:
-                for batch in (await consumer.getmany(timeout_ms=500)).values():
-                    records += [(r.partition, r.offset, bytes(r.key or b""), bytes(r.value or b"")) for r in batch]
-        return records
+
+            async def fetch():
+                return [(r.partition, r.offset, bytes(r.key or b""), bytes(r.value or b""))
+                        for batch in (await consumer.getmany(timeout_ms=500)).values() for r in batch]
+
+            return await gather_async(fetch, count=count, timeout_s=timeout_s)
 
     return asyncio.run(main())
 

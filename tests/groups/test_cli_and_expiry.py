@@ -17,7 +17,7 @@ from kio.static.primitive import i32Timedelta
 
 from copyless.client.blocking import BlockingClient as GroupsClient
 from tests.support.groups import GROUP_CONFIG, create_topic, produce
-from tests.support.polling import wait_until
+from tests.support.polling import gather, wait_until
 
 
 def copyless(*args: str) -> subprocess.CompletedProcess:
@@ -35,11 +35,8 @@ def test_groups_cli_lists_and_describes_a_live_group(broker_factory, tmp_path):
                              enable_auto_commit=False, auto_offset_reset="earliest", client_id="cli-client",
                              session_timeout_ms=6000, heartbeat_interval_ms=300)
     try:
-        got = 0
-        deadline = time.monotonic() + 30
-        while got < 20 and time.monotonic() < deadline:
-            got += sum(len(r) for r in consumer.poll(timeout_ms=200).values())
-        assert got == 20
+        got = gather(lambda: [r for rs in consumer.poll(timeout_ms=200).values() for r in rs], count=20, timeout_s=30)
+        assert len(got) == 20
         consumer.commit({TopicPartition("cli-topic", 0): OffsetAndMetadata(4, "", -1),
                          TopicPartition("cli-topic", 1): OffsetAndMetadata(10, "", -1)})
         listed = copyless("groups", "list", "--bootstrap", broker.bootstrap, "--json")

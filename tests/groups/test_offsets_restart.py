@@ -16,6 +16,7 @@ from kafka import KafkaConsumer
 from kafka.admin import KafkaAdminClient
 
 from tests.support.groups import create_topic, produce, start_broker
+from tests.support.polling import gather, gather_async
 
 PARTITIONS = 3
 GROUP = "resume"
@@ -31,15 +32,16 @@ def committed(bootstrap: str) -> dict[int, int]:
     return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == TOPIC}
 
 
+def _values(fetched) -> list[str]:
+    """The values of a kafka-python poll's or an aiokafka getmany's records."""
+    return [r.value.decode() for records in fetched.values() for r in records]
+
+
 def consume_kafka_python(bootstrap: str, expected: int) -> list[str]:
     consumer = KafkaConsumer(TOPIC, bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False,
                              auto_offset_reset="earliest", session_timeout_ms=3000, heartbeat_interval_ms=300)
-    values: list[str] = []
-    deadline = time.monotonic() + 60
     try:
-        while len(values) < expected and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=200).values():
-                values += [r.value.decode() for r in records]
+        values = gather(lambda: _values(consumer.poll(timeout_ms=200)), count=expected, timeout_s=60)
         consumer.commit()
     finally:
         consumer.close()
@@ -54,17 +56,16 @@ def consume_aiokafka(bootstrap: str, expected: int, linger_s: float = 1.0) -> li
                                     auto_offset_reset="earliest", session_timeout_ms=3000,
                                     heartbeat_interval_ms=300)
         await consumer.start()
-        values: list[str] = []
+
+        async def fetch():
+            return _values(await consumer.getmany(timeout_ms=200))
+
         try:
-            deadline = time.monotonic() + 60
-            while len(values) < expected and time.monotonic() < deadline:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    values.extend(r.value.decode() for r in records)
+            values = await gather_async(fetch, count=expected, timeout_s=60)
             # Keep polling a little: anything already committed that came back would show up here.
             end = time.monotonic() + linger_s
             while time.monotonic() < end:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    values.extend(r.value.decode() for r in records)
+                values += await fetch()
             await consumer.commit()
         finally:
             await consumer.stop()

@@ -26,13 +26,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.broker_process import TEST_BROKER_CONFIG, BrokerProcess
+from tests.support.polling import wait_until
 from tests.support.subprocesses import REPO_ROOT
 
 HERE = Path(__file__).resolve().parent
@@ -167,15 +167,18 @@ def kafka_single(workdir: Path, scenario: str) -> Iterator[Target]:
                                     classpath, "kafka.Kafka", str(properties)], stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
-        while True:
+
+        def accepting() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
+                return True
             except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Kafka did not start; see {log_path}") from None
-                time.sleep(0.5)
+                if process.poll() is not None:
+                    raise RuntimeError(f"Kafka exited with {process.returncode}; see {log_path}") from None
+                return False
+
+        wait_until(accepting, what=f"Kafka to accept connections on port {port}", timeout_s=KAFKA_START_TIMEOUT_S,
+                   interval_s=0.5, detail=lambda: f"see {log_path}")
         yield Target("kafka", scenario, f"127.0.0.1:{port}", _kafka_tool_scripts(workdir / "kafka_path", anchor),
                      lambda: process.poll() is None, lambda: log_path.read_text(errors="replace")[-6000:])
     finally:

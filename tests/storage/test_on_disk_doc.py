@@ -55,7 +55,8 @@ def test_the_page_lists_every_file_a_single_nodes_data_dir_holds(broker_factory,
     seen |= listed_names(data)
 
     # The scenario made what it set out to make ...
-    assert {"transactional", "cleaner-offset-checkpoint", "security.json", "broker-configs.json", "topics.json",
+    assert {"transactional", "00000000000000000000.snapshot", "cleaner-offset-checkpoint", "security.json",
+            "broker-configs.json", "topics.json",
             "producer-id-block", ".copyless_cleanshutdown", "recovery-point-offset-checkpoint",
             "__consumer_offsets-<n>/", "__transaction_state-<n>/", "*.deleted"} <= seen, seen
     # ... and the page names each file of it.

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,38 +159,44 @@ class BrokerProcess:
 
     def _wait_for_address(self, log_offset: int) -> tuple[str, int]:
         assert self.process is not None and self.log_path is not None
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
+        process = self.process
+
+        def printed() -> tuple[str, int] | None:
             text = self.log_since(log_offset)
             found = find_address(text, exact_only=True)
-            if found is not None:
-                return found
-            if self.process.poll() is not None:
+            if found is None and process.poll() is not None:
                 raise BrokerStartError(
-                    f"broker exited with code {self.process.returncode} before printing its address:\n{text}"
-                )
-            if time.monotonic() > deadline:
-                self._force_kill()
-                raise BrokerStartError(
-                    f"broker printed no HOST:PORT line within {STARTUP_TIMEOUT_S:.0f}s; its output:\n{text}"
-                )
-            time.sleep(0.05)
+                    f"broker exited with code {process.returncode} before printing its address:\n{text}")
+            return found
+
+        return self._wait_starting(printed, what="the broker's HOST:PORT line",
+                                   detail=lambda: f"its output:\n{self.log_since(log_offset)}")
 
     def _wait_connectable(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
+        refused: list[OSError] = []
+
+        def accepting() -> bool:
             try:
                 with socket.create_connection((self.host.strip("[]"), self.port), timeout=2):
-                    return
+                    return True
             except OSError as exc:
                 if self.process is not None and self.process.poll() is not None:
                     raise BrokerStartError(
                         f"broker exited with code {self.process.returncode}:\n{self.log_text()}") from None
-                if time.monotonic() > deadline:
-                    self._force_kill()
-                    raise BrokerStartError(
-                        f"{self.bootstrap} not accepting connections ({exc}):\n{self.log_text()}") from None
-                time.sleep(0.05)
+                refused.append(exc)
+                return False
+
+        self._wait_starting(accepting, what=f"{self.bootstrap} to accept connections",
+                            detail=lambda: f"last refusal: {refused[-1] if refused else None}\n{self.log_text()}")
+
+    def _wait_starting(self, condition, *, what: str, detail):
+        """``wait_until`` for a broker that is starting: at the deadline it is killed, and the failure is a
+        BrokerStartError like its exiting early (what ``restart`` and the fault schedules catch)."""
+        try:
+            return wait_until(condition, what=what, timeout_s=STARTUP_TIMEOUT_S, detail=detail)
+        except AssertionError as exc:
+            self._force_kill()
+            raise BrokerStartError(str(exc)) from None
 
     def stop(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> int:
         """SIGTERM and wait; returns the exit code (kills and fails if the broker does not exit in time)."""

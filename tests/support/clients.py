@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support.polling import gather, gather_async
+
 OP_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_MS = 15000
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
@@ -43,6 +45,11 @@ class Rec:
 class Consumed:
     offset: int
     rec: Rec
+
+
+def _consumed(message) -> Consumed:
+    """A kafka-python or aiokafka ConsumerRecord (the two share their field names)."""
+    return Consumed(message.offset, Rec(message.key, message.value, message.timestamp, tuple(message.headers or ())))
 
 
 def make_records(count: int, *, base_ts_ms: int, tag: str, text_only: bool = False) -> list[Rec]:
@@ -183,22 +190,13 @@ class KafkaPythonDriver(Driver):
 
         tp = TopicPartition(topic, partition)
         consumer = self._consumer(bootstrap)
-        out: list[Consumed] = []
         try:
             consumer.assign([tp])
             consumer.seek(tp, start_offset)
-            deadline = time.monotonic() + OP_TIMEOUT_S
-            while len(out) < count and time.monotonic() < deadline:
-                for message in consumer.poll(timeout_ms=500).get(tp, []):
-                    out.append(
-                        Consumed(
-                            message.offset,
-                            Rec(message.key, message.value, message.timestamp, tuple(message.headers or ())),
-                        )
-                    )
+            return gather(lambda: [_consumed(m) for m in consumer.poll(timeout_ms=500).get(tp, [])],
+                          count=count, timeout_s=OP_TIMEOUT_S)
         finally:
             consumer.close()
-        return out
 
     def offset_for_time(self, bootstrap, topic, partition, timestamp_ms):
         from kafka import TopicPartition
@@ -345,18 +343,11 @@ class AiokafkaDriver(Driver):
         async def work(consumer):
             consumer.assign([tp])
             consumer.seek(tp, start_offset)
-            out: list[Consumed] = []
-            deadline = time.monotonic() + OP_TIMEOUT_S
-            while len(out) < count and time.monotonic() < deadline:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                for message in batch.get(tp, []):
-                    out.append(
-                        Consumed(
-                            message.offset,
-                            Rec(message.key, message.value, message.timestamp, tuple(message.headers or ())),
-                        )
-                    )
-            return out
+
+            async def fetch():
+                return [_consumed(m) for m in (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])]
+
+            return await gather_async(fetch, count=count, timeout_s=OP_TIMEOUT_S)
 
         return _run(self._with_consumer(bootstrap, work))
 
@@ -500,20 +491,22 @@ class ConfluentDriver(Driver):
         from confluent_kafka import KafkaException, TopicPartition
 
         consumer = self._consumer(bootstrap)
-        out: list[Consumed] = []
+
+        def fetch():
+            out = []
+            for message in consumer.consume(num_messages=count, timeout=0.5):
+                if message.error():
+                    raise KafkaException(message.error())
+                _, ts = message.timestamp()
+                headers = tuple((k, v) for k, v in (message.headers() or ()))
+                out.append(Consumed(message.offset(), Rec(message.key(), message.value(), ts, headers)))
+            return out
+
         try:
             consumer.assign([TopicPartition(topic, partition, start_offset)])
-            deadline = time.monotonic() + OP_TIMEOUT_S
-            while len(out) < count and time.monotonic() < deadline:
-                for message in consumer.consume(num_messages=count - len(out), timeout=0.5):
-                    if message.error():
-                        raise KafkaException(message.error())
-                    _, ts = message.timestamp()
-                    headers = tuple((k, v) for k, v in (message.headers() or ()))
-                    out.append(Consumed(message.offset(), Rec(message.key(), message.value(), ts, headers)))
+            return gather(fetch, count=count, timeout_s=OP_TIMEOUT_S)[:count]
         finally:
             consumer.close()
-        return out
 
     def offset_for_time(self, bootstrap, topic, partition, timestamp_ms):
         from confluent_kafka import TopicPartition

@@ -13,11 +13,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.support.polling import wait_until
 
 ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
@@ -70,16 +71,22 @@ class EtcdProcess:
              "--initial-cluster", f"{self.name}={peer}", "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
+        process = self.process
+
+        def healthy() -> bool:
             if self.healthy():
-                return self
-            if self.process.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"etcd not healthy within {START_TIMEOUT_S:.0f}s:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
+                return True
+            if process.poll() is not None:
+                raise RuntimeError(f"etcd exited with {process.returncode}:\n{self.log_path.read_text()[-3000:]}")
+            return False
+
+        try:
+            wait_until(healthy, what=f"etcd at {self.endpoint} to report healthy", timeout_s=START_TIMEOUT_S,
+                       interval_s=0.1, detail=lambda: self.log_path.read_text()[-3000:])
+        except AssertionError as exc:
+            self.kill()
+            raise RuntimeError(str(exc)) from None
+        return self
 
     def healthy(self) -> bool:
         result = subprocess.run([ETCDCTL, "--endpoints", self.endpoint, "--command-timeout=1s", "endpoint", "health"],

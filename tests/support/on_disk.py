@@ -10,7 +10,7 @@ from pathlib import Path
 
 ON_DISK = Path(__file__).resolve().parents[2] / "docs" / "on-disk.md"
 
-_SEGMENT = re.compile(r"^\d{20}\.(log|index|timeindex)$")
+_SEGMENT = re.compile(r"^\d{20}\.(log|index|timeindex|txnindex|snapshot)$")
 _PREPARED = re.compile(r"^prepared-(t?)\d+\.(log|index|timeindex)$")
 _INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state")
 

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as ConfluentTopicPartition
 
 from copyless.client import Consumer, TopicPartition
+from tests.support.polling import gather_async
 
 
 async def read_back(bootstrap: str, topic: str, partitions: int, expected: int, **options) -> list:
@@ -21,15 +22,13 @@ async def read_back(bootstrap: str, topic: str, partitions: int, expected: int, 
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        out = []
-        deadline = time.monotonic() + 90
-        while len(out) < expected:
-            assert time.monotonic() < deadline, f"only {len(out)} of {expected} records came back"
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(records)
-        for records in (await consumer.getmany(timeout_ms=500)).values():
-            out.extend(records)
-        return out
+
+        async def fetch():
+            return [r for records in (await consumer.getmany(timeout_ms=500)).values() for r in records]
+
+        out = await gather_async(fetch, count=expected, timeout_s=90)
+        assert len(out) >= expected, f"only {len(out)} of {expected} records came back"
+        return out + await fetch()
     finally:
         await consumer.close()
 

@@ -396,3 +396,81 @@ def test_records_deleted_past_an_open_transaction_move_the_lso_to_the_log_start(
         assert (first.offset(), first.value()) == (2, b"p2")
     finally:
         consumer.close()
+
+
+def _replayed(log_text: str) -> int:
+    """The batches the last start-up replayed to load producer state (its "broker state loaded" line)."""
+    lines = [line for line in log_text.splitlines() if "broker state loaded" in line]
+    return int(lines[-1].split("batches replayed=")[1].split()[0])
+
+
+def test_restarts_load_transactions_from_snapshots_and_aborted_transaction_indexes(broker_factory):
+    """A transactional partition of many segments: after a clean shutdown the restart replays no batch (the
+    snapshots written at shutdown), after a kill -9 only the batches after the last roll's snapshot; both
+    times read_committed reads exactly the committed records (the aborted ones come from the .txnindex
+    files), and a transaction open across the kill is still open, then committed."""
+    broker = broker_factory()
+    topic = unique_topic("snapshots")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": str(64 << 10)})])[topic].result(30)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    committed = []
+    for number in range(100):
+        values = [f"{number}-{i}-" + "x" * 1000 for i in range(10)]
+        _produce_txn(producer, topic, values, commit=number % 3 != 1)
+        committed += values if number % 3 != 1 else []
+    directory = broker.data_dir / f"{topic}-0"
+    assert len(list(directory.glob("*.log"))) >= 5
+    assert list(directory.glob("*.txnindex")) and list(directory.glob("*.snapshot"))
+
+    broker.restart("graceful")
+    assert _replayed(broker.log_text()) == 0
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    for number in range(100, 110):
+        values = [f"{number}-{i}-" + "x" * 1000 for i in range(10)]
+        _produce_txn(producer, topic, values, commit=number % 3 != 1)
+        committed += values if number % 3 != 1 else []
+    producer.begin_transaction()
+    for i in range(4):
+        producer.produce(topic, f"open-{i}".encode(), partition=i % 2)
+    producer.flush(30)
+    broker.restart("kill")
+    # A scan of the whole log would read more than the topic's 220 markers alone.
+    replayed = _replayed(broker.log_text())
+    assert 0 < replayed < 2 * 110, f"replayed {replayed} batches"
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    producer.commit_transaction(60)
+    committed += [f"open-{i}" for i in range(4)]
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+
+
+def test_a_data_dir_written_before_snapshots_loads_by_the_scan_and_then_has_them(broker_factory):
+    """Upgrade: a data dir with no .snapshot and no .txnindex file (what the broker wrote before them; the
+    `transactional` file is there) loads by the whole-log scan, reads the same, and the next start has a
+    snapshot at the log end to start from."""
+    broker = broker_factory()
+    topic = unique_topic("upgrade")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": str(64 << 10)})])[topic].result(30)
+    producer = _producer(broker.bootstrap, unique_topic("tid"))
+    committed = []
+    for number in range(30):
+        values = [f"{number}-{i}-" + "x" * 1000 for i in range(10)]
+        _produce_txn(producer, topic, values, commit=number % 3 != 1)
+        committed += values if number % 3 != 1 else []
+    port = broker.port
+    assert broker.stop() == 0
+    removed = [path for pattern in ("*/*.snapshot", "*/*.txnindex") for path in broker.data_dir.glob(pattern)]
+    assert any(path.suffix == ".txnindex" for path in removed)
+    for path in removed:
+        path.unlink()
+    assert (broker.data_dir / f"{topic}-0" / "transactional").exists()
+    broker.start(port=port)
+    assert _replayed(broker.log_text()) > 2 * 30  # every batch, the topic's 60 markers among them
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert list((broker.data_dir / f"{topic}-0").glob("*.txnindex"))
+    broker.restart("graceful")
+    assert _replayed(broker.log_text()) == 0
+    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)

@@ -374,10 +374,13 @@ def _marker(wire, topic, pid, epoch, coordinator_epoch, commit=True):
     return ErrorCode(response.markers[0].topics[0].partitions[0].error_code)
 
 
-def test_a_marker_from_an_older_coordinator_epoch_is_fenced_also_after_a_restart(broker_factory):
+@pytest.mark.parametrize("restart", ["kill", "graceful"])
+def test_a_marker_from_an_older_coordinator_epoch_is_fenced_also_after_a_restart(broker_factory, restart):
     """Kafka's checkCoordinatorEpoch: once a partition has a producer's marker at coordinator epoch E, a
     marker at an older epoch (a deposed coordinator's late retry) is refused with
-    TRANSACTION_COORDINATOR_FENCED and leaves the transaction open; the epoch is rebuilt from the log."""
+    TRANSACTION_COORDINATOR_FENCED and leaves the transaction open. After kill -9 the epoch is rebuilt by
+    replaying the log after the last snapshot; after a clean shutdown it comes from the snapshot at the log
+    end, with nothing replayed."""
     broker = broker_factory()
     wire = KafkaWire(broker.port)
     topic, tid, pid, epoch = _setup(wire)
@@ -389,7 +392,7 @@ def test_a_marker_from_an_older_coordinator_epoch_is_fenced_also_after_a_restart
         ErrorCode.transaction_coordinator_fenced
     assert _latest(wire, topic, isolation=1) == 2  # still open: the LSO is the second batch
     wire.close()
-    broker.restart("kill")
+    broker.restart(restart)
     wire = KafkaWire(broker.port)
     try:
         assert _marker(wire, topic, pid, epoch, coordinator_epoch=999, commit=False) == \
