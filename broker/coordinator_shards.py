@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Coroutine, Generic, Mapping, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -62,7 +62,7 @@ class CoordinatorShards(Generic[S]):
     def __init__(self, broker: Any, *, topic: str, num_partitions: int,
                  partition_for: Callable[[str, int], int],
                  topic_configs: Callable[[], Mapping[str, str]], replication_factor: Callable[[], int],
-                 new_shard: Callable[[int, int], S], load: Callable[[S, Any], Awaitable[None]],
+                 new_shard: Callable[[int, int], S], load: Callable[[S, Any], Coroutine[Any, Any, None]],
                  unload: Callable[[S], int], log: logging.Logger, task_prefix: str, keys_noun: str,
                  topic_noun: str, partition_noun: str) -> None:
         """``new_shard(partition, leader_epoch)`` makes a loading shard, ``load(shard, partition)`` fills it,
