@@ -34,6 +34,7 @@ from typing import Any
 from benchmarks._harness import Benchmark
 from copyless.broker.storage import LogConfig, LogManager
 from copyless.broker.storage.cleaner import CleanerConfig, clean_log, cleanable_section
+from tests.support.blocking_appends import append_blocking
 
 MIB = 1 << 20
 BATCH_BYTES = 16 << 10
@@ -74,7 +75,7 @@ def _one(bench: Benchmark, scratch: Path, record_bytes: int, keys: int, log_byte
         # The segment after ``log_bytes`` is the active one, which the cleaner leaves: the sealed ones hold
         # ``log_bytes``, give or take a batch.
         for batch in _batches(record_bytes, keys, log_bytes + segment_bytes // 2, seed):
-            partition_log.append_blocking(batch)
+            append_blocking(partition_log, batch)
         partition_log.set_high_watermark(partition_log.log_end_offset)
         bench.settle()
         section = _whole_section(partition_log)
@@ -100,7 +101,7 @@ def _whole_section(partition_log, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
     while True:
         section = cleanable_section(partition_log, int(time.time() * 1000))
-        if section is not None and section.end_offset == partition_log._segments[-1].base_offset:
+        if section is not None and section.end_offset == partition_log.segments[-1].base_offset:
             return section
         if time.monotonic() > deadline:
             raise AssertionError(f"the sealed segments were not all named within {timeout_s} s")

@@ -37,6 +37,7 @@ from copyless.broker.groups.offsets import CommittedOffset, OffsetStore
 from copyless.broker.groups.service import _replay_log
 from copyless.broker.storage import LogConfig, LogManager
 from copyless.broker.storage.cleaner import CleanerConfig, clean_log
+from tests.support.blocking_appends import append_blocking, roll_blocking
 
 MIB = 1 << 20
 GROUPS = 10
@@ -95,10 +96,10 @@ def main(argv=None) -> dict[str, Any]:
             with bench.progress(rounds, "rounds", "commits") as bar:
                 for round_number in range(rounds):
                     for group in range(GROUPS):
-                        history.append_blocking(_commit_batch(group, round_number, now))
+                        append_blocking(history, _commit_batch(group, round_number, now))
                     bar.advance(1)
             history.set_high_watermark(history.log_end_offset)
-            history.roll()
+            roll_blocking(history)
             manager.wait_for_background()
             bench.settle()
             before_bytes = _log_bytes(history)
@@ -119,7 +120,7 @@ def main(argv=None) -> dict[str, Any]:
 
             live = manager.create_log("__consumer_offsets", 1, config)
             for group in range(GROUPS):
-                live.append_blocking(_commit_batch(group, rounds - 1, now))
+                append_blocking(live, _commit_batch(group, rounds - 1, now))
             live.set_high_watermark(live.log_end_offset)
             live_bytes = _log_bytes(live)
             live_wall, live_cpu, live_records = _load(live, expected)

@@ -45,6 +45,7 @@ from benchmarks._harness import Benchmark, percentile
 from copyless.broker.storage import LogConfig, LogManager
 from copyless.broker.storage.prefault import PREFAULT_STATS
 from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD
+from tests.support.blocking_appends import append_blocking
 
 KIB, MIB = 1 << 10, 1 << 20
 BATCH_SIZES = (1 * KIB, 16 * KIB, 256 * KIB, 1 * MIB)
@@ -123,7 +124,7 @@ def timed_appends(partition_log, batch: bytes, count: int) -> dict:
     with Window() as window:
         for _ in range(count):
             before = clock()
-            partition_log.append_blocking(batch)
+            append_blocking(partition_log, batch)
             latencies.append((clock() - before) / 1000)
     return window.figures(count * len(batch), latencies)
 
@@ -209,7 +210,7 @@ def measure_recovery(bench: Benchmark, scratch: Path, segment_bytes: int) -> dic
     batch = make_batch(16 * KIB)
     count = segment_bytes // len(batch) - 1
     for _ in range(count):
-        partition_log.append_blocking(batch)
+        append_blocking(partition_log, batch)
     data_bytes = partition_log.size_bytes
     manager.abandon()
     config = LogConfig(segment_bytes=segment_bytes, retention_ms=None, segment_ms=None)

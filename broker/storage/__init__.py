@@ -4,8 +4,9 @@ flush policies and retention (the file layer: synchronous, threads for blocking 
 Layers, inner to outer:
   index_search (pure index math) -> index (index files) -> scan (header scans), prefault (the pre-fault
   window), prepared_segment (the next segment), segment_recovery (start-up's part of a segment) -> segment
-  (one .log + indexes: append, read, seal) -> partition_log (offsets, append, roll) with its mixins
-  log_reads, preparation, flusher, retention, loader, truncation, blocking_appends -> log_manager (data dir,
+  (one .log + indexes: append, read, seal) -> log_segments (the segment list), log_reads, retention,
+  truncation (functions over it), flusher, preparation (objects over it), loader (a directory read into
+  the state a log is built from) -> partition_log (offsets, append, roll) -> log_manager (data dir,
   checkpoints, clean-shutdown marker, housekeeping thread). ``background`` holds the worker threads,
   ``blocking`` checks none of their work runs on the event loop's thread, ``config`` holds the tunables.
 """

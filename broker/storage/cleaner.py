@@ -201,9 +201,10 @@ class Section:
 def cleanable_section(partition_log, now: int) -> Section | None:
     """The cleanable segments of ``partition_log`` (module docstring), None when there is none. Any thread."""
     config = partition_log.config
-    with partition_log._lock:
-        segments = partition_log._segments
-        sealing = list(partition_log._sealing)
+    log_segments = partition_log.log_segments
+    with log_segments.lock:
+        segments = log_segments.all
+        sealing = list(log_segments.sealing)
         high_watermark = min(partition_log.high_watermark, partition_log.log_end_offset)
         log_start = partition_log.log_start_offset
     lag_ms = config.min_compaction_lag_ms
@@ -447,7 +448,7 @@ def clean_log(partition_log, *, max_map_entries: int = 5_000_000, now: int | Non
         return None
     if not force and not _should_clean(partition_log, section, now):
         return None
-    truncations = partition_log._truncations
+    truncations = partition_log.log_segments.truncations
     throttle = _Throttle(io_max_bytes_per_second)
     offsets, map_read = _build_map(section, max_map_entries, throttle)
     map_end = offsets.end_offset
@@ -510,11 +511,12 @@ def _swap(partition_log, cleaned: list[tuple[list[Segment], Segment, int]], trun
     """Put the cleaned segments in place of the old ones, on disk (module docstring) and in the log's tuple.
     Returns why it gave up (the log changed under the cleaning), None once swapped."""
     directory = partition_log.directory
-    with partition_log._io_lock:
-        with partition_log._lock:
-            if partition_log._truncations != truncations or partition_log._closed:
+    log_segments = partition_log.log_segments
+    with log_segments.io_lock:
+        with log_segments.lock:
+            if log_segments.truncations != truncations or partition_log.closed:
                 return "the log was truncated or closed meanwhile"
-            current = partition_log._segments
+            current = log_segments.all
             for group, _, _ in cleaned:
                 if not all(segment in current for segment in group):
                     return "retention removed segments meanwhile"
@@ -531,20 +533,14 @@ def _swap(partition_log, cleaned: list[tuple[list[Segment], Segment, int]], trun
             new.log_path = targets[0]
             failpoint("clean.after_cleaned_renamed")
         fsync_directory(directory)
-        with partition_log._lock:
-            segments = list(partition_log._segments)
-            for group, new, _ in cleaned:
-                start = segments.index(group[0])
-                segments[start:start + len(group)] = [new]
-            partition_log._segments = tuple(segments)
-            partition_log._bases = tuple(segment.base_offset for segment in segments)
+        with log_segments.lock:
+            log_segments.replace_groups_locked([(group, new) for group, new, _ in cleaned])
         failpoint("clean.before_manifest_removed")
         (directory / filenames.SWAP_MANIFEST).unlink()
         fsync_directory(directory)
     delay = partition_log.config.file_delete_delay_ms
     for group, _, _ in cleaned:
-        for segment in group:
-            partition_log._background.retire(segment, now + delay)
+        log_segments.retire(group, now + delay)
     return None
 
 

@@ -58,12 +58,15 @@ class AppendNotReady(Exception):
         ready: a concurrent Future resolved when retrying may succeed.
         appended: ``(base_offset, last_offset, consumed_bytes)`` of leading whole batches already appended
             (an append of more batches than one segment holds, split across rolls), or None.
+        follower_headers: for a follower's append, the ``(base offset, header)`` of those batches, whose
+            producer state the partition applies before it waits (set by ``PartitionLog``), or None.
     """
 
     def __init__(self, what: str, ready, appended: tuple[int, int, int] | None = None, on_waited=None) -> None:
         super().__init__(f"append waits for {what}")
         self.ready = ready
         self.appended = appended
+        self.follower_headers: list | None = None
         self._on_waited = on_waited
 
     def waited(self, seconds: float) -> None:

@@ -59,7 +59,7 @@ class LeaderEpochCache:
             calls ``flush`` itself.
     """
 
-    def __init__(self, path: Path, *, schedule_flush: Callable[[Callable[[], None]], None] | None = None) -> None:
+    def __init__(self, path: Path, *, schedule_flush: Callable[[Callable[[], None]], object] | None = None) -> None:
         self.path = path
         self._entries: list[EpochEntry] = []
         self._lock = threading.Lock()  # the list (loop thread) against a snapshot taken by flush (worker)

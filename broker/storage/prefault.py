@@ -54,7 +54,7 @@ PREFAULT_MAX_STEP_BYTES = 64 << 20
 PREFAULT_IDLE_S = 0.1
 
 # How fast pre-faulting has been going (bytes per ms of a step's wall time, both threads together), so a log
-# can start on the next segment's head early enough (PartitionLog._prefault_ahead). It moves by an order of
+# can start on the next segment's head early enough (SegmentPreparation._prefault_ahead). It moves by an order of
 # magnitude with where the pages come from: 1.45 s per GiB per thread on memory the hypervisor has to back
 # first (the guest's free pages are reported back to it), 0.15 s on recycled memory. The start value is the
 # slow case; steps shorter than PREFAULT_SAMPLE_MIN_BYTES are too short to time.

@@ -1,19 +1,32 @@
 """SegmentPreparation: blocks, pre-faulted pages and the next segment, made ready before the appends need
-them (mixed into PartitionLog; the loop thread decides, the warm thread works).
+them. The loop thread decides (``after_append``, ``take_prepared``, ``require_allocated``), the warm and
+allocate threads work.
+
+Owns: the next segment being prepared (``prepared``, its future and the sequence its temporary names take),
+why rolls are paused (``roll_error``: no segment could be preallocated) and when to retry, and the sampled
+append rate. It reads the segment list (log_segments.py) for the active and sealing segments' block
+holdings and counts in the log's ``stats``.
 
 Per append, a few comparisons: queue the next step of blocks once less than half the wanted lead is left
 (LogConfig.preallocate_*), keep the pre-fault window ahead of the write position, and prepare the next
 segment once the active one should fill within PREPARE_HORIZON_MS. When something is not ready in time,
 the append gets AppendNotReady with a future to await, never a blocking wait. No files of its own: crash
-stories are the segment's and the prepared segment's.
+stories are the segment's and the prepared segment's (a ``prepared-*`` file is adopted or removed at
+start-up).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
+
+from pathlib import Path
 
 from . import filenames
+from .background import Background
+from .config import LogConfig
+from .log_segments import LogSegments
 from .clock import now_ms
 from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
 from . import prefault as prefault_module
@@ -68,7 +81,89 @@ HEAD_LEAD_MARGIN = 1.5
 
 
 class SegmentPreparation:
-    """The preparation half of PartitionLog (see the module docstring). Loop thread unless noted."""
+    """What is made ready ahead of one log's appends (see the module docstring). Loop thread unless noted."""
+
+    def __init__(self, name: str, directory: Path, config: LogConfig, background: Background,
+                 segments: LogSegments, stats: dict, roll_error: StorageError | None) -> None:
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self._background = background
+        self._segments = segments
+        self.stats = stats
+        self.prepared: PreparedSegment | None = None
+        self.prepared_future: Future | None = None
+        self._sequence = 0
+        self._last_unprepared_warning_s = -1e9
+        # Set while no segment can be preallocated (disk full): rolls are then retried only in the background
+        # (see take_prepared), never by a posix_fallocate on the append path.
+        self.roll_error = roll_error
+        self._roll_retry_s = 0.0
+        self._rate_sample_ms = 0
+        self._rate_sample_bytes = 0
+        self._rate_sample_segment: Segment | None = None
+        self._recent_bytes_per_ms = 0.0
+
+    def after_append(self, active: Segment, now: int) -> None:
+        """After each append: the next step of blocks, the next segment and the pre-fault window, each queued
+        on its thread when due (a few comparisons)."""
+        rate = self._append_rate(active, now)
+        if active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set():
+            # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
+            if active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2 and (
+                    time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
+                    or active.extension_failed_s < 0):
+                self._extend_active(active, rate)
+        prepared = self.prepared
+        if prepared is None:
+            if self._should_prepare(active, now, rate):
+                self._prepare_next()
+        elif not self.config.preallocate:
+            self._maybe_extend_next(active, prepared, rate)
+        window = max(self.config.prefault_window_bytes, int(rate * WARM_AHEAD_MS))
+        self._prefault_ahead(active, window, rate)
+
+    def truncated(self) -> None:
+        """The log was cut: the rate sample no longer describes the active segment."""
+        self._rate_sample_segment = None
+
+    def restarted(self) -> None:
+        """A full truncation created a new active segment: rolls may go on."""
+        self.roll_error = None
+        self._rate_sample_segment = None
+
+    def next_name(self, kind: str = "") -> str:
+        """A new temporary name for a segment being created (``prepared-<kind><n>``)."""
+        self._sequence += 1
+        return f"{filenames.PREPARED_PREFIX}-{kind}{self._sequence}"
+
+    def close(self) -> None:
+        """Clean close: wait for the next segment's creation and remove its files. Blocking."""
+        prepared, future = self.prepared, self.prepared_future
+        if prepared is None:
+            return
+        if future is not None and not future.cancel():
+            try:
+                future.result()
+            except Exception:
+                pass
+        prepared.discard()
+        self.prepared = self.prepared_future = None
+
+    def stop_warming(self) -> None:
+        if self.prepared is not None:
+            self.prepared.stop_warm = True
+
+    def abandon(self) -> None:
+        if self.prepared is not None:
+            self.prepared.abandon()
+
+    def discard(self) -> None:
+        """delete_log: the next segment's files go on the io thread."""
+        if self.prepared is not None:
+            prepared, self.prepared = self.prepared, None
+            prepared.stop_warm = True
+            self._background.submit_io(prepared.discard)
 
     def _append_rate(self, active: Segment, now: int) -> float:
         """Bytes per ms appended to the active segment: the larger of its lifetime average and the last
@@ -96,13 +191,13 @@ class SegmentPreparation:
         segment, the prepared one, or NEXT_SEGMENT for one about to be created) left out. With no prepared
         segment, the first step it will be created with is held for it."""
         holdings = []
-        for segment in self._sealing:
+        for segment in self._segments.sealing:
             # As at the roll, until the seal is done: its trims free the blocks a moment after they drop the
             # segment's own figures (the index's read-only map first, then its ftruncate).
             holdings += segment.sealing_holdings or segment.block_holdings()
-        if self._active is not exclude:
-            holdings += self._active.block_holdings()
-        prepared = self._prepared
+        if self._segments.active is not exclude:
+            holdings += self._segments.active.block_holdings()
+        prepared = self.prepared
         if prepared is None:
             if exclude is not NEXT_SEGMENT:
                 config = self.config
@@ -166,7 +261,7 @@ class SegmentPreparation:
                                    prefault_module.ZERO_MARGIN_RATE_MAX_BYTES)
         if prefault.target - written < window >> 1 and prefault.want(min(written + window, active.allocated_bytes)):
             self._background.submit_warm(prefault.idle, active.chase, self._background.prefault_helper)
-        prepared = self._prepared
+        prepared = self.prepared
         if prepared is None or prepared.taken:
             return
         head = prepared.prefault
@@ -178,7 +273,7 @@ class SegmentPreparation:
         if room < lead and head.want(min(window, prepared.allocated_bytes)):
             self._background.submit_warm(head.idle, prepared.chase, self._background.prefault_helper)
 
-    def _require_allocated(self, active: Segment, end: int, now: int) -> None:
+    def require_allocated(self, active: Segment, end: int, now: int) -> None:
         """Before writing up to ``end``: blocks must cover it. An append that outran extend_ahead queues the
         next step on the allocate thread and raises AppendNotReady (the caller awaits it); once an extension
         has failed (disk full), appends past the blocks get StorageError, and a new attempt is queued at
@@ -240,11 +335,10 @@ class SegmentPreparation:
 
     def _prepare_next(self) -> None:
         """Queue creation + warm-up of the next segment on the warm thread (non-blocking)."""
-        self._prepared_sequence += 1
-        config, active = self.config, self._active
+        config, active = self.config, self._segments.active
         # Its first step: the rate's, within what the other files leave of the budget (at least the first
         # step reserved for it, unless a rolled segment not yet trimmed still holds blocks past its data).
-        name = f"{filenames.PREPARED_PREFIX}-{self._prepared_sequence}"
+        name = self.next_name()
         first = config.first_step_bytes
         if not config.preallocate:
             sizing = PreparedSegment(self.directory, name, config, 0)
@@ -254,30 +348,30 @@ class SegmentPreparation:
                               budget=config.preallocate_ahead_bytes,
                               index_cost=lambda end: held_past_data(sizing.block_holdings(end)[1:]))
         prepared = PreparedSegment(self.directory, name, config, first)
-        self._prepared = prepared
-        self._prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
+        self.prepared = prepared
+        self.prepared_future = self._background.submit_warm(prepared.warm_done, prepared.create_and_warm,
                                                              self.config.index_interval_bytes)
 
-    def _take_prepared(self) -> PreparedSegment:
+    def take_prepared(self) -> PreparedSegment:
         """The prepared next segment. When it is not ready (still being created on the warm thread, or never
         asked for: appends outran the preparation horizon), its creation is queued if need be and
         AppendNotReady raised: the roll happens on the append after it is ready. Loop thread, never blocks."""
-        if self._roll_error is not None:
-            return self._take_prepared_after_error()
-        prepared = self._prepared
+        if self.roll_error is not None:
+            return self._take_after_error()
+        prepared = self.prepared
         if prepared is not None and prepared.ready.is_set():
             if prepared.failed is None:
-                self._prepared = self._prepared_future = None
+                self.prepared = self.prepared_future = None
                 return prepared
             # Creating it failed (create() removed its files): rolls pause until a retry succeeds.
-            self._prepared = self._prepared_future = None
+            self.prepared = self.prepared_future = None
             exc = prepared.failed
-            self._roll_error = (storage_error_from(exc, "creating a segment", prepared.log_path,
+            self.roll_error = (storage_error_from(exc, "creating a segment", prepared.log_path,
                                                    bytes_needed=self.config.segment_bytes)
                                 if isinstance(exc, OSError) else
                                 StorageError(f"creating a segment failed: {exc}", path=prepared.log_path))
             self._roll_retry_s = time.monotonic() + ROLL_RETRY_INTERVAL_S
-            log.error("%s-%d: appends paused: %s", self.topic, self.partition, self._roll_error)
+            log.error("%s: appends paused: %s", self.name, self.roll_error)
             raise self._paused_error()
         if prepared is None:
             # Appends outran the preparation (it starts once a roll is near at the current rate).
@@ -285,32 +379,33 @@ class SegmentPreparation:
             now = time.monotonic()
             if now - self._last_unprepared_warning_s >= 60:
                 self._last_unprepared_warning_s = now
-                log.info("%s-%d: a roll found no prepared segment (%d such rolls so far): appends wait for "
-                         "its creation", self.topic, self.partition, self.stats["rolls_unprepared"])
+                log.info("%s: a roll found no prepared segment (%d such rolls so far): appends wait for "
+                         "its creation", self.name, self.stats["rolls_unprepared"])
             self._prepare_next()
-            prepared = self._prepared
+            prepared = self.prepared
         self.stats["roll_waits"] += 1
+        assert prepared is not None  # _prepare_next always leaves one
         raise AppendNotReady("the next segment", prepared.ready.future())
 
-    def _take_prepared_after_error(self) -> PreparedSegment:
+    def _take_after_error(self) -> PreparedSegment:
         """Rolls are paused since a segment could not be preallocated: take a segment the background retry
         has prepared, else start such a retry (at most every ROLL_RETRY_INTERVAL_S, and only when statvfs
         shows room for it: one syscall, ~2 us) and refuse this append. Loop thread, never blocks."""
-        prepared, future = self._prepared, self._prepared_future
+        prepared, future = self.prepared, self.prepared_future
         if prepared is not None and prepared.ready.is_set() and prepared.failed is None:
-            self._prepared = self._prepared_future = None
-            self._roll_error = None
-            log.info("%s-%d: a segment could be preallocated again: appends resume", self.topic, self.partition)
+            self.prepared = self.prepared_future = None
+            self.roll_error = None
+            log.info("%s: a segment could be preallocated again: appends resume", self.name)
             return prepared
         if prepared is not None and future is not None and future.done():
             # The retry failed (create() removed its files); remember why.
-            self._prepared = self._prepared_future = None
+            self.prepared = self.prepared_future = None
             exc = future.exception()
             if isinstance(exc, OSError):
-                self._roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
+                self.roll_error = storage_error_from(exc, "creating a segment", prepared.log_path,
                                                       bytes_needed=self.config.segment_bytes)
         now = time.monotonic()
-        if self._prepared is None and now >= self._roll_retry_s:
+        if self.prepared is None and now >= self._roll_retry_s:
             self._roll_retry_s = now + ROLL_RETRY_INTERVAL_S
             config = self.config
             needed = config.segment_bytes + 2 * config.segment_index_bytes
@@ -320,7 +415,8 @@ class SegmentPreparation:
         raise self._paused_error()
 
     def _paused_error(self) -> StorageError:
-        cause = self._roll_error
+        cause = self.roll_error
+        assert cause is not None  # rolls are paused only after an error
         return StorageError("appends paused: no segment could be preallocated (retrying in the background)",
                             path=cause.path, errno=cause.errno,
                             **{**cause.numbers, "bytes_free": free_bytes(self.directory)})
@@ -329,9 +425,9 @@ class SegmentPreparation:
         """Block until the active segment and the prepared next one (if any) are created and pre-faulted as
         far as their windows ask. For benchmarks and tests; never on the loop thread. Returns False on
         timeout."""
-        prepared = self._prepared
-        events = [event for event in (self._active.warm_done, self._active.extension_done,
-                                      self._active.prefault.idle,
+        prepared = self.prepared
+        events = [event for event in (self._segments.active.warm_done, self._segments.active.extension_done,
+                                      self._segments.active.prefault.idle,
                                       prepared.warm_done if prepared is not None else None,
                                       prepared.prefault.idle if prepared is not None else None)
                   if event is not None]

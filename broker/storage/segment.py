@@ -570,6 +570,12 @@ class Segment(SegmentRecovery):
                 except FileNotFoundError:
                     pass
 
+    def relocate(self, directory: Path) -> None:
+        """The directory holding the files was renamed to ``directory``: the paths follow (fds stay valid)."""
+        self.log_path = directory / self.log_path.name
+        self.offset_index.path = directory / self.offset_index.path.name
+        self.time_index.path = directory / self.time_index.path.name
+
     def close(self, *, unlink: bool = False) -> None:
         """Release map and fds (and remove the files when ``unlink``). Blocking; worker thread or shutdown."""
         with self._lock:

@@ -14,6 +14,7 @@ import sys
 from copyless.broker.storage import LogConfig, LogManager, _failpoints
 from copyless.broker.storage.cleaner import clean_log
 from tests.support.batches import build_batch
+from tests.support.blocking_appends import append_blocking
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0, cleanup_policy=("compact",), min_cleanable_dirty_ratio=0.0,
@@ -39,7 +40,7 @@ def main() -> None:
     manager.startup()
     partition_log = manager.create_log("table", 0)
     for number in range(BATCHES):
-        partition_log.append_blocking(batch_for(number))
+        append_blocking(partition_log, batch_for(number))
     partition_log.set_high_watermark(partition_log.log_end_offset)
     partition_log.flush().result(timeout=60)
     manager.wait_for_background()

@@ -17,6 +17,7 @@ import sys
 from copyless.broker.storage import LogConfig, LogManager, _failpoints
 from copyless.broker.storage import prefault as prefault_module
 from tests.support.batches import build_batch
+from tests.support.blocking_appends import append_blocking
 
 CONFIG = LogConfig(segment_bytes=24 << 10, segment_index_bytes=1024, index_interval_bytes=1024, retention_ms=None,
                    retention_bytes=96 << 10, file_delete_delay_ms=0)
@@ -51,7 +52,7 @@ def main() -> None:
             batches += build_batch([expected_value(offset + i) for i in range(count)],
                                    [1_000 + offset + i for i in range(count)], codec=rng.choice((0, 0, 1)))
             offset += count
-        result = partition_log.append_blocking(batches)
+        result = append_blocking(partition_log, batches)
         assert result.last_offset == offset - 1
         print(f"ACK {result.last_offset}", flush=True)
         # As a single node's partition layer does: the high watermark follows the log end (retention deletes

@@ -14,6 +14,7 @@ import time
 
 from copyless.broker.storage import LogConfig, LogManager, StorageError
 from tests.support.batches import build_batch, records_of
+from tests.support.blocking_appends import append_blocking
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=8 << 10, index_interval_bytes=4096, retention_ms=None,
                    file_delete_delay_ms=0)
@@ -37,7 +38,7 @@ def main() -> None:
     for number in range(5000):
         value = f"{number:08d}".encode() * 512  # 4 KiB per record
         try:
-            partition_log.append_blocking(build_batch([value], [number]))
+            append_blocking(partition_log, build_batch([value], [number]))
         except StorageError as exc:
             error = exc
             break
@@ -54,7 +55,7 @@ def main() -> None:
     for number in range(len(values), len(values) + 200):
         value = f"{number:08d}".encode() * 512
         try:
-            partition_log.append_blocking(build_batch([value], [number]))
+            append_blocking(partition_log, build_batch([value], [number]))
         except StorageError as exc:
             report["second_append"] = f"StorageError errno={exc.errno}"
             break
@@ -83,7 +84,7 @@ def main() -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            result = partition_log.append_blocking(build_batch([b"after-retention"], [1]))
+            result = append_blocking(partition_log, build_batch([b"after-retention"], [1]))
             report["append_after_retention"] = result.base_offset
             break
         except StorageError as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from copyless.broker.storage import LogConfig, LogManager, StorageError
 from tests.support.batches import build_batch, records_of
 from tests.support.tmpfs import take_every_free_byte
+from tests.support.blocking_appends import append_blocking
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=64 << 10, index_interval_bytes=4096,
                    retention_ms=None, file_delete_delay_ms=0)
@@ -39,7 +40,7 @@ def fill(data_dir: Path) -> None:
     error = None
     for number in range(5000):
         try:
-            partition_log.append_blocking(build_batch([value_of(number)], [1_000 + number]))
+            append_blocking(partition_log, build_batch([value_of(number)], [1_000 + number]))
         except StorageError as exc:
             error = exc
             break
@@ -69,7 +70,7 @@ def restart(data_dir: Path) -> None:
     errors = []
     for number in range(report["log_end_offset"], report["log_end_offset"] + 1000):
         try:
-            partition_log.append_blocking(build_batch([value_of(number)], [1_000 + number]))
+            append_blocking(partition_log, build_batch([value_of(number)], [1_000 + number]))
             accepted.append(value_of(number))
         except StorageError as exc:
             errors.append({"errno": exc.errno, "disk_full": exc.is_disk_full})
@@ -86,7 +87,7 @@ def restart(data_dir: Path) -> None:
     while time.monotonic() < deadline:
         attempts += 1
         try:
-            result = partition_log.append_blocking(build_batch([b"after-free"], [2]))
+            result = append_blocking(partition_log, build_batch([b"after-free"], [2]))
             report["append_after_free"] = result.base_offset
             break
         except StorageError:

@@ -15,6 +15,7 @@ import sys
 
 from copyless.broker.storage import LogConfig, LogManager, _failpoints
 from tests.support.batches import build_batch
+from tests.support.blocking_appends import append_blocking
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0)
@@ -39,7 +40,7 @@ def main() -> None:
     partition_log = manager.create_log("cut", 0)
     for number in range(BATCHES):
         data, epoch = batch_for(number)
-        partition_log.append_blocking(data, leader_epoch=epoch)
+        append_blocking(partition_log, data, leader_epoch=epoch)
         if number == BATCHES // 2:
             partition_log.flush().result(timeout=60)
             manager.checkpoint_offsets()

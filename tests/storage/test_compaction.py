@@ -16,6 +16,7 @@ from copyless.broker.storage.compaction import DELETE_HORIZON_BIT
 from copyless.client.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
 from tests.support.subprocesses import python_env
+from tests.support.blocking_appends import append_blocking
 
 # The storage suite's small segments (tests/storage/conftest.py), compacted at any dirty ratio.
 SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None,
@@ -35,7 +36,7 @@ def append_round(log_, model, keys, round_number, *, tombstones=(), producer=Non
         if producer is not None:
             options = dict(producer_id=producer[0], producer_epoch=0, base_sequence=producer[1])
             producer[1] += len(chunk)
-        result = log_.append_blocking(build_batch(values, keys=list(chunk), **options))
+        result = append_blocking(log_, build_batch(values, keys=list(chunk), **options))
         for offset, key, value in zip(range(result.base_offset, result.last_offset + 1), chunk, values):
             model[offset] = (key, value)
         if committed:
@@ -249,7 +250,7 @@ def test_transactional_records_neither_supersede_nor_go(manager_factory):
     append_round(log_, model, keys, 0)  # the committed values
     plain = sorted(model)
     values = [b"%s=txn" % key for key in keys]
-    txn = log_.append_blocking(build_batch(values, keys=list(keys), producer_id=9, producer_epoch=0, base_sequence=0,
+    txn = append_blocking(log_, build_batch(values, keys=list(keys), producer_id=9, producer_epoch=0, base_sequence=0,
                                            attributes_extra=0x10))
     log_.set_high_watermark(log_.log_end_offset)
     for round_number in range(1, 12):  # fill segments so the transactional batch is below the active one

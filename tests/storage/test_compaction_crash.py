@@ -22,6 +22,7 @@ from copyless.broker.storage._failpoints import COMPACTION_POINTS
 from copyless.broker.storage.cleaner import clean_log
 from copyless.client.protocol.records import decode_records, iter_batches, validate_batch
 from tests.storage.storage_compaction_scenario import BATCHES, CONFIG, batch_for
+from tests.support.blocking_appends import append_blocking
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -116,7 +117,7 @@ def test_a_kill_at_any_step_leaves_the_old_log_or_the_cleaned_one(tmp_path, poin
     try:
         partition_log = manager.get_log("table", 0)
         for number in range(BATCHES, BATCHES + 60):
-            partition_log.append_blocking(batch_for(number))
+            append_blocking(partition_log, batch_for(number))
         partition_log.set_high_watermark(partition_log.log_end_offset)
         manager.wait_for_background()
         assert clean_log(partition_log, force=True) is not None

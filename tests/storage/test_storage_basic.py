@@ -14,6 +14,7 @@ from copyless.broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError,
 from copyless.broker.storage import scan as scan_module
 from copyless.client.protocol.records import iter_batches, read_header, validate_batch
 from tests.support.batches import build_batch, records_of
+from tests.support.blocking_appends import append_blocking
 
 
 def append_values(partition_log, count, *, size=100, start_timestamp=1_000, per_batch=1):
@@ -21,14 +22,14 @@ def append_values(partition_log, count, *, size=100, start_timestamp=1_000, per_
     for number in range(count):
         values = [f"v{number}-{i}".encode().ljust(size, b".") for i in range(per_batch)]
         timestamps = [start_timestamp + number * 10 + i for i in range(per_batch)]
-        results.append(partition_log.append_blocking(build_batch(values, timestamps)))
+        results.append(append_blocking(partition_log, build_batch(values, timestamps)))
     return results
 
 
 def test_offsets_are_assigned_contiguously_and_batches_stay_valid(manager_factory):
     partition_log = manager_factory().create_log("orders", 0)
-    first = partition_log.append_blocking(build_batch([b"a", b"b", b"c"], [1, 2, 3]))
-    second = partition_log.append_blocking(build_batch([b"d"], [4]), leader_epoch=7)
+    first = append_blocking(partition_log, build_batch([b"a", b"b", b"c"], [1, 2, 3]))
+    second = append_blocking(partition_log, build_batch([b"d"], [4]), leader_epoch=7)
     assert (first.base_offset, first.last_offset, first.log_append_time_ms) == (0, 2, -1)
     assert (second.base_offset, second.last_offset) == (3, 3)
     assert partition_log.log_end_offset == 4
@@ -48,7 +49,7 @@ def test_offsets_are_assigned_contiguously_and_batches_stay_valid(manager_factor
 def test_several_batches_in_one_append(manager_factory):
     partition_log = manager_factory().create_log("t", 0)
     records = build_batch([b"x"] * 3, [5, 6, 7]) + build_batch([b"y"] * 2, [8, 9])
-    result = partition_log.append_blocking(records)
+    result = append_blocking(partition_log, records)
     assert (result.base_offset, result.last_offset) == (0, 4)
     with partition_log.read(3, 1 << 20).slice as region:
         data = region.read_bytes()
@@ -58,7 +59,7 @@ def test_several_batches_in_one_append(manager_factory):
 
 def test_log_append_time_rewrites_timestamp_and_crc(manager_factory):
     partition_log = manager_factory().create_log("t", 0)
-    result = partition_log.append_blocking(build_batch([b"a", b"b"], [10, 20]), log_append_time_ms=123_456)
+    result = append_blocking(partition_log, build_batch([b"a", b"b"], [10, 20]), log_append_time_ms=123_456)
     assert result.log_append_time_ms == 123_456
     with partition_log.read(0, 1 << 20).slice as region:
         data = region.read_bytes()
@@ -73,7 +74,7 @@ def test_partial_or_garbage_input_is_rejected_without_effect(manager_factory):
     batch = build_batch([b"a"], [1])
     for bad in (batch[:-1], batch + b"\x00" * 10, b"", b"\x00" * 100):
         with pytest.raises(ValueError):
-            partition_log.append_blocking(bad)
+            append_blocking(partition_log, bad)
     assert partition_log.log_end_offset == 0
     assert partition_log.read(0, 100).slice is None
 
@@ -84,7 +85,7 @@ def test_read_follows_kafka_fetch_rules(manager_factory):
     for number in range(5):
         batch = build_batch([bytes([65 + number]) * 300], [number])
         sizes.append(len(batch))
-        partition_log.append_blocking(batch)
+        append_blocking(partition_log, batch)
     # Starts at the batch holding the offset and ends on a batch boundary within max_bytes: Kafka would
     # send 10 bytes of batch 3 that the client drops.
     partition_log.set_high_watermark(5)
@@ -138,7 +139,7 @@ def test_offset_for_timestamp_is_exact_per_record(manager_factory, small_config)
     # Three records per batch with non-monotonic timestamps inside the batch.
     for number in range(300):
         base = 10_000 + number * 100
-        partition_log.append_blocking(build_batch([b"a" * 200, b"b", b"c"], [base + 50, base, base + 20]))
+        append_blocking(partition_log, build_batch([b"a" * 200, b"b", b"c"], [base + 50, base, base + 20]))
     assert partition_log.offset_for_timestamp(0) == (0, 10_050)
     # t = base+10 of batch 120: first record (by offset) with ts >= t is the first record of batch 120.
     assert partition_log.offset_for_timestamp(10_000 + 120 * 100 + 10) == (360, 22_050)
@@ -151,7 +152,7 @@ def test_offset_for_timestamp_is_exact_per_record(manager_factory, small_config)
 def test_compressed_batches_are_stored_and_searched(manager_factory):
     partition_log = manager_factory().create_log("t", 0)
     for codec in (1, 2, 3, 4):
-        partition_log.append_blocking(build_batch([b"z" * 100] * 4, [codec * 10 + i for i in range(4)], codec=codec))
+        append_blocking(partition_log, build_batch([b"z" * 100] * 4, [codec * 10 + i for i in range(4)], codec=codec))
     assert partition_log.offset_for_timestamp(32) == (10, 32)
     with partition_log.read(0, 1 << 20).slice as region:
         assert len(records_of(region.read_bytes())) == 16
@@ -177,7 +178,7 @@ def test_clean_restart_keeps_everything(manager_factory, small_config, tmp_path)
     assert partition_log.segment_base_offsets() == segments_before
     assert partition_log.log_end_offset == partition_log.flushed_offset == 300
     assert partition_log.offset_for_timestamp(1_000 + 150 * 10) == (150, 2_500)
-    assert partition_log.append_blocking(build_batch([b"after"], [5])).base_offset == 300
+    assert append_blocking(partition_log, build_batch([b"after"], [5])).base_offset == 300
     with partition_log.read(299, 1 << 20).slice as region:
         assert [r.value for r in records_of(region.read_bytes())][-1] == b"after"
 
@@ -247,7 +248,7 @@ def test_torn_tail_is_truncated_at_the_last_whole_batch(manager_factory, small_c
     partition_log = manager.get_log("t", 0)
     assert partition_log.log_end_offset == 19
     assert manager.startup_stats["bytes_discarded"] > 0
-    assert partition_log.append_blocking(build_batch([b"new"], [1])).base_offset == 19
+    assert append_blocking(partition_log, build_batch([b"new"], [1])).base_offset == 19
 
 
 def test_retention_by_size_and_time_keeps_active_and_pins(manager_factory):
@@ -346,7 +347,7 @@ def test_group_commit_covers_many_waiters_with_few_fdatasyncs(manager_factory, s
     futures = []
     # Hold the log's I/O lock: the flush thread's first round waits here while 100 producers append and
     # wait (as acks=all producers in sync mode would); one or two fdatasync rounds must then release them all.
-    with partition_log._io_lock:
+    with partition_log.log_segments.io_lock:
         for result in append_values(partition_log, 100):
             futures.append((result.last_offset + 1, partition_log.wait_flushed(result.last_offset + 1)))
         assert not any(future.done() for _, future in futures)
@@ -372,7 +373,7 @@ def test_appends_never_straddle_segments_and_big_appends_split(manager_factory):
     partition_log = manager_factory(config).create_log("t", 0)
     # One append holding ~20 KiB of batches: more than two whole segments.
     records = b"".join(build_batch([bytes([i]) * 900], [i]) for i in range(22))
-    result = partition_log.append_blocking(records)
+    result = append_blocking(partition_log, records)
     assert (result.base_offset, result.last_offset) == (0, 21)
     assert len(partition_log.segments) >= 3
     for segment in partition_log.segments:
@@ -382,7 +383,7 @@ def test_appends_never_straddle_segments_and_big_appends_split(manager_factory):
         seen.append(header.base_offset)
     assert seen == list(range(22))
     with pytest.raises(ValueError):
-        partition_log.append_blocking(build_batch([b"x" * (9 << 10)], [0]))  # a batch larger than a segment
+        append_blocking(partition_log, build_batch([b"x" * (9 << 10)], [0]))  # a batch larger than a segment
 
 
 def abandoned_log(manager_factory, config):
@@ -500,7 +501,7 @@ def test_header_scans_read_small_windows_and_only_headers_of_big_batches(manager
                        retention_ms=None)
     big = manager_factory(config).create_log("big", 0)
     for number in range(40):
-        big.append_blocking(build_batch([bytes([number]) * 100_000], [number]))
+        append_blocking(big, build_batch([bytes([number]) * 100_000], [number]))
     # A whole-segment scan of 100 KB batches reads one first window, then just each 61-byte header.
     preads, copied, headers = scan_cost(lambda: list(big.batch_headers(0)))
     assert [h.base_offset for h in headers] == list(range(40))
@@ -559,11 +560,11 @@ def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_fac
     assert stat.st_blocks * 512 <= step + (64 << 10), "the whole segment was allocated up front"
     # One batch bigger than the prefix: allocated synchronously before the copy.
     big = build_batch([b"B" * (4 * step)], [1])
-    assert partition_log.append_blocking(big).base_offset == 0
+    assert append_blocking(partition_log, big).base_offset == 0
     assert partition_log.stats["extensions_waited"] == 1
     assert active.written_position <= active.allocated_bytes
     for number in range(1, 60):
-        partition_log.append_blocking(build_batch([bytes([number]) * 3000], [number]))
+        append_blocking(partition_log, build_batch([bytes([number]) * 3000], [number]))
         assert active.written_position <= active.allocated_bytes
     assert partition_log.wait_warm(30)
     assert os.fstat(active.fd).st_blocks * 512 >= active.written_position
@@ -580,4 +581,4 @@ def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_fac
     assert not any("discarded" in message for message in messages)
     with partition_log.read(59, 1 << 20).slice as region:
         assert records_of(region.read_bytes())[-1].value == bytes([59]) * 3000
-    assert partition_log.append_blocking(build_batch([b"after"], [2])).base_offset == 60
+    assert append_blocking(partition_log, build_batch([b"after"], [2])).base_offset == 60

@@ -37,6 +37,7 @@ from copyless.broker.storage._failpoints import COMPACTION_POINTS
 from copyless.broker.storage.cleaner import clean_log
 from copyless.client.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
+from tests.support.blocking_appends import append_blocking, roll_blocking
 
 DELETE_RETENTION_MS = 1_000
 KEYS = [b"k%02d" % number for number in range(12)]
@@ -88,7 +89,7 @@ class CompactedLogMachine(RuleBasedStateMachine):
             keys = [key for key, _, _ in records]
             values = [None if kind == 0 else b"%s@%d:" % (key, self.log_end + i) + b"v" * size
                       for i, (key, size, kind) in enumerate(records)]
-            result = self.log.append_blocking(build_batch(values, keys=keys, codec=self.codec,
+            result = append_blocking(self.log, build_batch(values, keys=keys, codec=self.codec,
                                                           base_timestamp_ms=self.clock_ms))
             assert result.base_offset == self.log_end
             for offset, key, value in zip(range(result.base_offset, result.last_offset + 1), keys, values, strict=True):
@@ -98,7 +99,7 @@ class CompactedLogMachine(RuleBasedStateMachine):
 
     @rule()
     def roll(self) -> None:
-        self.log.roll()
+        roll_blocking(self.log)
 
     @rule(data=st.data())
     def move_high_watermark(self, data) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from copyless.broker.storage import LogConfig
 from tests.support.batches import build_batch
+from tests.support.blocking_appends import append_blocking
 
 MIB = 1 << 20
 AHEAD = 64 * MIB
@@ -54,7 +55,7 @@ def test_blocks_stay_within_data_plus_64_mib(manager_factory, monkeypatch, late_
     assert config.preallocate_ahead_bytes == AHEAD and not config.preallocate
     partition_log = manager_factory(config).create_log("usage", 0)
     if late_steps:
-        background, rng = partition_log._background, random.Random(37)
+        background, rng = partition_log.background, random.Random(37)
         submit = background.submit_allocate
 
         def submit_late(done, function, *args):
@@ -71,7 +72,7 @@ def test_blocks_stay_within_data_plus_64_mib(manager_factory, monkeypatch, late_
     worst = 0
     batch = build_batch([os.urandom(MIB - 200)], [1])
     for number in range(300):  # ~300 MiB in 1 MiB batches: three rolls, each with a prepared next segment
-        partition_log.append_blocking(batch)
+        append_blocking(partition_log, batch)
         if number % 8 == 0:
             assert partition_log.wait_warm(60)
         blocks, data = usage(partition_log)

@@ -15,11 +15,12 @@ from copyless.broker.storage.leader_epoch_cache import LeaderEpochCache
 from copyless.client.protocol.records import iter_batches
 from tests.support.batches import build_batch, records_of
 from tests.support.polling import wait_until
+from tests.support.blocking_appends import append_blocking
 
 
 def append(partition_log, count: int, *, epoch: int = 0, size: int = 50) -> None:
     for number in range(count):
-        partition_log.append_blocking(build_batch([bytes([65 + number % 26]) * size], [number]), leader_epoch=epoch)
+        append_blocking(partition_log, build_batch([bytes([65 + number % 26]) * size], [number]), leader_epoch=epoch)
 
 
 def test_assign_is_idempotent_and_drops_entries_the_new_one_contradicts(tmp_path):
@@ -155,7 +156,7 @@ def test_a_high_watermark_past_the_recovered_log_is_clamped(manager_factory, tmp
 def test_a_consumer_read_stops_at_the_high_watermark_on_whole_batches(manager_factory):
     partition_log = manager_factory(LogConfig(segment_bytes=64 << 10, retention_ms=None)).create_log("reads", 0)
     for number in range(4):  # batches of 3 records: offsets 0-2, 3-5, 6-8, 9-11
-        partition_log.append_blocking(build_batch([b"x" * 20] * 3, [number] * 3))
+        append_blocking(partition_log, build_batch([b"x" * 20] * 3, [number] * 3))
     # A consumer fetch reads below the high watermark (Kafka's rule); a follower reads to the log end.
     for high_watermark, expected_end in ((6, 6), (7, 6), (12, 12), (3, 3)):
         result = partition_log.read(0, 1 << 20, max_offset=high_watermark)

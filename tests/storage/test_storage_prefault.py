@@ -29,6 +29,7 @@ from copyless.broker.storage import preparation as preparation_module
 from copyless.broker.storage._fileops import map_address, preallocate
 from copyless.client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
 from tests.support.batches import build_batch
+from tests.support.blocking_appends import append_blocking
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KIB, MIB = 1 << 10, 1 << 20
@@ -68,7 +69,7 @@ def window_log(window_manager):
 
 
 def append_batch(partition_log, number: int, value_bytes: int = 16 * KIB - 200) -> None:
-    partition_log.append_blocking(build_batch([bytes([number % 251]) * value_bytes], [number]))
+    append_blocking(partition_log, build_batch([bytes([number % 251]) * value_bytes], [number]))
 
 
 def append_until(partition_log, position: int) -> None:
@@ -319,7 +320,7 @@ def test_appends_past_the_pre_faulted_pages_are_written_not_faulted_in(window_ma
     number = 0
     while active.written_position < 1 * MIB:
         start = active.written_position
-        partition_log.append_blocking(build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
+        append_blocking(partition_log, build_batch([bytes([number % 251]) * (16 * KIB - 200)], [number]),
                              log_append_time_ms=append_time)
         if active.written_position > pre_faulted or start < active.prefault.warm_from:
             expected_outrun += active.written_position - start

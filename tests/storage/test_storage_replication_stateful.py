@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from copyless.broker.storage import LogConfig, LogManager
 from copyless.client.protocol.records import iter_batches, set_base_offset, set_leader_epoch
 from tests.support.batches import build_batch, records_of
+from tests.support.blocking_appends import append_as_follower_blocking, append_blocking
 
 values = st.lists(st.binary(min_size=0, max_size=200), min_size=1, max_size=4)
 
@@ -61,7 +62,7 @@ class ReplicaLogMachine(RuleBasedStateMachine):
     @rule(batch_values=values, new_epoch=st.booleans())
     def append_as_leader(self, batch_values, new_epoch) -> None:
         self.epoch += int(new_epoch)
-        result = self.log.append_blocking(build_batch(batch_values, [1] * len(batch_values)), leader_epoch=self.epoch)
+        result = append_blocking(self.log, build_batch(batch_values, [1] * len(batch_values)), leader_epoch=self.epoch)
         assert result.base_offset == self.log_end_offset
         self.batches.append((result.base_offset, self.epoch, batch_values))
 
@@ -78,7 +79,7 @@ class ReplicaLogMachine(RuleBasedStateMachine):
             data += raw
             appended.append((offset, self.epoch, batch_values))
             offset += len(batch_values)
-        result = self.log.append_as_follower_blocking(data)
+        result = append_as_follower_blocking(self.log, data)
         assert [base for base, _ in result.headers] == [base for base, _, _ in appended]
         self.batches.extend(appended)
 

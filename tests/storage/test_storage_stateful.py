@@ -30,6 +30,7 @@ from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
 from copyless.broker.storage import prefault as prefault_module
 from copyless.client.protocol.records import iter_batches, read_header
 from tests.support.batches import build_batch, records_of
+from tests.support.blocking_appends import append_blocking, roll_blocking
 
 record_value = st.binary(min_size=0, max_size=300)
 batch_spec = st.tuples(st.lists(record_value, min_size=1, max_size=5), st.integers(-50, 200),
@@ -86,7 +87,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
             data += build_batch(values, timestamps, codec=codec)
             expected.append((values, timestamps))
         append_time_ms = self.clock_ms + 1 if append_time else None
-        result = self.log.append_blocking(data, log_append_time_ms=append_time_ms)
+        result = append_blocking(self.log, data, log_append_time_ms=append_time_ms)
         assert result.base_offset == self.log_end_offset
         offset = result.base_offset
         for values, timestamps in expected:
@@ -108,9 +109,9 @@ class PartitionLogMachine(RuleBasedStateMachine):
             batch = build_batch(values, timestamps, codec=codec)
             if len(batch) > self.config.segment_bytes:
                 with pytest.raises(ValueError):  # a batch never straddles segments: too big is refused
-                    self.log.append_blocking(batch)
+                    append_blocking(self.log, batch)
                 continue
-            result = self.log.append_blocking(batch)
+            result = append_blocking(self.log, batch)
             assert result.base_offset == self.log_end_offset
             for offset, (value, timestamp) in enumerate(zip(values, timestamps), start=result.base_offset):
                 self.records.append((offset, value, timestamp))
@@ -207,7 +208,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
     @rule()
     def roll(self) -> None:
         before = self.log.segment_base_offsets()
-        segment = self.log.roll()
+        segment = roll_blocking(self.log)
         if segment is None:
             assert self.log.segments[-1].size_bytes == 0
         else:

@@ -10,6 +10,7 @@ import time
 
 from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
 from tests.support.batches import build_batch, records_of
+from tests.support.blocking_appends import append_blocking
 
 
 def test_reads_race_retention_and_housekeeping(tmp_path):
@@ -24,7 +25,7 @@ def test_reads_race_retention_and_housekeeping(tmp_path):
     out_of_range = served = 0
     try:
         for number in range(3000):
-            partition_log.append_blocking(build_batch([f"{number}".encode() * 40], [number]))
+            append_blocking(partition_log, build_batch([f"{number}".encode() * 40], [number]))
             # As a single node's partition layer does after each append (retention stays below it).
             partition_log.set_high_watermark(partition_log.log_end_offset)
             start, end = partition_log.log_start_offset, partition_log.log_end_offset

@@ -15,6 +15,7 @@ from copyless.broker.storage import LogConfig, OffsetOutOfRangeError
 from copyless.broker.storage.checkpoint import read_checkpoint
 from copyless.client.protocol.records import iter_batches, set_base_offset, set_leader_epoch
 from tests.support.batches import build_batch, records_of
+from tests.support.blocking_appends import append_as_follower_blocking, append_blocking
 
 CONFIG = LogConfig(segment_bytes=8 << 10, segment_index_bytes=1024, index_interval_bytes=256, retention_ms=None,
                    file_delete_delay_ms=0)
@@ -40,7 +41,7 @@ def contents(partition_log) -> list[tuple[int, bytes, int]]:
 
 def fill(partition_log, batches: int, *, epoch_every: int = 10, first: int = 0) -> None:
     for number in range(first, first + batches):
-        partition_log.append_blocking(batch(number), leader_epoch=number // epoch_every)
+        append_blocking(partition_log, batch(number), leader_epoch=number // epoch_every)
 
 
 def reopen(manager_factory, manager, *, crash: bool):
@@ -64,7 +65,7 @@ def test_truncate_within_the_active_segment_leaves_no_old_batch_to_resurrect(man
     # New batches of exactly the old sizes land where the old ones were; the old batch 14-15 would follow
     # on from them by offset and pass its CRC if the cut had left it there.
     for number in (50, 51):
-        partition_log.append_blocking(batch(number), leader_epoch=5)
+        append_blocking(partition_log, batch(number), leader_epoch=5)
     expected = contents(partition_log)
     assert partition_log.log_end_offset == 14 and expected[:10] == before[:10]
     manager = reopen(manager_factory, manager, crash=crash)
@@ -100,7 +101,7 @@ def test_truncate_into_an_older_segment_removes_the_later_ones_and_appends_resum
         set_leader_epoch(data, 0, 40)
         follower_batches += data
         offset += 2
-    partition_log.append_as_follower_blocking(follower_batches)
+    append_as_follower_blocking(partition_log, follower_batches)
     assert len(partition_log.segments) > 2
     expected = contents(partition_log)
     manager = reopen(manager_factory, manager, crash=crash)
@@ -138,7 +139,7 @@ def test_truncate_fully_restarts_the_log_empty_at_the_offset(manager_factory, cr
     data = bytearray(batch(7))
     set_base_offset(data, 0, 5_000)
     set_leader_epoch(data, 0, 9)
-    partition_log.append_as_follower_blocking(data)
+    append_as_follower_blocking(partition_log, data)
     manager = reopen(manager_factory, manager, crash=crash)
     partition_log = manager.get_log("t", 0)
     assert (partition_log.log_start_offset, partition_log.log_end_offset) == (5_000, 5_002)

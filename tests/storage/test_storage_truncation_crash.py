@@ -23,6 +23,7 @@ from copyless.broker.storage._failpoints import TRUNCATION_POINTS
 from copyless.client.protocol.records import iter_batches, validate_batch
 from tests.storage.storage_truncation_scenario import BATCHES, CONFIG, FULL_TARGET, batch_for
 from tests.support.batches import records_of
+from tests.support.blocking_appends import append_blocking
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -92,7 +93,7 @@ def check(data_dir: Path, mode: str, old_end: int, target: int) -> None:
         assert start <= partition_log.high_watermark <= end
         # The log keeps working: appends at its end, then a truncation back to where it was.
         data, _epoch = batch_for(7)
-        partition_log.append_blocking(data, leader_epoch=99)
+        append_blocking(partition_log, data, leader_epoch=99)
         partition_log.truncate_to(end)
         assert partition_log.log_end_offset == end and stored_batches(partition_log) == stored
         assert cache.entries() == [entry for entry in cache.entries() if entry.start_offset < end]

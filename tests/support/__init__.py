@@ -16,6 +16,8 @@ code could hide in the test too: the batch codec and the hand-written protocol i
     topics           unique_topic(prefix).
     broker_process   BrokerProcess (a ``copyless serve`` subprocess), TEST_BROKER_CONFIG, external brokers.
     live_broker      LiveBroker: an in-process broker on its own loop thread, for its counters.
+    blocking_appends append_blocking, append_as_follower_blocking, roll_blocking: a PartitionLog's appends
+                     and roll, waiting for its worker threads (storage tests, benchmarks).
     clients          one driver per real Kafka client (DRIVERS), Rec, make_records, assert_same_records.
     groups           consumer groups: a broker with fast group timings, Member processes
                      (group_member.py), their events, the coordinator's load.
