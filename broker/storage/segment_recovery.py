@@ -7,10 +7,10 @@ indexes; the file is not mapped then (truncating a mapped file and touching the 
 CRC does not cover a batch's base offset, so a garbled one is caught only by where the batch sits: not below
 what precedes it, within the index's int32 relative range (Kafka's LogSegmentOffsetOverflowException rule),
 below the next segment's base offset. Those checks are also what makes every index entry recovery writes
-representable. ``make_active`` maps the last segment for
-appends again with a first step of blocks past its data; ``adopt_prepared`` names a roll's segment whose
-renames never ran. Crash story: each of these may be interrupted and rerun; recovery only ever cuts a tail
-that holds no whole valid batch, and rebuilt indexes are derived from the log.
+representable. ``make_active`` maps the last segment for appends again with a first step of blocks past its
+data; ``adopt_prepared`` names a roll's segment whose renames never ran. Crash story: each of these may be
+interrupted and rerun; recovery only ever cuts the segment at its first torn, corrupt or misplaced batch, and
+rebuilt indexes are derived from the log.
 """
 
 from __future__ import annotations
