@@ -134,6 +134,27 @@ def test_a_base_offset_garbled_slightly_higher_is_cut_where_its_successor_contin
         manager.shutdown()
 
 
+def test_a_prepared_segment_adopted_for_a_garbled_base_offset_is_removed(tmp_path):
+    # A roll whose renames never ran leaves the new segment as prepared-*.log; start-up adopts it under its
+    # first batch's base offset. Garbled, that name is 0x3c000000 + 2: recovery cuts the segment at that
+    # batch (the next one continues offset 2), and the empty segment it leaves must not set the log end.
+    directory = write_and_abandon(tmp_path, SMALL_SEGMENTS, 4)  # segments 0 (offsets 0, 1) and 2 (2, 3)
+    bases = sorted(int(path.name[:20]) for path in directory.glob("*.log"))
+    assert bases == [0, 2]
+    second = directory / f"{bases[1]:020d}.log"
+    for suffix in (".index", ".timeindex"):
+        (directory / f"{bases[1]:020d}{suffix}").unlink(missing_ok=True)
+    prepared = directory / "prepared-0.log"
+    second.rename(prepared)
+    garble(prepared, 4, b"\x3c")
+    manager, log = reopen(tmp_path, SMALL_SEGMENTS)
+    try:
+        assert log.log_end_offset == 2
+        assert log.segment_base_offsets() == [0]
+    finally:
+        manager.shutdown()
+
+
 def test_inspect_reports_a_garbled_base_offset_as_an_error(tmp_path):
     directory = write_and_abandon(tmp_path, SMALL_SEGMENTS, 3)
     garble(directory / "00000000000000000000.log", 3, b"\x01")
