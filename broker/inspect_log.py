@@ -34,10 +34,10 @@ import fcntl
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
 from copyless.broker.storage import filenames, index_search
 from copyless.broker.storage.checkpoint import read_checkpoint, read_entries

@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from kio.index import api_key_map
 from kio.schema.errors import ErrorCode

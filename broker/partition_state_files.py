@@ -38,9 +38,10 @@ import logging
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from copyless.broker import producer_snapshot
 from copyless.broker.producer_snapshot import CorruptSnapshotError, ProducerSnapshot, SnapshotProducer

@@ -47,8 +47,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster.image import ClusterImage, TopicInfo

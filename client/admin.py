@@ -15,26 +15,37 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+from kio.schema.create_partitions.v1 import request as cp_rq
+from kio.schema.create_partitions.v1 import response as cp_rs
 from kio.schema.create_topics.v3.request import CreatableTopic, CreatableTopicConfig, CreateTopicsRequest
 from kio.schema.create_topics.v3.response import CreateTopicsResponse
+from kio.schema.delete_groups.v1 import request as dgr_rq
+from kio.schema.delete_groups.v1 import response as dgr_rs
+from kio.schema.delete_records.v1 import request as dr_rq
+from kio.schema.delete_records.v1 import response as dr_rs
 from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
-
-from kio.schema.create_partitions.v1 import request as cp_rq, response as cp_rs
-from kio.schema.delete_groups.v1 import request as dgr_rq, response as dgr_rs
-from kio.schema.delete_records.v1 import request as dr_rq, response as dr_rs
-from kio.schema.describe_cluster.v0 import request as dcl_rq, response as dcl_rs
-from kio.schema.describe_configs.v1 import request as dc_rq, response as dc_rs
-from kio.schema.describe_groups.v4 import request as dg_rq, response as dg_rs
+from kio.schema.describe_cluster.v0 import request as dcl_rq
+from kio.schema.describe_cluster.v0 import response as dcl_rs
+from kio.schema.describe_configs.v1 import request as dc_rq
+from kio.schema.describe_configs.v1 import response as dc_rs
+from kio.schema.describe_groups.v4 import request as dg_rq
+from kio.schema.describe_groups.v4 import response as dg_rs
 from kio.schema.describe_transactions.v0 import request as dt_rq
-from kio.schema.incremental_alter_configs.v0 import request as ia_rq, response as ia_rs
-from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
-from kio.schema.list_transactions.v0 import request as lt_rq, response as lt_rs
-from kio.schema.offset_commit.v3 import request as oc_rq, response as oc_rs
-from kio.schema.offset_delete.v0 import request as od_rq, response as od_rs
-from kio.schema.offset_fetch.v5 import request as of5_rq, response as of5_rs
-from kio.static.primitive import i8, i16, i32, i32Timedelta, i64, i64Timedelta
+from kio.schema.incremental_alter_configs.v0 import request as ia_rq
+from kio.schema.incremental_alter_configs.v0 import response as ia_rs
+from kio.schema.list_groups.v2 import request as lg_rq
+from kio.schema.list_groups.v2 import response as lg_rs
+from kio.schema.list_transactions.v0 import request as lt_rq
+from kio.schema.list_transactions.v0 import response as lt_rs
+from kio.schema.offset_commit.v3 import request as oc_rq
+from kio.schema.offset_commit.v3 import response as oc_rs
+from kio.schema.offset_delete.v0 import request as od_rq
+from kio.schema.offset_delete.v0 import response as od_rs
+from kio.schema.offset_fetch.v5 import request as of5_rq
+from kio.schema.offset_fetch.v5 import response as of5_rs
 from kio.schema.types import GroupId, TopicName, TransactionalId
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64, i64Timedelta
 
 from copyless.client.admin_security import Acl, SecurityAdmin
 from copyless.client.assignors import TopicPartition, decode_assignment
@@ -166,7 +177,7 @@ class Admin(SecurityAdmin):
     async def close(self) -> None:
         await self._cluster.close()
 
-    async def __aenter__(self) -> "Admin":
+    async def __aenter__(self) -> Admin:
         await self.start()
         return self
 

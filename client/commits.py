@@ -23,8 +23,8 @@ from kio.schema.offset_commit.v3.request import (
 from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest, OffsetFetchRequestTopic
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
-from kio.static.primitive import i32, i64, i64Timedelta
 from kio.schema.types import TopicName
+from kio.static.primitive import i32, i64, i64Timedelta
 
 from copyless.client.assignors import TopicPartition
 from copyless.client.errors import KafkaError

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import abc
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from kio.schema.errors import ErrorCode
 

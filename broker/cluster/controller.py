@@ -61,15 +61,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.cluster import etcd_client as etcd
 from copyless.broker.cluster.backend import NewTopic, plan_partitions, plan_topic
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
-from copyless.broker.cluster.keys import encode_state, encode_topic
 from copyless.broker.cluster.incarnation import holding_members
+from copyless.broker.cluster.keys import encode_state, encode_topic
 from copyless.broker.cluster.placement import elect_leader, preferred_leader
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError

@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 

@@ -12,8 +12,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
 
 from copyless.broker.partition import PartitionState
 

@@ -46,8 +46,8 @@ import enum
 import functools
 import heapq
 import uuid
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable
 
 from kio.schema.errors import ErrorCode
 

@@ -48,9 +48,9 @@ from kio.schema.errors import ErrorCode
 from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 from copyless.broker.record_conversion import convert_message_set, is_message_set, recompress_batch, target_codec
-from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
+from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.wire.produce_response import encode_produce_response
 from copyless.client.protocol.records import (
     CODEC_ZSTD,

@@ -26,8 +26,8 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.handlers.context import RequestContext
 from copyless.broker.cluster.backend import is_inter_broker
+from copyless.broker.handlers.context import RequestContext
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.topics import INTERNAL_TOPICS, TopicError

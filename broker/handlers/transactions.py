@@ -31,8 +31,8 @@ from copyless.broker.groups.offsets import MAX_METADATA_BYTES, OFFSETS_TOPIC, Co
 from copyless.broker.handlers.context import RequestContext
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
-from copyless.broker.txn.service import TransactionService, now_ms
 from copyless.broker.txn.metadata import TxnState
+from copyless.broker.txn.service import TransactionService, now_ms
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 __all__ = ["HANDLERS", "startup", "shutdown", "init_producer_id", "find_coordinator"]
@@ -305,7 +305,7 @@ async def describe_transactions(ctx: RequestContext, request):
 def _timestamp(ms: int):
     """kio writes datetimes as epoch milliseconds; -1 ("no transaction started", as Kafka sends) is the
     instant one millisecond before the epoch."""
-    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
 async def list_transactions(ctx: RequestContext, request):

@@ -24,8 +24,9 @@ DescribeConfigs answers them null. Every entry is static (read at start-up). The
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from copyless.broker.config_def import ConfigError, ConfigKey, ConfigType
 
@@ -245,7 +246,7 @@ class SecuritySettings:
     add_scram: tuple[str, ...] = field(default=())
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], add_scram=()) -> "SecuritySettings":
+    def from_mapping(cls, mapping: Mapping[str, Any], add_scram=()) -> SecuritySettings:
         return cls(tuple(sorted((str(k), v) for k, v in mapping.items())), tuple(add_scram))
 
     def _raw(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ Charges, per file, for ``(data, promised)`` pairs (``held_past_data``):
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["BLOCK_BYTES", "held_past_data", "grant_end"]
 

@@ -47,13 +47,13 @@ from dataclasses import dataclass
 
 from copyless.client.protocol.batch_builder import compress
 from copyless.client.protocol.records import (
-    Buffer,
     ATTRIBUTES_OFFSET,
     CODEC_MASK,
     CODEC_NONE,
     NO_PRODUCER_ID,
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
+    Buffer,
     InvalidBatchError,
     crc32c,
     decompress,

@@ -36,10 +36,10 @@ from . import filenames
 from .background import Background
 from .checkpoint import fsync_directory, read_checkpoint, remove_marker, write_checkpoint, write_marker
 from .cleaner import CleanerConfig, LogCleaner
+from .clock import now_ms
 from .config import LogConfig
 from .errors import StorageError, storage_error_from
 from .partition_log import PartitionLog
-from .clock import now_ms
 
 __all__ = ["LogManager"]
 

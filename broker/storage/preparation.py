@@ -20,19 +20,18 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-
 from pathlib import Path
 
 from . import filenames
-from .background import Background
-from .config import LogConfig
-from .log_segments import LogSegments
-from .clock import now_ms
-from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
 from . import prefault as prefault_module
+from .background import Background
 from .block_budget import grant_end, held_past_data
-from .prefault import prefault_bytes_per_ms
+from .clock import now_ms
+from .config import LogConfig
+from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
 from .index import OffsetIndex, TimeIndex
+from .log_segments import LogSegments
+from .prefault import prefault_bytes_per_ms
 from .prepared_segment import PreparedSegment, index_allocation_bytes
 from .segment import Segment
 

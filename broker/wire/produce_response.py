@@ -24,7 +24,7 @@ Pure.
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["encode_produce_response", "PartitionResult"]
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, ResourceType
-from kafka.admin import KafkaAdminClient
 from kafka.admin import ConfigResource as KPConfigResource
-from kafka.admin import ConfigResourceType
+from kafka.admin import ConfigResourceType, KafkaAdminClient
 from kio.schema.errors import ErrorCode
 
-from tests.support.kio_requests import KafkaWire
 from tests.support.clients import REQUEST_TIMEOUT_MS, ConfluentDriver, make_records, now_ms
+from tests.support.kio_requests import KafkaWire
 from tests.support.polling import wait_until
 from tests.support.topics import unique_topic
 

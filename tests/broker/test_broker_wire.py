@@ -9,6 +9,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
@@ -16,8 +17,12 @@ from copyless.broker.handlers import load_handlers
 from copyless.broker.wire.codecs import encode_response, response_module
 from copyless.broker.wire.fetch_response import FetchPartitionResult, encode_fetch_response, segments_length
 from copyless.broker.wire.headers import RemoteProtocolError, parse_request_header, skip_tagged_fields
-from copyless.broker.wire.requests import ApiVersionsFallback, DecodedRequest, decode_request, encode_api_versions_fallback
-from kio.index import load_request_schema, load_response_schema
+from copyless.broker.wire.requests import (
+    ApiVersionsFallback,
+    DecodedRequest,
+    decode_request,
+    encode_api_versions_fallback,
+)
 
 SERVED = load_handlers().served()
 
@@ -330,8 +335,9 @@ def test_produce_request_decoder_matches_kio_encoder(version, transactional_id, 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_truncated_produce_requests_are_remote_errors(data):
-    from kio.schema.produce.v8 import request as module
     import datetime
+
+    from kio.schema.produce.v8 import request as module
 
     entity = module.ProduceRequest(transactional_id=None, acks=1, timeout=datetime.timedelta(seconds=1), topic_data=(
         module.TopicProduceData(name="t", partition_data=(module.PartitionProduceData(index=0, records=b"x" * 70),)),))

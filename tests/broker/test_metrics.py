@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.support.cluster import read_metadata
 from tests.support.clients import ConfluentDriver, make_records, now_ms
+from tests.support.cluster import read_metadata
 from tests.support.metrics import metrics_address, scrape, value
 from tests.support.polling import wait_until
 from tests.support.topics import unique_topic

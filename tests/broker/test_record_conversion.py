@@ -12,7 +12,8 @@ suite's own reader, so copyless's builder and decoder cannot cancel each other's
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.record_conversion import (

@@ -199,7 +199,7 @@ class EpochWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="epoch-watcher", daemon=True)
 
-    def __enter__(self) -> "EpochWatcher":
+    def __enter__(self) -> EpochWatcher:
         self._thread.start()
         return self
 
@@ -417,7 +417,7 @@ class OffsetProbe:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="offset-probe", daemon=True)
 
-    def __enter__(self) -> "OffsetProbe":
+    def __enter__(self) -> OffsetProbe:
         self._thread.start()
         return self
 

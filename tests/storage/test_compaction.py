@@ -15,8 +15,8 @@ from copyless.broker.storage.cleaner import clean_log, dirty_ratio
 from copyless.broker.storage.compaction import DELETE_HORIZON_BIT
 from copyless.client.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
-from tests.support.subprocesses import python_env
 from tests.support.blocking_appends import append_blocking
+from tests.support.subprocesses import python_env
 
 # The storage suite's small segments (tests/storage/conftest.py), compacted at any dirty ratio.
 SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +117,7 @@ class Cluster:
     def start_port(self) -> int:
         return NETLAB_BROKER_PORT if self.lab is not None else 0
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         for broker in self.brokers.values():
             broker.start(port=self.start_port)
         wait_until(lambda: len(self.metadata().brokers) == len(self.brokers) and self.metadata().controller_id > 0,
@@ -151,7 +150,7 @@ class Cluster:
         for broker in candidates:
             try:
                 return read_metadata(broker.bootstrap, topics)
-            except (OSError, socket.timeout, struct.error) as exc:
+            except (TimeoutError, OSError, struct.error) as exc:
                 last = exc
         raise OSError(f"no broker answered Metadata: {last}")
 
@@ -224,7 +223,7 @@ def produce_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list[in
     return [results[i] for i in range(len(values))]
 
 
-def log_end(cluster: "Cluster", node_id: int, topic: str) -> int:
+def log_end(cluster: Cluster, node_id: int, topic: str) -> int:
     """The end offset of partition 0 of ``topic`` in broker ``node_id``'s log files, read from disk."""
     batches = read_partition_log(cluster.brokers[node_id].data_dir, topic, 0)
     return batches[-1].last_offset + 1 if batches else 0

@@ -59,7 +59,7 @@ class EtcdProcess:
         """The broker's ``--metadata`` value; ``root`` defaults to a fresh one (a private cluster)."""
         return f"etcd://{self.endpoint}/{root or unique_root()}"
 
-    def start(self) -> "EtcdProcess":
+    def start(self) -> EtcdProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         peer = f"http://{self.host}:{self.peer_port}"
         client = f"http://{self.host}:{self.client_port}"

@@ -13,7 +13,8 @@ from pathlib import Path
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kio.schema.errors import ErrorCode
-from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
+from kio.schema.list_groups.v2 import request as lg_rq
+from kio.schema.list_groups.v2 import response as lg_rs
 
 from copyless.client.blocking import BlockingClient as GroupsClient
 from tests.support.polling import wait_until

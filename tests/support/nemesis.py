@@ -43,9 +43,9 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from tests.support.broker_process import BrokerStartError
 from tests.support.cluster import Cluster, MetadataView, read_metadata

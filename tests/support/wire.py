@@ -349,7 +349,7 @@ class RawConnection:
             try:
                 if not self.sock.recv(1 << 16):
                     return True
-            except socket.timeout:
+            except TimeoutError:
                 return False
             except (ConnectionResetError, BrokenPipeError):
                 return True
