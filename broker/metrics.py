@@ -104,7 +104,7 @@ def _histogram(family: Family, histogram: LatencyHistogram, **labels) -> None:
                 cumulative[slot] += count
                 break
     running = 0
-    for bound, count in zip(BUCKETS_S, cumulative):
+    for bound, count in zip(BUCKETS_S, cumulative, strict=True):
         running += count
         family.add(running, "_bucket", **labels, le=repr(bound))
     family.add(histogram.count, "_bucket", **labels, le="+Inf")

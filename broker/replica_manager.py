@@ -277,7 +277,7 @@ class ReplicaManager:
                          "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
         # 2. Creations.
         missing: dict[str, list[int]] = {}
-        for (topic, index), info in wanted.items():
+        for topic, index in wanted:
             if self.broker.log_manager.get_log(topic, index) is None or self._topic_ids.get((topic, index)) is None:
                 missing.setdefault(topic, []).append(index)
         if disk_free and (doomed or missing):

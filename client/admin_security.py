@@ -94,7 +94,7 @@ class SecurityAdmin:
                                             host=host or "", operation=operation, permission_type=permission))
         connection = await self._any()
         response = await connection.request_kio(rq.CreateAclsRequest(creations=tuple(creations)), rs.CreateAclsResponse)
-        for acl, result in zip(acls, response.results):
+        for acl, result in zip(acls, response.results, strict=True):
             if int(result.error_code):
                 raise KafkaError(int(result.error_code), f"{acl.describe()}: {result.error_message or ''}".rstrip(": "))
 

@@ -37,7 +37,7 @@ from .background import Background
 from .checkpoint import fsync_directory, read_checkpoint, remove_marker, write_checkpoint, write_marker
 from .cleaner import CleanerConfig, LogCleaner
 from .clock import now_ms
-from .config import LogConfig
+from .config import DEFAULT_LOG_CONFIG, LogConfig
 from .errors import StorageError, storage_error_from
 from .partition_log import PartitionLog
 
@@ -61,7 +61,7 @@ class LogManager:
             they changed (Kafka ``replica.high.watermark.checkpoint.interval.ms``, 5 s).
     """
 
-    def __init__(self, data_dir, *, default_config: LogConfig = LogConfig(), topic_configs=None,
+    def __init__(self, data_dir, *, default_config: LogConfig = DEFAULT_LOG_CONFIG, topic_configs=None,
                  background_interval_ms: int | None = 1000, checkpoint_interval_ms: int = 60_000,
                  retention_check_interval_ms: int = 300_000, offsets_checkpoint_interval_ms: int = 5_000,
                  cleaner_config: CleanerConfig | None = None) -> None:

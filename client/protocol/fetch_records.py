@@ -221,6 +221,8 @@ def _decode_uniform(
                 repeat(None),
                 values,
                 repeat(()),
+                # not strict: the repeat() columns are endless; the offsets and values bound the records
+                strict=False,
             ),
         )
     )

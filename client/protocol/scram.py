@@ -182,7 +182,7 @@ def _decode_message(data: bytes) -> str:
 
 
 def _xor(a: bytes, b: bytes) -> bytes:
-    return bytes(x ^ y for x, y in zip(a, b))
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
 
 
 class ScramClient:

@@ -197,7 +197,7 @@ def test_retention_and_segment_size_apply_live(broker_factory):
     incremental(admin, ResourceType.TOPIC, topic, ("segment.bytes", AlterConfigOpType.SET, "65536"))
     # The next segments are allocated at the new size.
     partition_dir = proc.data_dir / f"{topic}-0"
-    for round_ in range(20):
+    for _ in range(20):
         driver.produce(proc.bootstrap, topic, [r.__class__(r.key, b"y" * 2000, now_ms(), ()) for r in
                                                make_records(4, base_ts_ms=now_ms(), tag="n", text_only=True)],
                        acks="all", codec="none")

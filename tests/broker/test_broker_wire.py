@@ -185,9 +185,9 @@ def test_fetch_encoder_matches_kio_decoder(version, correlation_id, topics):
     assert consumed == len(frame) - 8
     assert decoded.session_id == 0 if version >= 7 else True
     assert [t.topic for t in decoded.responses] == [name for name, _ in topics]
-    for response_topic, (_name, partitions) in zip(decoded.responses, topics):
+    for response_topic, (_name, partitions) in zip(decoded.responses, topics, strict=True):
         assert len(response_topic.partitions) == len(partitions)
-        for got, want in zip(response_topic.partitions, partitions):
+        for got, want in zip(response_topic.partitions, partitions, strict=True):
             assert got.partition_index == want.partition
             assert got.error_code == want.error_code
             assert got.high_watermark == want.high_watermark
@@ -285,8 +285,8 @@ def test_produce_encoder_matches_kio_decoder(version, correlation_id, topics):
     assert consumed == len(frame) - 8
     assert decoded.throttle_time.total_seconds() == 0
     assert [t.name for t in decoded.responses] == [name for name, _ in topics]
-    for topic, (_name, partitions) in zip(decoded.responses, topics):
-        for got, (partition, code, base_offset, append_ms, log_start, message) in zip(topic.partition_responses, partitions):
+    for topic, (_name, partitions) in zip(decoded.responses, topics, strict=True):
+        for got, (partition, code, base_offset, append_ms, log_start, message) in zip(topic.partition_responses, partitions, strict=True):
             assert (got.index, got.error_code, got.base_offset) == (partition, code, base_offset)
             got_append = -1 if got.log_append_time is None else round(got.log_append_time.timestamp() * 1000)
             assert got_append == append_ms
@@ -325,7 +325,7 @@ def test_produce_request_decoder_matches_kio_encoder(version, transactional_id, 
     assert decoded.transactional_id == transactional_id and decoded.acks == acks
     assert decoded.timeout == datetime.timedelta(milliseconds=timeout_ms)
     assert [t.name for t in decoded.topic_data] == [name for name, _ in topics]
-    for got_topic, (_name, partitions) in zip(decoded.topic_data, topics):
+    for got_topic, (_name, partitions) in zip(decoded.topic_data, topics, strict=True):
         got = [(p.index, None if p.records is None else bytes(p.records)) for p in got_topic.partition_data]
         assert got == partitions
         for partition in got_topic.partition_data:

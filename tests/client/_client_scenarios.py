@@ -125,7 +125,7 @@ async def back_pressure(bootstrap: str) -> None:
         await producer.wait_for_topic(topic)
         refused = False
         sent = 0
-        for i in range(200):
+        for _ in range(200):
             try:
                 producer.send_nowait(topic, b"v" * 200, partition=0)
                 sent += 1

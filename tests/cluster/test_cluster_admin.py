@@ -105,7 +105,7 @@ def test_config_changes_reach_every_broker(cluster_factory):
         return result.result(timeout=OP_TIMEOUT_S)
 
     for node in cluster.brokers:
-        def settled():
+        def settled(node=node):
             configs = described(node, ConfigResource(ResourceType.TOPIC, topic))
             return configs["retention.ms"].value == "120000" and configs["retention.bytes"].value == "900000000"
         wait_until(settled, what=f"broker {node} to see the new configs", timeout_s=15)

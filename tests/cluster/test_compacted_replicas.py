@@ -12,6 +12,7 @@ its segment files (tests.support.log_files) and the cleanings are counted by eac
 from __future__ import annotations
 
 import shutil
+from itertools import pairwise
 
 import pytest
 from confluent_kafka import Producer
@@ -186,7 +187,7 @@ def test_an_empty_follower_copies_a_cleaned_log_with_its_gaps(cluster_factory):
     leader = cluster.leader_of(topic)
     leader_offsets = [offset for offset, _, _ in replica_records(cluster, leader, topic, high_watermark)]
     assert leader_offsets[0] > 0, "the leader's first records were cleaned away"
-    inner_gaps = sum(1 for before, after in zip(leader_offsets, leader_offsets[1:]) if after > before + 1)
+    inner_gaps = sum(1 for before, after in pairwise(leader_offsets) if after > before + 1)
     assert inner_gaps >= 3, f"the leader's log has gaps between its records: {leader_offsets}"
 
     three.start()

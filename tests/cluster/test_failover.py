@@ -31,6 +31,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from itertools import pairwise
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -224,7 +225,7 @@ class EpochWatcher:
 
     def check(self) -> None:
         for key, epochs in self.epochs.items():
-            lower = [(before, after) for before, after in zip(epochs, epochs[1:]) if after < before]
+            lower = [(before, after) for before, after in pairwise(epochs) if after < before]
             assert not lower, f"broker {key[0]} answered a lower leader epoch for {key[1]}-{key[2]}: {lower[:3]}"
 
     def seen(self, node_id: int, topic: str, partition: int) -> set[int]:

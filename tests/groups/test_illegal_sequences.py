@@ -155,7 +155,7 @@ def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_fac
         results = [job.result(15) for job in jobs]
     assert all(r.error_code == ErrorCode.none for r in results), [r.error_code for r in results]
     assert len({r.generation_id for r in results}) == 1, [r.generation_id for r in results]
-    leader = next(m for m, r in zip((s1, a, b), results) if r.leader == m.member_id)
+    leader = next(m for m, r in zip((s1, a, b), results, strict=True) if r.leader == m.member_id)
     assert leader is previous_leader, "the leader of a rebalance stays the leader when it rejoins"
     with ThreadPoolExecutor(2) as pool:
         followers = [pool.submit(m.sync) for m in (s1, a, b) if m is not leader]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from tests.support.batches import records_of
 
@@ -225,7 +226,7 @@ def _nonmonotonic_sends(history: History) -> list[Anomaly]:
     out = []
     for (producer, partition), acks in by_stream.items():
         acks.sort(key=lambda a: a.sequence)
-        for before, after in zip(acks, acks[1:]):
+        for before, after in pairwise(acks):
             if after.offset <= before.offset:
                 out.append(Anomaly("nonmonotonic-send", partition, after.offset,
                                    f"{producer} sent #{before.sequence} before #{after.sequence}, acknowledged at "
@@ -278,7 +279,7 @@ def _replicas(history: History) -> list[Anomaly]:
             groups = sorted(distinct.items(), key=lambda item: -len(item[1]))
             first = groups[0][0]
             for data, members in groups[1:]:
-                at = next((i for i, (a, b) in enumerate(zip(first, data)) if a != b), min(len(first), len(data)))
+                at = next((i for i, (a, b) in enumerate(zip(first, data, strict=False)) if a != b), min(len(first), len(data)))
                 out.append(Anomaly("replica-divergence", partition, None,
                                    f"brokers {groups[0][1]} and {members} differ below the high watermark "
                                    f"{high}, from byte {at}"))

@@ -84,7 +84,7 @@ def assert_same_records(driver: Driver, consumed, expected: list[Rec], first_off
     timestamps where the client carries them (else the timestamps fall in ``ts_range``, when given)."""
     got_offsets = [c.offset for c in consumed]
     assert got_offsets == list(range(first_offset, first_offset + len(expected))), got_offsets
-    for c, rec in zip(consumed, expected):
+    for c, rec in zip(consumed, expected, strict=True):
         assert c.rec.key == rec.key, (c.offset, c.rec.key, rec.key)
         assert c.rec.value == rec.value, (c.offset, c.rec.value, rec.value)
         if driver.supports_headers:

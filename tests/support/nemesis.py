@@ -289,7 +289,7 @@ class Stage:
         for disk in self.disks.values():
             for filler in disk.glob("filler-*"):
                 filler.unlink()
-        for node, broker in self.cluster.brokers.items():
+        for broker in self.cluster.brokers.values():
             if broker.alive():
                 os.kill(broker.pid, signal.SIGCONT)
         self._pauses.clear()
@@ -621,12 +621,10 @@ class Nemesis:
 
     def run(self, steps: Iterator[Step], seconds: float, *, max_steps: int | None = None) -> None:
         deadline = time.monotonic() + seconds
-        done = 0
-        for step in steps:
+        for done, step in enumerate(steps):
             if time.monotonic() >= deadline or (max_steps is not None and done >= max_steps):
                 break
             self.run_step(step)
-            done += 1
 
     def run_step(self, step: Step) -> None:
         begin = time.monotonic()
