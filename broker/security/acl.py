@@ -310,9 +310,7 @@ class Authorizer:
             if not covered:
                 return True
         # No binding of the type at all: allow.everyone.if.no.acl.found decides, as for one resource.
-        if self.allow_if_no_acls and not any(b.resource_type == resource_type for b in self.bindings):
-            return True
-        return False
+        return self.allow_if_no_acls and not any(b.resource_type == resource_type for b in self.bindings)
 
     def matching(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
         """The stored bindings the filter selects, in a stable order. O(bindings)."""

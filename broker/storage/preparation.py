@@ -107,12 +107,12 @@ class SegmentPreparation:
         """After each append: the next step of blocks, the next segment and the pre-fault window, each queued
         on its thread when due (a few comparisons)."""
         rate = self._append_rate(active, now)
-        if active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set():
-            # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
-            if active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2 and (
-                    time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
-                    or active.extension_failed_s < 0):
-                self._extend_active(active, rate)
+        # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
+        if (active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set()
+                and active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2
+                and (time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
+                     or active.extension_failed_s < 0)):
+            self._extend_active(active, rate)
         prepared = self.prepared
         if prepared is None:
             if self._should_prepare(active, now, rate):

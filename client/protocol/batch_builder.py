@@ -416,10 +416,7 @@ class BatchBuilder:
         """
         self._settle()
         count = self._count
-        if count:
-            timestamp_delta = timestamp_ms - self._base_timestamp
-        else:
-            timestamp_delta = 0
+        timestamp_delta = timestamp_ms - self._base_timestamp if count else 0
         varints = _VARINTS
         if 0 <= timestamp_delta < _VARINT_CACHE_SIZE:
             timestamp_varint = varints[timestamp_delta]

@@ -222,9 +222,9 @@ def test_a_group_of_three_clients_spans_the_brokers_and_consumes_everything_exac
                     latest[event["client"]] = event["partitions"]
             # Each member's newest assignment holds two partitions and together they hold all six: the
             # group is stable with three members (an older assignment of a member would hold three or six).
-            if len(latest) == 3 and all(len(p) == 2 for p in latest.values()):
-                if sorted(sum(latest.values(), [])) == list(range(PARTITIONS)):
-                    return latest
+            if (len(latest) == 3 and all(len(p) == 2 for p in latest.values())
+                    and sorted(sum(latest.values(), [])) == list(range(PARTITIONS))):
+                return latest
             return None
 
         assignment = wait_until(settled, what="the group stable with its three members", timeout_s=90,

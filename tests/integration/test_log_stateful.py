@@ -95,7 +95,7 @@ class LogMachine(RuleBasedStateMachine):
         expected = self.batches[topic][first : first + len(headers)]
         assert len(expected) == len(headers)
         position = 0
-        for header, (base, count, body) in zip(headers, expected):
+        for header, (base, count, body) in zip(headers, expected, strict=True):
             assert (header.base_offset, header.records_count) == (base, count)
             assert fetched.records[position + 21 : position + header.size] == body, f"batch at {base} changed"
             position += header.size
@@ -136,10 +136,7 @@ class LogMachine(RuleBasedStateMachine):
 @pytest.mark.both_loops
 def test_log_matches_model(request, broker_factory, broker_loop):
     # Restarts need a private broker; against an external broker the shared one is used without them.
-    if broker_loop == "external":
-        target = request.getfixturevalue("broker")
-    else:
-        target = broker_factory(loop=broker_loop)
+    target = request.getfixturevalue("broker") if broker_loop == "external" else broker_factory(loop=broker_loop)
     LogMachine.broker = target
     run_state_machine_as_test(
         LogMachine,

@@ -66,7 +66,7 @@ class Member:
     def __init__(self, client: str, bootstrap: str, topic: str, group: str, events: Path, session_ms: int):
         self.client = client
         self.events = events
-        self.log = open(events.with_suffix(".log"), "ab")
+        self.log = open(events.with_suffix(".log"), "ab")  # noqa: SIM115 (closed by stop(), after the process)
         self.process = subprocess.Popen(
             [sys.executable, str(MEMBER_SCRIPT), client, bootstrap, topic, group, str(events), str(session_ms)],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=python_env(),
@@ -132,7 +132,6 @@ def recommitted_consumptions(events: list[dict]) -> list[dict]:
         if event["event"] == "committed":
             for partition, offset in event["offsets"].items():
                 committed[int(partition)] = max(committed.get(int(partition), 0), offset)
-        elif event["event"] == "consumed":
-            if event["offset"] < committed.get(event["partition"], 0):
-                violations.append(event)
+        elif event["event"] == "consumed" and event["offset"] < committed.get(event["partition"], 0):
+            violations.append(event)
     return violations
