@@ -104,7 +104,8 @@ class Broker:
         self.handlers = handlers if handlers is not None else load_handlers()
         self.log_manager: LogManager | None = None  # set by startup()
         self.groups: GroupService | None = None  # set by the groups handler module's startup hook
-        self.transactions: TransactionService | None = None  # the transaction coordinator (``broker.txn.service``), set at startup
+        # the transaction coordinator (``broker.txn.service``), set at startup
+        self.transactions: TransactionService | None = None
         self.closing = False
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}

@@ -272,7 +272,8 @@ class Controller:
         changes = []
         for topic in image.topics.values():
             unclean = topic.configs.get("unclean.leader.election.enable", "").lower() == "true" or (
-                "unclean.leader.election.enable" not in topic.configs and self.metadata.broker.config.unclean_leader_election)
+                "unclean.leader.election.enable" not in topic.configs
+                and self.metadata.broker.config.unclean_leader_election)
             for index, replicas in enumerate(topic.assignment):
                 state = image.partition_state(topic.name, index)
                 decided = next_state(state, replicas, live, unclean=unclean,
@@ -361,7 +362,8 @@ class Controller:
             if not result.succeeded:
                 if not self.active:
                     raise TopicError(ErrorCode.not_controller, "the controller moved during the request")
-                raise TopicError(ErrorCode.invalid_partitions, f"Topic '{name}' changed while partitions were added; retry")
+                raise TopicError(ErrorCode.invalid_partitions,
+                                 f"Topic '{name}' changed while partitions were added; retry")
             revision = result.revision
             # More states than one transaction holds: the rest follow; reconcile writes any a stop interrupts.
             for start in range(len(first), len(states), MAX_TXN_OPS):
@@ -381,7 +383,8 @@ class Controller:
             image = self.metadata.image
             info = image.topic(name)
             if info is None:
-                raise TopicError(ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition.")
+                raise TopicError(ErrorCode.unknown_topic_or_partition,
+                                 "This server does not host this topic-partition.")
             if info.internal:
                 raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is internal and cannot be deleted")
             layout = self.layout
@@ -428,7 +431,8 @@ class Controller:
                 revision = await self._write_states(changes)
                 if revision == 0:
                     for topic, index, _state, _new, _epochs in changes:
-                        outcome[(topic, index)] = ErrorCode.not_controller if not self.active else ErrorCode.unknown_server_error
+                        outcome[(topic, index)] = (ErrorCode.unknown_server_error if self.active
+                                                   else ErrorCode.not_controller)
             return outcome
 
     async def _rebalance(self) -> None:

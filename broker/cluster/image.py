@@ -3,8 +3,9 @@
 Owns the value types every layer reads: ``BrokerInfo`` (a live broker: id, epoch, endpoints per listener),
 ``TopicInfo`` (name, topic id, replica assignment, configs), the per-partition ``PartitionState``
 (leader, leader epoch, ISR, replicas, version) and the dynamic broker configs (``broker_configs``: ``""`` for
-every broker, ``"<id>"`` for one; Kafka names to text, see ``broker.config_sources``). A backend replaces its image as a whole on every change, so
-a reader holding one sees a consistent cluster (one etcd revision) and never a half-applied change.
+every broker, ``"<id>"`` for one; Kafka names to text, see ``broker.config_sources``). A backend replaces its image as a
+whole on every change, so a reader holding one sees a consistent cluster (one etcd revision) and never a half-applied
+change.
 
 Pure: no I/O.
 """

@@ -106,12 +106,14 @@ def validate_produce_records(records, *, api_version: int, max_message_bytes: in
             f"The record batch size {header.size} exceeds the topic's max.message.bytes {max_message_bytes}",
         )
     if header.base_offset != 0:
-        raise ProduceError(ErrorCode.invalid_record, f"The baseOffset of the record batch must be 0, not {header.base_offset}")
+        raise ProduceError(ErrorCode.invalid_record,
+                           f"The baseOffset of the record batch must be 0, not {header.base_offset}")
     if header.is_control:
         raise ProduceError(ErrorCode.invalid_record, "Clients may not send control batches")
     if header.producer_id != NO_PRODUCER_ID and header.base_sequence < 0:
         raise ProduceError(
-            ErrorCode.invalid_record, f"Invalid sequence number {header.base_sequence} for producer {header.producer_id}"
+            ErrorCode.invalid_record,
+            f"Invalid sequence number {header.base_sequence} for producer {header.producer_id}",
         )
     if header.codec > _MAX_CODEC:
         raise ProduceError(ErrorCode.corrupt_message, f"Unknown compression codec id {header.codec}")

@@ -1,7 +1,8 @@
 """Transaction APIs: AddPartitionsToTxn (24) v0-3, AddOffsetsToTxn (25) v0-3, EndTxn (26) v0-3,
 WriteTxnMarkers (27) v1, TxnOffsetCommit (28) v0-3, DescribeTransactions (65) v0, ListTransactions (66) v0
-(the ids coordinated by the broker asked; an admin asks every broker, as Kafka's tools do). InitProducerId with a transactional id and
-FindCoordinator with key type 1 come here from their own handlers (``init_producer_id``, ``find_coordinator``).
+(the ids coordinated by the broker asked; an admin asks every broker, as Kafka's tools do). InitProducerId with a
+transactional id and FindCoordinator with key type 1 come here from their own handlers (``init_producer_id``,
+``find_coordinator``).
 
 Each translates one kio request into a call on ``broker.transactions`` (``broker.txn.service``) or, for
 TxnOffsetCommit, on ``broker.groups``. Kafka's rules (``KafkaApis``):

@@ -61,8 +61,8 @@ from copyless.client.protocol.records import (
     read_varint,
 )
 
-__all__ = ["DELETE_HORIZON_BIT", "count_tombstones", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
-           "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
+__all__ = ["DELETE_HORIZON_BIT", "count_tombstones", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records",
+           "key_digest", "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
 
 # KIP-534: set when the batch's base timestamp holds the delete horizon of its tombstones.
 DELETE_HORIZON_BIT = 0x40

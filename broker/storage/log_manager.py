@@ -149,7 +149,8 @@ class LogManager:
         else:
             log.log(logging.INFO if clean else logging.WARNING,
                     "storage started in %.3f s (%s): %d logs, %d segments, %d recovered, %d bytes rescanned,"
-                    " %d bytes trimmed past the last batches", seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
+                    " %d bytes trimmed past the last batches",
+                    seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
                     totals["logs"], totals["segments"], totals["segments_recovered"], totals["bytes_rescanned"],
                     totals["bytes_discarded"])
         if not clean and self._logs:

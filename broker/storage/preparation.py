@@ -323,7 +323,8 @@ class SegmentPreparation:
             return False
         written = active.written_position
         elapsed_ms = max(now - started, 1)
-        if written >= active.capacity_bytes * PREPARE_MIN_FILL and active.room_bytes <= bytes_per_ms * PREPARE_HORIZON_MS:
+        if (written >= active.capacity_bytes * PREPARE_MIN_FILL
+                and active.room_bytes <= bytes_per_ms * PREPARE_HORIZON_MS):
             return True
         index = active.offset_index
         if index.entries >= index.max_entries * PREPARE_MIN_FILL and (
