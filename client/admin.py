@@ -265,7 +265,8 @@ class Admin(SecurityAdmin):
         """
         if isinstance(topics, str):
             topics = [topics]
-        response = await self._cluster.refresh_metadata(None if topics is None else list(topics), allow_auto_create=False)
+        response = await self._cluster.refresh_metadata(None if topics is None else list(topics),
+                                                        allow_auto_create=False)
         out = []
         for topic in response.topics:
             code = int(topic.error_code)
@@ -318,13 +319,16 @@ class Admin(SecurityAdmin):
         out = []
         for result in response.results:
             if int(result.error_code):
-                raise KafkaError(int(result.error_code), f"describe configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(result.error_code),
+                                 f"describe configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
             for config in result.configs:
-                out.append(ConfigEntry(config.name, config.value, _CONFIG_SOURCES.get(int(config.config_source), "UNKNOWN"),
+                source = _CONFIG_SOURCES.get(int(config.config_source), "UNKNOWN")
+                out.append(ConfigEntry(config.name, config.value, source,
                                        bool(config.read_only), bool(config.is_sensitive)))
         return sorted(out, key=lambda c: c.name)
 
-    async def alter_configs(self, topic: str, *, set: dict[str, str] | None = None, delete=(), validate_only=False) -> None:
+    async def alter_configs(self, topic: str, *, set: dict[str, str] | None = None, delete=(),
+                            validate_only=False) -> None:
         """Set and delete (revert to the default) configs of ``topic`` (IncrementalAlterConfigs v0, to the
         controller). Other configs are left as they are.
 
@@ -337,14 +341,16 @@ class Admin(SecurityAdmin):
         connection = await self._controller()
         response = await connection.request_kio(
             ia_rq.IncrementalAlterConfigsRequest(
-                resources=(ia_rq.AlterConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=topic, configs=configs),),
+                resources=(ia_rq.AlterConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=topic,
+                                                      configs=configs),),
                 validate_only=validate_only,
             ),
             ia_rs.IncrementalAlterConfigsResponse,
         )
         for result in response.responses:
             if int(result.error_code):
-                raise KafkaError(int(result.error_code), f"alter configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(result.error_code),
+                                 f"alter configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
 
     # --- partitions and records -------------------------------------------------------------------------------
 
@@ -365,7 +371,8 @@ class Admin(SecurityAdmin):
         )
         for result in response.results:
             if int(result.error_code):
-                raise KafkaError(int(result.error_code), f"add partitions to {topic!r}: {result.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(result.error_code),
+                                 f"add partitions to {topic!r}: {result.error_message or ''}".rstrip(": "))
         await self._cluster.refresh_metadata([topic], allow_auto_create=False)
 
     async def delete_records(self, offsets: dict) -> dict[TopicPartition, int]:
@@ -397,7 +404,8 @@ class Admin(SecurityAdmin):
             for topic in response.topics:
                 for partition in topic.partitions:
                     if int(partition.error_code):
-                        raise KafkaError(int(partition.error_code), f"delete records of {topic.name}-{partition.partition_index}")
+                        raise KafkaError(int(partition.error_code),
+                                         f"delete records of {topic.name}-{partition.partition_index}")
                     out[TopicPartition(topic.name, int(partition.partition_index))] = int(partition.low_watermark)
         return out
 
@@ -412,7 +420,8 @@ class Admin(SecurityAdmin):
                 dcl_rs.DescribeClusterResponse,
             )
             if int(response.error_code):
-                raise KafkaError(int(response.error_code), f"describe cluster: {response.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(response.error_code),
+                                 f"describe cluster: {response.error_message or ''}".rstrip(": "))
             brokers = tuple(sorted((int(b.broker_id), b.host, int(b.port), b.rack) for b in response.brokers))
             return ClusterDescription(response.cluster_id, int(response.controller_id), brokers)
         await self._cluster.refresh_metadata([])
@@ -516,7 +525,8 @@ class Admin(SecurityAdmin):
         ends: dict[TopicPartition, int] = {}
         if tps:
             try:
-                ends = {TopicPartition(*tp): o for tp, o in (await self._cluster.list_offsets({tp: LATEST for tp in tps})).items()}
+                latest = await self._cluster.list_offsets({tp: LATEST for tp in tps})
+                ends = {TopicPartition(*tp): o for tp, o in latest.items()}
             except KafkaError:  # a topic deleted since: show the rest
                 ends = {}
         rows = []
@@ -547,7 +557,8 @@ class Admin(SecurityAdmin):
             for topic in response.topics:
                 for p in topic.partitions:
                     if int(p.error_code):
-                        raise KafkaError(int(p.error_code), f"commit {topic.name}-{p.partition_index} for group {group_id!r}")
+                        raise KafkaError(int(p.error_code),
+                                         f"commit {topic.name}-{p.partition_index} for group {group_id!r}")
 
         await self._group(group_id).request(
             oc_rq.OffsetCommitRequest(group_id=GroupId(group_id), generation_id_or_member_epoch=i32(-1), member_id="",
@@ -585,7 +596,8 @@ class Admin(SecurityAdmin):
             for topic in response.topics:
                 for p in topic.partitions:
                     if int(p.error_code):
-                        raise KafkaError(int(p.error_code), f"delete offset {topic.name}-{p.partition_index} of {group_id!r}")
+                        raise KafkaError(int(p.error_code),
+                                         f"delete offset {topic.name}-{p.partition_index} of {group_id!r}")
 
         await self._group(group_id).request(
             od_rq.OffsetDeleteRequest(group_id=GroupId(group_id), topics=tuple(

@@ -134,8 +134,9 @@ class SecurityAdmin:
         for result in response.filter_results:
             if int(result.error_code):
                 raise KafkaError(int(result.error_code), result.error_message or "delete ACLs")
-            deleted += [Acl(_name(RESOURCE_TYPES, m.resource_type), m.resource_name, _name(PATTERN_TYPES, m.pattern_type),
-                            m.principal, m.host, _name(OPERATIONS, m.operation), _name(PERMISSIONS, m.permission_type))
+            deleted += [Acl(_name(RESOURCE_TYPES, m.resource_type), m.resource_name,
+                            _name(PATTERN_TYPES, m.pattern_type), m.principal, m.host,
+                            _name(OPERATIONS, m.operation), _name(PERMISSIONS, m.permission_type))
                         for m in result.matching_acls]
         return deleted
 

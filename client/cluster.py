@@ -465,7 +465,8 @@ class Cluster:
             for tp in pending:
                 leader = self.metadata.leader(*tp)
                 if leader < 0:
-                    if self.metadata.partition_count(tp[0]) is not None and tp[1] not in self.metadata.topics[tp[0]].leaders:
+                    if (self.metadata.partition_count(tp[0]) is not None
+                            and tp[1] not in self.metadata.topics[tp[0]].leaders):
                         raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION,
                                          f"topic {tp[0]!r} has no partition {tp[1]} "
                                          f"(it has {self.metadata.partition_count(tp[0])})")

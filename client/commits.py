@@ -71,7 +71,8 @@ class OffsetCommits:
         topics: dict[str, list] = {}
         for tp, offset in offsets.items():
             topics.setdefault(tp.topic, []).append(
-                OffsetCommitRequestPartition(partition_index=i32(tp.partition), committed_offset=i64(offset), committed_metadata="")
+                OffsetCommitRequestPartition(partition_index=i32(tp.partition), committed_offset=i64(offset),
+                                             committed_metadata="")
             )
         membership = self.membership
         request = OffsetCommitRequest(

@@ -351,7 +351,8 @@ class Connection:
                 await self.authenticate()
                 self.reauthentications += 1
             except Exception as exc:
-                self.close(exc if isinstance(exc, KafkaError) else KafkaConnectionError(f"re-authentication failed: {exc}"))
+                self.close(exc if isinstance(exc, KafkaError)
+                           else KafkaConnectionError(f"re-authentication failed: {exc}"))
 
         self._loop.create_task(reauthenticate(), name=f"copyless-reauth-{self.host}:{self.port}")
 
