@@ -109,7 +109,8 @@ def test_topic_configs_with_kafka_python(broker):
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS)
     try:
         # IncrementalAlterConfigs (the client's choice when the broker offers it).
-        result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic, configs={"retention.ms": "90000"})])
+        result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic,
+                                                       configs={"retention.ms": "90000"})])
         assert result == {"topic": {topic: "OK"}}
         # AlterConfigs: the client fills in the other overrides (the request replaces the whole set).
         result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic, configs={"flush.ms": "5000"})],
@@ -122,7 +123,8 @@ def test_topic_configs_with_kafka_python(broker):
         assert described["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
         result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic,
                                                        configs={"message.timestamp.type": "Whenever"})])
-        assert "InvalidConfigurationError" in result["topic"][topic] and "message.timestamp.type" in result["topic"][topic]
+        error = result["topic"][topic]
+        assert "InvalidConfigurationError" in error and "message.timestamp.type" in error
         with pytest.raises(ValueError):  # the client checks names against the dynamic configs described
             admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic, configs={"bogus": "1"})])
         everything = admin.describe_configs([KPConfigResource(ConfigResourceType.BROKER, "0")],

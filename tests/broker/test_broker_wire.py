@@ -133,7 +133,8 @@ def test_any_bytes_decode_or_raise_remote_error(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(api_key=st.sampled_from(sorted(SERVED)), data=st.binary(max_size=120), correlation_id=st.integers(-2**31, 2**31 - 1))
+@given(api_key=st.sampled_from(sorted(SERVED)), data=st.binary(max_size=120),
+       correlation_id=st.integers(-2**31, 2**31 - 1))
 def test_random_bodies_for_served_keys(api_key, data, correlation_id):
     low, high = SERVED[api_key]
     for version in {low, high}:
@@ -147,7 +148,8 @@ def test_encode_response_frames_kio_entity():
     module = response_module(22, 1)
     from copyless.broker.wire.codecs import NO_THROTTLE
 
-    entity = module.InitProducerIdResponse(throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=7, producer_epoch=0)
+    entity = module.InitProducerIdResponse(throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=7,
+                                           producer_epoch=0)
     frame = encode_response(99, 22, 1, entity)
     size, correlation_id = struct.unpack_from(">ii", frame)
     assert size == len(frame) - 4 and correlation_id == 99
@@ -286,7 +288,8 @@ def test_produce_encoder_matches_kio_decoder(version, correlation_id, topics):
     assert decoded.throttle_time.total_seconds() == 0
     assert [t.name for t in decoded.responses] == [name for name, _ in topics]
     for topic, (_name, partitions) in zip(decoded.responses, topics, strict=True):
-        for got, (partition, code, base_offset, append_ms, log_start, message) in zip(topic.partition_responses, partitions, strict=True):
+        for got, want in zip(topic.partition_responses, partitions, strict=True):
+            partition, code, base_offset, append_ms, log_start, message = want
             assert (got.index, got.error_code, got.base_offset) == (partition, code, base_offset)
             got_append = -1 if got.log_append_time is None else round(got.log_append_time.timestamp() * 1000)
             assert got_append == append_ms

@@ -148,7 +148,8 @@ _ALL = (NONE, GZIP, SNAPPY, LZ4, ZSTD)
 
 
 @pytest.mark.parametrize("source,target", [(s, t) for s in _ALL for t in _ALL if s != t],
-                         ids=[f"{batches.CODEC_NAMES[s]}-{batches.CODEC_NAMES[t]}" for s in _ALL for t in _ALL if s != t])
+                         ids=[f"{batches.CODEC_NAMES[s]}-{batches.CODEC_NAMES[t]}"
+                              for s in _ALL for t in _ALL if s != t])
 def test_recompress_keeps_records_and_header(source, target):
     values = [b"value-%d" % i * (i % 5 + 1) for i in range(40)]
     batch = batches.build_batch(values, keys=[b"k%d" % i for i in range(40)], codec=source, producer_id=42,

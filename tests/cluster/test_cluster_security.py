@@ -168,7 +168,8 @@ def _create_assigned(address: str, admin: Identity, topic: str, replicas: list[i
         try:
             request = CreateTopicsRequest(topics=(CreatableTopic(
                 name=TopicName(topic), num_partitions=-1, replication_factor=-1,
-                assignments=(CreatableReplicaAssignment(partition_index=0, broker_ids=tuple(BrokerId(b) for b in replicas)),),
+                assignments=(CreatableReplicaAssignment(partition_index=0,
+                                                        broker_ids=tuple(BrokerId(b) for b in replicas)),),
                 configs=()),), timeout=datetime.timedelta(seconds=30), validate_only=False)
             response = await connection.request_kio(request, CreateTopicsResponse)
             assert response.topics[0].error_code == 0, response

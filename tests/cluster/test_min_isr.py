@@ -128,7 +128,8 @@ def test_with_two_of_three_brokers_down_acks_all_is_never_acknowledged_and_acks_
 
     # 2. Real clients, acks=all: every record fails, none is acknowledged.
     refused = {
-        "confluent-kafka": confluent_acks_all(broker.bootstrap, topic, [b"confluent-all-%d" % i for i in range(5)], 5000),
+        "confluent-kafka": confluent_acks_all(broker.bootstrap, topic,
+                                              [b"confluent-all-%d" % i for i in range(5)], 5000),
         "kafka-python": kafka_python_acks_all(broker.bootstrap, topic, [b"kafka-python-all-%d" % i for i in range(5)]),
         "aiokafka": aiokafka_acks_all(broker.bootstrap, topic, [b"aiokafka-all-%d" % i for i in range(3)]),
     }

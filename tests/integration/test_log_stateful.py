@@ -83,7 +83,8 @@ class LogMachine(RuleBasedStateMachine):
         topic = self.topics[topic_index]
         end = self.log_end_offset(topic)
         offset = offset_seed % (end + 1)
-        fetched = wire.parse_fetch_v4(self.conn.roundtrip(wire.fetch_v4(self.next_id(), topic, 0, offset, max_bytes=max_bytes)))
+        request = wire.fetch_v4(self.next_id(), topic, 0, offset, max_bytes=max_bytes)
+        fetched = wire.parse_fetch_v4(self.conn.roundtrip(request))
         assert fetched.error_code == 0
         assert fetched.high_watermark == end
         headers = batches.batch_headers(fetched.records)

@@ -98,7 +98,8 @@ def _frame(kind: str, value, version: int, correlation_id: int) -> bytes:
     if kind == "bare":
         return wire.raw_token(value)
     if kind == "request":
-        return {"metadata": wire.metadata_v1(correlation_id, None), "api_versions": wire.api_versions_v0(correlation_id),
+        return {"metadata": wire.metadata_v1(correlation_id, None),
+                "api_versions": wire.api_versions_v0(correlation_id),
                 "produce": wire.produce_v3(correlation_id, "fuzz", 0, b"junk")}[value]
     return struct.pack(">i", len(value)) + value
 

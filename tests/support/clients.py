@@ -231,7 +231,8 @@ class KafkaPythonDriver(Driver):
 
         admin = self._admin(bootstrap)
         try:
-            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1, topic_configs=configs or {})
+            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1,
+                                 topic_configs=configs or {})
             response = admin.create_topics([new_topic], timeout_ms=10000)
             _raise_topic_errors(response)
         finally:
@@ -388,7 +389,8 @@ class AiokafkaDriver(Driver):
         from aiokafka.admin import NewTopic
 
         async def work(admin):
-            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1, topic_configs=configs or {})
+            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1,
+                                 topic_configs=configs or {})
             response = await admin.create_topics([new_topic], timeout_ms=10000)
             _raise_aiokafka_topic_errors(response)
 
@@ -513,7 +515,8 @@ class ConfluentDriver(Driver):
 
         consumer = self._consumer(bootstrap)
         try:
-            (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, timestamp_ms)], timeout=OP_TIMEOUT_S)
+            (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, timestamp_ms)],
+                                                  timeout=OP_TIMEOUT_S)
         finally:
             consumer.close()
         if found.error:
@@ -539,7 +542,8 @@ class ConfluentDriver(Driver):
 
         admin = self._admin(bootstrap)  # keep the handle alive until the future resolves
         futures = admin.create_topics(
-            [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=configs or {})], operation_timeout=10
+            [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=configs or {})],
+            operation_timeout=10,
         )
         futures[topic].result(timeout=OP_TIMEOUT_S)
 

@@ -109,7 +109,8 @@ class Cluster:
                 host = self.hosts[node_id] = lab.add_host(f"b{node_id}")
                 placement = dict(wrapper=tuple(lab.command(host, [])), listen_host=host.address)
             self.brokers[node_id] = BrokerProcess(
-                data_dir=self.workdir / f"broker{node_id}" / "data", log_path=self.workdir / f"broker{node_id}" / "broker.log",
+                data_dir=self.workdir / f"broker{node_id}" / "data",
+                log_path=self.workdir / f"broker{node_id}" / "broker.log",
                 config=dict(self.config),
                 extra_args=("--node-id", str(node_id), "--metadata", self.url, *extra_args), **placement)
 
@@ -166,7 +167,8 @@ class Cluster:
         bootstrap = ",".join(self.brokers[n].bootstrap for n in via) if via else self.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         if replica_assignment is not None:
-            assert len(replica_assignment) == partitions and all(len(r) == replication_factor for r in replica_assignment)
+            assert len(replica_assignment) == partitions
+            assert all(len(r) == replication_factor for r in replica_assignment)
             new_topic = NewTopic(name, partitions, replica_assignment=replica_assignment, config=dict(configs or {}))
         else:
             new_topic = NewTopic(name, partitions, replication_factor, config=dict(configs or {}))

@@ -55,7 +55,8 @@ from tests.support.netns import NetLab
 from tests.support.power_loss import in_another_boot, lose_unflushed
 from tests.support.tmpfs import mounted_tmpfs, take_every_free_byte
 
-__all__ = ["Stage", "stage", "Fault", "Kill", "Pause", "EtcdCutLeader", "TxnCoordinatorKill", "KINDS", "CORE_KINDS", "schedule", "Nemesis", "NoTarget"]
+__all__ = ["Stage", "stage", "Fault", "Kill", "Pause", "EtcdCutLeader", "TxnCoordinatorKill", "KINDS", "CORE_KINDS",
+           "schedule", "Nemesis", "NoTarget"]
 
 LEASE_S = 2.0  # broker.session.timeout.ms of CLUSTER_TEST_CONFIG
 # Each broker's disk: the logs of a test topic and of __consumer_offsets need a few MiB each (segments own

@@ -32,7 +32,8 @@ for _ in range(600):
     if found:
         address = found.group(1)
         break
-print("startup:", [line for line in pathlib.Path(log_path).read_text().splitlines() if "listening on" in line], flush=True)
+print("startup:", [line for line in pathlib.Path(log_path).read_text().splitlines() if "listening on" in line],
+      flush=True)
 
 from copyless import Consumer, Producer  # noqa: E402
 from copyless.client.assignors import TopicPartition  # noqa: E402
@@ -59,7 +60,8 @@ async def main():
 got = asyncio.run(main())
 broker.send_signal(signal.SIGUSR1)
 time.sleep(2)
-stats = json.loads([line for line in pathlib.Path(log_path).read_text().splitlines() if line.startswith("stats-json")][-1][11:])
+stats_lines = [line for line in pathlib.Path(log_path).read_text().splitlines() if line.startswith("stats-json")]
+stats = json.loads(stats_lines[-1][11:])
 broker.send_signal(signal.SIGTERM)
 broker.wait(60)
 security = stats["security"]
