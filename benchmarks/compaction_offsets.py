@@ -63,7 +63,7 @@ def _load(partition_log, expected: dict) -> tuple[float, float, int]:
     walls, cpus = [], []
     for _ in range(LOADS):
         cpu_before, started = time.thread_time(), time.perf_counter()
-        store = _replay_log(partition_log)
+        store, _end = _replay_log(partition_log)
         walls.append(time.perf_counter() - started)
         cpus.append(time.thread_time() - cpu_before)
         got = {(group, topic, partition): committed.offset

@@ -31,6 +31,7 @@ from copyless.broker.storage import LogConfig, LogManager, txn_index
 from copyless.broker.txn_partition import ABORT, COMMIT, TXN_MARKER_FILE, PartitionTxns, build_marker
 from copyless.client.protocol.records import read_header
 from tests.support.batches import keyed_batch
+from tests.support.blocking_appends import append_blocking
 
 PRODUCERS = 8
 BATCHES_PER_TXN = 9
@@ -60,7 +61,7 @@ def _write_history(partition_log, batches: int, state_files: StateFiles, bar) ->
             number += 1
         for batch, _ in pending:
             chunk += batch
-        result = partition_log.append_blocking(bytes(chunk))
+        result = append_blocking(partition_log, bytes(chunk))
         offset = result.base_offset
         for batch, control in pending:
             header = read_header(batch)

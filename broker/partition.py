@@ -827,7 +827,7 @@ class Partition:
         async with self._log_lock:
             while True:
                 if not_ready is not None:
-                    for base_offset, header in getattr(not_ready, "follower_headers", ()):
+                    for base_offset, header in not_ready.follower_headers or ():
                         self._follower_applied(header, base_offset, control_types)
                     records = await self._wait_storage(not_ready, records)
                 # After every await: still a follower of the epoch the fetch was sent under.

@@ -21,16 +21,20 @@ partition it leads: a pure ``GroupCoordinator`` and an ``OffsetStore`` for that 
   succeed survives a coordinator failover; group metadata is appended the same way, best effort;
 - a periodic task expires offsets of groups that stayed empty past ``offsets.retention.minutes``.
 
-On a single node the topic has one partition by default and is created at start; in a cluster it is
-created on the first FindCoordinator (Kafka's lazy creation), with ``offsets.topic.num.partitions``
-partitions and ``offsets.topic.replication.factor`` replicas, refused until that many brokers are live.
+Which offsets partitions are led here, the shard of each, ``shard_for`` and FindCoordinator are
+``broker.coordinator_shards`` (``shard_map``), shared with the transaction coordinator; this module says
+what a shard holds, how it loads and what its unloading answers. On a single node the topic has one
+partition by default and is created at start; in a cluster it is created on the first FindCoordinator
+(Kafka's lazy creation), with ``offsets.topic.num.partitions`` partitions and
+``offsets.topic.replication.factor`` replicas, refused until that many brokers are live.
 
 Acting only while entitled to (the safety argument). Two coordinators must never both run one group: the
 old one would keep members it no longer owns heartbeating and synced while the new one hands their
 partitions to others. A coordinator is the leader of its group's offsets partition, so it acts only while
-a leader may: ``shard_for`` answers NOT_COORDINATOR (16) once this broker's metadata lease may have expired
-(``lease_valid``, counted from the last keepalive etcd answered, so it ends before etcd can expire the lease
-and let the controller elect a successor) or once the partition is no longer led here at the shard's epoch.
+a leader may: ``shard_for`` (``CoordinatorShards.entitled``) answers NOT_COORDINATOR (16) once this
+broker's metadata lease may have expired (``lease_valid``, counted from the last keepalive etcd answered, so
+it ends before etcd can expire the lease and let the controller elect a successor) or once the partition is
+no longer led here at the shard's epoch.
 A cut-off coordinator therefore stops answering JoinGroup, SyncGroup, Heartbeat and OffsetCommit before
 its successor can load the group, and its members look the coordinator up again.
 
@@ -57,6 +61,7 @@ from typing import Any, Iterator
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.coordinator_shards import CoordinatorShards
 from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupSnapshot, GroupState, JoinResult, SyncResult
 from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
@@ -67,6 +72,7 @@ from copyless.broker.groups.offsets import (
     offset_commit_key,
     partition_for,
 )
+from copyless.broker.storage._failpoints import delaypoint
 from copyless.client.protocol.records import read_header as batch_header
 
 __all__ = ["GroupService", "now_ms"]
@@ -133,6 +139,11 @@ class _Shard:
     # pendingOffsetCommits): unstable for OffsetFetch with require_stable until they are.
     committing: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
+    @property
+    def status(self) -> str:
+        """The coordinator's: "loading", "active" or "inactive" (what ``CoordinatorShards`` reads)."""
+        return self.coordinator.status
+
 
 class GroupService:
     """One per broker (``broker.groups``). Loop thread only, except log replay (worker thread)."""
@@ -144,29 +155,28 @@ class GroupService:
         self.num_partitions: int = config.offsets_partitions
         self.retention_ms: int = getattr(config, "offsets_retention_ms", 7 * 24 * 3600_000)
         self.retention_check_interval_ms: int = getattr(config, "offsets_retention_check_interval_ms", 600_000)
-        self.shards: dict[int, _Shard] = {}
+        self.shard_map: CoordinatorShards[_Shard] = CoordinatorShards(
+            broker, topic=OFFSETS_TOPIC, num_partitions=self.num_partitions, partition_for=partition_for,
+            topic_configs=lambda: offsets_topic_configs(self.broker.config),
+            replication_factor=lambda: self.broker.config.offsets_topic_replication_factor,
+            new_shard=self._new_shard, load=self._load, unload=self._unload, log=log, task_prefix="groups",
+            keys_noun="group(s)", topic_noun="the offsets topic", partition_noun="the group's offsets partition")
         self._wakeup = asyncio.Event()
-        self._stopping = False
-        self._started = False
         self._tasks: list[asyncio.Task] = []
         self._writes: set[asyncio.Task] = set()  # group metadata appends in flight
-        self._creating: asyncio.Task | None = None
         self.load_ms: float = 0.0
+
+    @property
+    def shards(self) -> dict[int, _Shard]:
+        """Offsets partition -> the shard of its groups, for each one led here (``shard_map``'s)."""
+        return self.shard_map.shards
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """On a single node create ``__consumer_offsets`` now; everywhere, follow the leadership of its
         partitions (each one this broker leads is loaded)."""
-        self._started = True
-        self.broker.replicas.leadership_listeners.append(self.on_leadership)
-        if not self.broker.config.clustered and self.broker.topic(OFFSETS_TOPIC) is None:
-            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions,
-                                           offsets_topic_configs(self.broker.config),
-                                           internal=True)
-        for partition in list(self.broker.replicas.leading()):
-            if partition.topic == OFFSETS_TOPIC:
-                self.on_leadership(partition, True)
+        await self.shard_map.start()
         self._tasks.append(asyncio.create_task(self._timer(), name="groups-timer"))
         self._tasks.append(asyncio.create_task(self._expiry(), name="groups-offset-expiry"))
         self._tasks.append(asyncio.create_task(self._watch_shutdown(), name="groups-shutdown-watch"))
@@ -187,12 +197,9 @@ class GroupService:
         self._after()
 
     async def stop(self) -> None:
-        self._stopping = True
+        self.shard_map.stop()
         for task in self._tasks:
             task.cancel()
-        for shard in self.shards.values():
-            if shard.load_task is not None:
-                shard.load_task.cancel()
         for task in self._tasks:
             try:
                 await task
@@ -207,97 +214,43 @@ class GroupService:
 
     # --- which groups are ours ----------------------------------------------------------------------------
 
-    def on_leadership(self, partition, is_leader: bool) -> None:
-        """The replica manager's hook: ``partition`` became (or stopped being) led here."""
-        if partition.topic != OFFSETS_TOPIC or self._stopping:
-            return
-        index = partition.partition
-        shard = self.shards.get(index)
-        if is_leader:
-            if shard is not None and shard.leader_epoch == partition.leader_epoch:
-                return
-            if shard is not None:
-                self._unload(shard, "a new leader epoch")
-            coordinator = GroupCoordinator(self.group_config, store_assignments=True, wall_clock_ms=now_ms)
-            coordinator.status = "loading"
-            shard = self.shards[index] = _Shard(index, partition.leader_epoch, coordinator)
-            shard.load_task = asyncio.get_running_loop().create_task(self._load(shard, partition),
-                                                                     name=f"groups-load-{index}")
-        elif shard is not None:
-            self._unload(shard, "leadership moved")
+    def _new_shard(self, index: int, leader_epoch: int) -> _Shard:
+        """A shard for an offsets partition led here from ``leader_epoch``: its groups load first."""
+        coordinator = GroupCoordinator(self.group_config, store_assignments=True, wall_clock_ms=now_ms)
+        coordinator.status = "loading"
+        return _Shard(index, leader_epoch, coordinator)
 
-    def _unload(self, shard: _Shard, reason: str) -> None:
-        self.shards.pop(shard.partition, None)
-        if shard.load_task is not None:
-            shard.load_task.cancel()
+    def _unload(self, shard: _Shard) -> int:
+        """A shard dropped (``shard_map``): its parked JoinGroup/SyncGroup requests answer NOT_COORDINATOR.
+        Returns how many groups it held."""
         shard.coordinator.deactivate(ErrorCode.not_coordinator)
         self._resolve(shard)
-        log.info("%s-%d: unloaded %d group(s) (%s)", OFFSETS_TOPIC, shard.partition,
-                 len(shard.coordinator.group_ids()), reason)
+        return len(shard.coordinator.group_ids())
 
     def partition_of(self, group_id: str) -> int:
-        topic = self.broker.topic(OFFSETS_TOPIC)
-        return partition_for(group_id, topic.partitions if topic is not None else self.num_partitions)
+        return self.shard_map.partition_of(group_id)
 
     def shard_for(self, group_id: str) -> tuple[_Shard | None, ErrorCode]:
         """The group's shard when this broker coordinates it and has loaded it, else the error to answer."""
-        if not self._started or self.broker.closing:
-            return None, ErrorCode.coordinator_not_available
-        shard = self.shards.get(self.partition_of(group_id))
-        if shard is None or not self._entitled(shard):
-            return None, ErrorCode.not_coordinator
-        status = shard.coordinator.status
-        if status == "loading":
-            return None, ErrorCode.coordinator_load_in_progress
-        if status != "active":
-            return None, ErrorCode.coordinator_not_available
-        return shard, ErrorCode.none
-
-    def _entitled(self, shard: _Shard) -> bool:
-        """This broker may act for the shard's groups: it leads their partition at the shard's epoch and its
-        metadata lease is valid (module docstring, "Acting only while entitled to")."""
-        if not self.broker.metadata.lease_valid():
-            return False
-        partition = self.broker.replicas.get(OFFSETS_TOPIC, shard.partition)
-        return partition is not None and partition.is_leader and partition.leader_epoch == shard.leader_epoch
+        return self.shard_map.shard_for(group_id)
 
     def find_coordinator(self, group_id: str, listener: str) -> tuple[ErrorCode, str | None, int, str, int]:
         """FindCoordinator: (error, message, node id, host, port) of the leader of the group's partition."""
-        image = self.broker.metadata.image
-        topic = image.topic(OFFSETS_TOPIC)
-        if topic is None:
-            self._maybe_create_topic()
-            return ErrorCode.coordinator_not_available, "the offsets topic is being created", -1, "", -1
-        state = image.partition_state(OFFSETS_TOPIC, partition_for(group_id, topic.partitions))
-        leader = image.brokers.get(state.leader) if state is not None else None
-        if leader is None or (leader.node_id == self.broker.node_id and not self.broker.metadata.lease_valid()):
-            return ErrorCode.coordinator_not_available, "the group's offsets partition has no leader", -1, "", -1
-        endpoint = leader.endpoints.get(listener)
-        if endpoint is None:
-            return ErrorCode.coordinator_not_available, f"the coordinator has no {listener} listener", -1, "", -1
-        return ErrorCode.none, None, leader.node_id, endpoint[0], endpoint[1]
-
-    def _maybe_create_topic(self) -> None:
-        if self._creating is not None and not self._creating.done():
-            return
-        self._creating = asyncio.get_running_loop().create_task(self._create_topic(), name="groups-create-topic")
-
-    async def _create_topic(self) -> None:
-        config = self.broker.config
-        try:
-            await self.broker.create_topic(OFFSETS_TOPIC, self.num_partitions,
-                                           offsets_topic_configs(self.broker.config),
-                                           replication_factor=config.offsets_topic_replication_factor,
-                                           internal=True)
-        except Exception as exc:
-            code = getattr(exc, "code", None)
-            if code != ErrorCode.topic_already_exists:
-                log.warning("cannot create %s yet: %s", OFFSETS_TOPIC, getattr(exc, "message", exc))
+        return self.shard_map.find_coordinator(group_id, listener)
 
     async def _load(self, shard: _Shard, partition) -> None:
         started = time.monotonic()
         try:
-            store = await asyncio.to_thread(_replay_log, partition.log)
+            store, offset = await asyncio.to_thread(_replay_log, partition.log)
+            # Transaction markers are appended while the replay runs (the coordinator writes them whatever
+            # the group shard's state) and fold their pending offsets into no store yet: replay what came
+            # meanwhile until, checked on this thread (where markers are appended and applied), nothing
+            # did. A marker applied here and again by its writer changes nothing the second time.
+            while offset < partition.log.log_end_offset:
+                store, reached = await asyncio.to_thread(_replay_log, partition.log, store, offset)
+                if reached <= offset:
+                    break  # nothing complete to read (a torn tail)
+                offset = reached
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -329,7 +282,7 @@ class GroupService:
         # One Event and one loop timer rather than asyncio.wait_for: on Python 3.11 wait_for can swallow a
         # cancellation that races with its inner future (gh-86296), and this task must stop on shutdown.
         loop = asyncio.get_running_loop()
-        while not self._stopping:
+        while not self.shard_map.stopping:
             deadlines = [d for d in (s.coordinator.next_deadline_ms() for s in self.shards.values()) if d is not None]
             self._wakeup.clear()
             alarm = None
@@ -463,7 +416,7 @@ class GroupService:
         groups = []
         error = ErrorCode.none
         for shard in self.shards.values():
-            if not self._entitled(shard):
+            if not self.shard_map.entitled(shard):
                 continue
             if shard.coordinator.status == "loading":
                 error = ErrorCode.coordinator_load_in_progress
@@ -472,7 +425,7 @@ class GroupService:
                 continue
             for group_id in shard.coordinator.group_ids():
                 groups.append((group_id, shard.coordinator.describe(group_id).protocol_type or ""))
-        if not self._started:
+        if not self.shard_map.started:
             error = ErrorCode.coordinator_not_available
         return error, sorted(groups)
 
@@ -727,10 +680,11 @@ def subscribed_topics(metadata: bytes) -> list[str]:
         return []
 
 
-def _replay_log(partition_log) -> OffsetStore:
-    """Read one ``__consumer_offsets`` partition from its start (worker thread: pread, decode)."""
-    store = OffsetStore()
-    offset = partition_log.log_start_offset
+def _replay_log(partition_log, store: OffsetStore | None = None, offset: int | None = None) -> tuple[OffsetStore, int]:
+    """Fold one ``__consumer_offsets`` partition into ``store`` (a new one) from ``offset`` (its start) to its
+    end (worker thread: pread, decode); returns the store and the offset after the last batch read."""
+    store = store if store is not None else OffsetStore()
+    offset = partition_log.log_start_offset if offset is None else offset
     end = partition_log.log_end_offset
     while offset < end:
         result = partition_log.read(offset, LOAD_READ_BYTES, min_one_message=True)
@@ -742,4 +696,5 @@ def _replay_log(partition_log) -> OffsetStore:
         if next_offset <= offset:
             break  # no complete batch: a torn tail recovery left behind; nothing more to read
         offset = next_offset
-    return store
+    delaypoint("groups.load.replayed")
+    return store, offset

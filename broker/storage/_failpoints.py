@@ -58,6 +58,7 @@ COMPACTION_POINTS = (
 # Points that sleep when armed (worker threads only: a sleep on the event loop would stall the broker).
 DELAY_POINTS = (
     "truncate.before_cut",  # a follower's truncation has started on its worker thread, nothing cut yet
+    "groups.load.replayed",  # a group shard's replay has read its partition, the shard does not serve it yet
 )
 
 DELAYPOINTS_ENV = "COPYLESS_DELAYPOINTS"

@@ -3,7 +3,10 @@ state in ``__transaction_state``, the markers that end a transaction, and the ti
 
 Transactional ids map to ``__transaction_state`` partitions (``txn.log.partition_for``, Kafka's hash), and
 the leader of an id's partition is its coordinator (FindCoordinator with key type 1 names it), exactly as
-groups map to ``__consumer_offsets`` (``broker.groups.service``, whose pattern this follows):
+groups map to ``__consumer_offsets`` (``broker.groups.service``, whose pattern this follows). Which
+partitions are led here, their shards, ``shard_for`` and FindCoordinator are ``broker.coordinator_shards``
+(``shard_map``), shared with the group coordinator; it also fences a shard (it acts only while this broker's
+metadata lease is valid and it leads the partition at the shard's leader epoch):
 
 - becoming leader of a partition loads its *shard*: the partition's log is replayed on a worker thread
   (COORDINATOR_LOAD_IN_PROGRESS meanwhile); transactions found in PrepareCommit/PrepareAbort have their
@@ -53,6 +56,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from copyless.broker.coordinator_shards import CoordinatorShards
 from copyless.broker.errors import BrokerError, error_for
 from copyless.broker.groups.offsets import OFFSETS_TOPIC, build_batch
 from copyless.broker.storage._failpoints import failpoint
@@ -104,36 +108,35 @@ class TransactionService:
         self.cleanup_interval_ms: int = config.transaction_abort_timed_out_transaction_cleanup_interval_ms
         self.id_expiration_ms: int = config.transactional_id_expiration_ms
         self.expiry_interval_ms: int = config.transaction_remove_expired_transaction_cleanup_interval_ms
-        self.shards: dict[int, _Shard] = {}
+        self.shard_map: CoordinatorShards[_Shard] = CoordinatorShards(
+            broker, topic=TXN_TOPIC, num_partitions=self.num_partitions, partition_for=partition_for,
+            topic_configs=lambda: TXN_TOPIC_CONFIGS,
+            replication_factor=lambda: self.broker.config.transaction_state_log_replication_factor,
+            new_shard=_Shard, load=self._load, unload=lambda shard: len(shard.transactions), log=log,
+            task_prefix="txn", keys_noun="transactional id(s)", topic_noun="the transaction state topic",
+            partition_noun="the transactional id's partition")
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task] = []
         self._completions: dict[str, asyncio.Task] = {}
-        self._creating: asyncio.Task | None = None
         self._connections: dict[int, Any] = {}  # node id -> inter-broker connection (WriteTxnMarkers)
-        self._started = False
-        self._stopping = False
         self.stats = {"committed": 0, "aborted": 0, "timed_out": 0, "markers": 0, "expired_ids": 0}
+
+    @property
+    def shards(self) -> dict[int, _Shard]:
+        """``__transaction_state`` partition -> the shard of its ids, for each one led here (``shard_map``'s)."""
+        return self.shard_map.shards
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._started = True
-        self.broker.replicas.leadership_listeners.append(self.on_leadership)
-        if not self.broker.config.clustered and self.broker.topic(TXN_TOPIC) is None:
-            await self.broker.create_topic(TXN_TOPIC, self.num_partitions, dict(TXN_TOPIC_CONFIGS), internal=True)
-        for partition in list(self.broker.replicas.leading()):
-            if partition.topic == TXN_TOPIC:
-                self.on_leadership(partition, True)
+        await self.shard_map.start()
         self._tasks.append(asyncio.create_task(self._abort_timed_out(), name="txn-timeouts"))
         self._tasks.append(asyncio.create_task(self._expire_ids(), name="txn-id-expiry"))
 
     async def stop(self) -> None:
-        self._stopping = True
+        self.shard_map.stop()
         for task in [*self._tasks, *self._completions.values()]:
             task.cancel()
-        for shard in self.shards.values():
-            if shard.load_task is not None:
-                shard.load_task.cancel()
         for task in [*self._tasks, *list(self._completions.values())]:
             try:
                 await task
@@ -146,74 +149,16 @@ class TransactionService:
 
     # --- which transactional ids are ours -------------------------------------------------------------------
 
-    def on_leadership(self, partition, is_leader: bool) -> None:
-        if partition.topic != TXN_TOPIC or self._stopping:
-            return
-        index = partition.partition
-        shard = self.shards.get(index)
-        if is_leader:
-            if shard is not None and shard.leader_epoch == partition.leader_epoch:
-                return
-            shard = self.shards[index] = _Shard(index, partition.leader_epoch)
-            shard.load_task = asyncio.get_running_loop().create_task(self._load(shard, partition),
-                                                                     name=f"txn-load-{index}")
-        elif shard is not None:
-            self.shards.pop(index, None)
-            if shard.load_task is not None:
-                shard.load_task.cancel()
-            log.info("%s-%d: unloaded %d transactional id(s) (leadership moved)", TXN_TOPIC, index,
-                     len(shard.transactions))
-
     def partition_of(self, transactional_id: str) -> int:
-        topic = self.broker.topic(TXN_TOPIC)
-        return partition_for(transactional_id, topic.partitions if topic is not None else self.num_partitions)
+        return self.shard_map.partition_of(transactional_id)
 
     def shard_for(self, transactional_id: str) -> tuple[_Shard | None, ErrorCode]:
-        if not self._started or self.broker.closing:
-            return None, ErrorCode.coordinator_not_available
-        shard = self.shards.get(self.partition_of(transactional_id))
-        if shard is None or not self._entitled(shard):
-            return None, ErrorCode.not_coordinator
-        if shard.status == "loading":
-            return None, ErrorCode.coordinator_load_in_progress
-        if shard.status != "active":
-            return None, ErrorCode.coordinator_not_available
-        return shard, ErrorCode.none
-
-    def _entitled(self, shard: _Shard) -> bool:
-        if not self.broker.metadata.lease_valid():
-            return False
-        partition = self.broker.replicas.get(TXN_TOPIC, shard.partition)
-        return partition is not None and partition.is_leader and partition.leader_epoch == shard.leader_epoch
+        """The id's shard when this broker coordinates it and has loaded it, else the error to answer."""
+        return self.shard_map.shard_for(transactional_id)
 
     def find_coordinator(self, transactional_id: str, listener: str) -> tuple[ErrorCode, str | None, int, str, int]:
-        image = self.broker.metadata.image
-        topic = image.topic(TXN_TOPIC)
-        if topic is None:
-            self._maybe_create_topic()
-            return ErrorCode.coordinator_not_available, "the transaction state topic is being created", -1, "", -1
-        state = image.partition_state(TXN_TOPIC, partition_for(transactional_id, topic.partitions))
-        leader = image.brokers.get(state.leader) if state is not None else None
-        if leader is None or (leader.node_id == self.broker.node_id and not self.broker.metadata.lease_valid()):
-            return ErrorCode.coordinator_not_available, "the transactional id's partition has no leader", -1, "", -1
-        endpoint = leader.endpoints.get(listener)
-        if endpoint is None:
-            return ErrorCode.coordinator_not_available, f"the coordinator has no {listener} listener", -1, "", -1
-        return ErrorCode.none, None, leader.node_id, endpoint[0], endpoint[1]
-
-    def _maybe_create_topic(self) -> None:
-        if self._creating is not None and not self._creating.done():
-            return
-        self._creating = asyncio.get_running_loop().create_task(self._create_topic(), name="txn-create-topic")
-
-    async def _create_topic(self) -> None:
-        try:
-            await self.broker.create_topic(TXN_TOPIC, self.num_partitions, dict(TXN_TOPIC_CONFIGS),
-                                           replication_factor=self.broker.config.transaction_state_log_replication_factor,
-                                           internal=True)
-        except Exception as exc:
-            if getattr(exc, "code", None) != ErrorCode.topic_already_exists:
-                log.warning("cannot create %s yet: %s", TXN_TOPIC, getattr(exc, "message", exc))
+        """FindCoordinator with key type 1: the leader of the id's ``__transaction_state`` partition."""
+        return self.shard_map.find_coordinator(transactional_id, listener)
 
     async def _load(self, shard: _Shard, partition) -> None:
         started = time.monotonic()
@@ -276,10 +221,9 @@ class TransactionService:
                                  new_producer_id=new_id, expected_producer_id=expected_producer_id,
                                  expected_epoch=expected_epoch, now_ms=now_ms())
             if decision.metadata is not None:
-                try:
-                    await self._persist(shard, decision.metadata)
-                except Exception as exc:
-                    return _store_error(exc), -1, -1
+                stored = await self._stored(shard, decision.metadata)
+                if stored != ErrorCode.none:
+                    return stored, -1, -1
             if decision.abort_first:
                 log.info("transactional id %r: a new producer fences epoch %d; aborting its open transaction",
                          transactional_id, current.producer_epoch)
@@ -299,11 +243,7 @@ class TransactionService:
                                            producer_epoch=producer_epoch, partitions=partitions, now_ms=now_ms())
             if decision.error != ErrorCode.none or decision.metadata is None:
                 return decision.error
-            try:
-                await self._persist(shard, decision.metadata)
-            except Exception as exc:
-                return _store_error(exc)
-            return ErrorCode.none
+            return await self._stored(shard, decision.metadata)
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
         async with self._holding(transactional_id) as holder:
@@ -314,10 +254,9 @@ class TransactionService:
                                 producer_epoch=producer_epoch, commit=commit, now_ms=now_ms())
             if decision.error != ErrorCode.none or decision.metadata is None:
                 return decision.error
-            try:
-                await self._persist(shard, decision.metadata)
-            except Exception as exc:
-                return _store_error(exc)
+            stored = await self._stored(shard, decision.metadata)
+            if stored != ErrorCode.none:
+                return stored
             failpoint("txn.after_prepare")
             # The decision is stored: the client's end succeeded whatever happens to the markers now.
             await self._complete(shard, decision.metadata, holder, wait_s=WRITE_TIMEOUT_S)
@@ -357,6 +296,14 @@ class TransactionService:
         """Append the state, wait until the ISR has it, then make it the current state. Raises BrokerError."""
         await self._store(shard, metadata.transactional_id, encode_value(metadata))
         shard.transactions[metadata.transactional_id] = metadata
+
+    async def _stored(self, shard: _Shard, metadata: m.TxnMetadata) -> ErrorCode:
+        """``_persist``, answered: NONE once the state is stored, else what the client gets instead."""
+        try:
+            await self._persist(shard, metadata)
+        except Exception as exc:
+            return _store_error(exc)
+        return ErrorCode.none
 
     async def _store(self, shard: _Shard, transactional_id: str, value: bytes | None) -> None:
         """Append one record of the id (None: its tombstone) and wait until the ISR has it. Raises
@@ -412,7 +359,7 @@ class TransactionService:
         lock = self._lock(metadata.transactional_id)
         held = holder is not None
         try:
-            while not self._stopping and self.shards.get(shard.partition) is shard:
+            while not self.shard_map.stopping and self.shards.get(shard.partition) is shard:
                 if not held:
                     await lock.acquire()
                     held = True

@@ -44,6 +44,10 @@ def test_commits_to_the_same_keys_are_cleaned_and_the_load_follows_the_keys(brok
                what="the cleaner to compact __consumer_offsets",
                detail=lambda: f"it holds {offsets_log_bytes(broker.data_dir)} bytes")
     broker.restart("graceful")
+    # The broker answers before the coordinator's replay ends (its groups answer COORDINATOR_LOAD_IN_PROGRESS
+    # meanwhile): wait for the second load's line rather than read the log at once.
+    wait_until(lambda: len(_LOADED.findall(broker.log_text())) >= 2, timeout_s=60,
+               what="the restarted broker to load __consumer_offsets-0", detail=broker.log_text)
     loads = _LOADED.findall(broker.log_text())
     assert len(loads) == 2, loads
     groups, offsets, replayed = map(int, loads[-1])

@@ -12,6 +12,7 @@ from copyless.broker.producer_state import ProducerStateManager
 from copyless.broker.txn_partition import ABORT, COMMIT, TXN_MARKER_FILE, PartitionTxns, build_marker
 from copyless.client.protocol.records import read_header
 from tests.support.batches import keyed_batch
+from tests.support.blocking_appends import append_blocking
 
 VALUE = b"v" * 4000  # about sixteen batches a 64 KiB segment: a history of a hundred operations rolls
 
@@ -42,7 +43,7 @@ class History:
             return
         if operation in ("commit", "abort"):
             marker = build_marker(producer, epoch, operation == "commit", 0, 1_700_000_000_000)
-            result = self.log.append_blocking(marker)
+            result = append_blocking(self.log, marker)
             self.producers.update_marker("t", 0, producer, epoch)
             aborted = self.txns.on_marker(producer, result.base_offset, COMMIT if operation == "commit" else ABORT,
                                           self.log.high_watermark)
@@ -53,7 +54,7 @@ class History:
             batch = keyed_batch([VALUE, VALUE[:10]], producer_id=producer, producer_epoch=epoch,
                                 base_sequence=sequence, attributes_extra=0x10 if operation == "transactional" else 0)
             self.sequences[producer] = sequence + 2
-            result = self.log.append_blocking(batch)
+            result = append_blocking(self.log, batch)
             header = read_header(batch)
             self.producers.update("t", 0, header, result.base_offset)
             if header.is_transactional:

@@ -286,6 +286,65 @@ def test_a_coordinator_killed_while_committing_completes_the_commit_on_restart(b
         wire.close()
 
 
+def _send_offsets(wire, tid, pid, epoch, group, topic, offset):
+    """AddOffsetsToTxn then TxnOffsetCommit of ``offset`` for partition 0 of ``topic`` (a simple group)."""
+    added = wire.request(add_offsets_v3.AddOffsetsToTxnRequest(transactional_id=tid, producer_id=pid,
+                                                               producer_epoch=epoch, group_id=group))
+    assert ErrorCode(added.error_code) == ErrorCode.none
+    response = wire.request(txn_commit_v3.TxnOffsetCommitRequest(
+        transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=epoch,
+        topics=(txn_commit_v3.TxnOffsetCommitRequestTopic(name=topic, partitions=(
+            txn_commit_v3.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=offset,
+                                                                 committed_metadata=""),)),)))
+    assert [ErrorCode(p.error_code) for t in response.topics for p in t.partitions] == [ErrorCode.none]
+
+
+def _committed(wire, group, topic):
+    """The group's committed offset of partition 0 of ``topic``, or None while its coordinator loads."""
+    response = wire.request(fetch_offsets_v5.OffsetFetchRequest(group_id=group, topics=(
+        fetch_offsets_v5.OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),)))
+    if ErrorCode(response.error_code) == ErrorCode.coordinator_load_in_progress:
+        return None
+    assert ErrorCode(response.error_code) == ErrorCode.none
+    return response.topics[0].partitions[0].committed_offset
+
+
+def test_offsets_of_a_commit_whose_marker_lands_while_their_group_loads_are_committed(broker_factory, monkeypatch):
+    """The coordinator dies once PrepareCommit is stored (``txn.after_prepare``) for a transaction holding
+    offsets of a group. On restart it writes the markers again, the one for the group's ``__consumer_offsets``
+    partition while the group coordinator loads that partition (delay point ``groups.load.replayed``: the
+    replay has read the log, the shard does not serve from it yet). The offsets must be committed all the
+    same: once lost between the replay and the marker, they stayed pending for good, and the group's next
+    member restarted from the offsets before them."""
+    monkeypatch.setenv("COPYLESS_FAILPOINT", "txn.after_prepare")
+    broker = broker_factory()
+    monkeypatch.delenv("COPYLESS_FAILPOINT")
+    wire = KafkaWire(broker.port)
+    topic, tid, pid, epoch = _setup(wire)
+    group = _name("group")
+    assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+    assert _produce(wire, topic, _txn_batch([b"r0"], pid, epoch, 0), tid)[0] == ErrorCode.none
+    _send_offsets(wire, tid, pid, epoch, group, topic, 1)
+    with pytest.raises((ConnectionError, OSError)):
+        _end(wire, tid, pid, epoch, commit=True)
+    wire.close()
+    broker.process.wait(30)
+    assert broker.process.returncode == -9
+    monkeypatch.setenv("COPYLESS_DELAYPOINTS", "groups.load.replayed=2")
+    broker.restart("kill")
+    monkeypatch.delenv("COPYLESS_DELAYPOINTS")
+    wire = KafkaWire(broker.port)
+    try:
+        # The commit completes (the retried EndTxn succeeds once Complete* is stored), then the group loads.
+        assert wait_until(lambda: _end(wire, tid, pid, epoch, commit=True) == ErrorCode.none,
+                          what="the retried EndTxn answered", timeout_s=20)
+        assert wait_until(lambda: _committed(wire, group, topic) is not None, what="the group loaded",
+                          timeout_s=20)
+        assert _committed(wire, group, topic) == 1
+    finally:
+        wire.close()
+
+
 # --- KIP-447: OffsetFetch require_stable, TxnOffsetCommit v3 ------------------------------------------------
 
 
