@@ -118,7 +118,8 @@ class SegmentRecovery:
         if base_offset <= after or target_log.exists():
             return None
         stem = log_path.name[: -len(filenames.LOG_SUFFIX)]
-        for suffix, target in ((filenames.INDEX_SUFFIX, target_index), (filenames.TIME_INDEX_SUFFIX, target_time_index)):
+        for suffix, target in ((filenames.INDEX_SUFFIX, target_index),
+                               (filenames.TIME_INDEX_SUFFIX, target_time_index)):
             source = directory / f"{stem}{suffix}"
             if source.exists():
                 os.rename(source, target)

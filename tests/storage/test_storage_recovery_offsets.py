@@ -158,8 +158,8 @@ def test_a_prepared_segment_adopted_for_a_garbled_base_offset_is_removed(tmp_pat
 def test_inspect_reports_a_garbled_base_offset_as_an_error(tmp_path):
     directory = write_and_abandon(tmp_path, SMALL_SEGMENTS, 3)
     garble(directory / "00000000000000000000.log", 3, b"\x01")
-    done = subprocess.run([sys.executable, "-m", "copyless", "inspect", "--data-dir", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, env=python_env())
+    done = subprocess.run([sys.executable, "-m", "copyless", "inspect", "--data-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=python_env())
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert "ERROR" in done.stdout and "00000000000000000000.log" in done.stdout, done.stdout

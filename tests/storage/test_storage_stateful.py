@@ -92,7 +92,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
         assert result.base_offset == self.log_end_offset
         offset = result.base_offset
         for values, timestamps in expected:
-            for value, timestamp in zip(values, timestamps):
+            for value, timestamp in zip(values, timestamps, strict=True):
                 self.records.append((offset, value, append_time_ms if append_time else timestamp))
                 offset += 1
         assert result.last_offset == offset - 1
@@ -114,7 +114,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
                 continue
             result = append_blocking(self.log, batch)
             assert result.base_offset == self.log_end_offset
-            for offset, (value, timestamp) in enumerate(zip(values, timestamps), start=result.base_offset):
+            for offset, (value, timestamp) in enumerate(zip(values, timestamps, strict=True), start=result.base_offset):
                 self.records.append((offset, value, timestamp))
             assert result.last_offset == self.records[-1][0]
 
@@ -200,7 +200,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
         """Kafka's ListOffsets rule: the first segment whose largest timestamp reaches the target, then the
         first record in it (by offset) whose timestamp does."""
         bases = self.log.segment_base_offsets() + [1 << 62]
-        for low, high in zip(bases, bases[1:]):
+        for low, high in zip(bases, bases[1:], strict=False):
             in_segment = [(o, t) for o, _, t in self.records if low <= o < high]
             if in_segment and max(t for _, t in in_segment) >= target:
                 return next((o, t) for o, t in in_segment if t >= target)
