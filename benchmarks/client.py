@@ -49,7 +49,8 @@ def _start_copyless(data_dir: Path, log_path: Path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         match = _ADDRESS_RE.search(log_path.read_text(errors="replace"))
@@ -237,7 +238,8 @@ def _run(coroutine):
 
 
 def main(argv=None) -> int:
-    bench = Benchmark("client", "copyless client vs aiokafka: produce and consume 100 B records", argv, arguments=_arguments)
+    bench = Benchmark("client", "copyless client vs aiokafka: produce and consume 100 B records", argv,
+                      arguments=_arguments)
     count = bench.args.records or bench.pick(1_000_000, 200_000, 20_000)
     # Best of 3 even in quick mode: a quick run of ours lasts ~0.25 s against ~1.2 s for aiokafka, so one
     # scheduling hiccup on the shared cores (seen: 0.1-0.2 s) moved our single-run figure by up to 40%.

@@ -72,7 +72,9 @@ def _metadata(correlation_id: int, topic: str) -> bytes:
 
 def _record_batch(value: bytes) -> bytes:
     """One uncompressed v2 batch of one record, built by hand so the load generator stays a few syscalls."""
-    record = b"\x00" + encode_varint(0) + encode_varint(0) + encode_varint(-1) + encode_varint(len(value)) + value + encode_varint(0)
+    # attributes, timestamp delta, offset delta, key length -1 (null), value, no headers
+    record = (b"\x00" + encode_varint(0) + encode_varint(0) + encode_varint(-1)
+              + encode_varint(len(value)) + value + encode_varint(0))
     records = encode_varint(len(record)) + record
     now = int(time.time() * 1000)
     tail = struct.pack(">hiqqqhii", 0, 0, now, now, -1, -1, -1, 1) + records
@@ -107,8 +109,8 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-                 "--loop", loop, "--config", str(config)],
+                [sys.executable, "-m", "copyless.broker", "serve", "--data-dir", str(data_dir),
+                 "--listen", "127.0.0.1:0", "--loop", loop, "--config", str(config)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )
         self.host, self.port = self._wait_for_address()
@@ -207,7 +209,10 @@ async def _active_window(address, workload: str, clients: int, window_s: float, 
         try:
             while True:
                 correlation_id += 1
-                frame = _api_versions(correlation_id) if workload == "api_versions" else _produce(correlation_id, topic, batch)
+                if workload == "api_versions":
+                    frame = _api_versions(correlation_id)
+                else:
+                    frame = _produce(correlation_id, topic, batch)
                 started = time.perf_counter()
                 if started >= stop_at:
                     return
@@ -358,7 +363,8 @@ def main(argv=None) -> dict[str, Any]:
                             (ratios_this[len(ratios_this) // 2 - 1] + ratios_this[len(ratios_this) // 2]) / 2
                         per_round[(loop_name, workload, count)] = ratios_this
                         for role in ("control", "loaded"):
-                            bench.row(loop=loop_name, workload=workload, idle_connections=count if role == "loaded" else 0,
+                            bench.row(loop=loop_name, workload=workload,
+                                      idle_connections=count if role == "loaded" else 0,
                                       broker=role, broker_fds=fds[role], **_pooled(windows[role]),
                                       vs_control=round(median, 3) if role == "loaded" else None,
                                       vs_control_range=(f"{ratios_this[0]:.2f}..{ratios_this[-1]:.2f}"

@@ -163,7 +163,7 @@ def main(argv=None) -> dict[str, Any]:
             ratios[f"{key}_cpu_{record_bytes // 1000}KB"] = cpu["paired"]
             mine = [r for r in runs if r["record_bytes"] == record_bytes]
 
-            def median_of(variant: str, field: str) -> float | None:
+            def median_of(variant: str, field: str, mine: list[dict] = mine) -> float | None:
                 values = [r[field] for r in mine if r["variant"] == variant and r[field] is not None]
                 return statistics.median(values) if values else None
 

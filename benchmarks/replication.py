@@ -13,10 +13,10 @@ admin API; products' defaults otherwise, so copyless's broker.session.timeout.ms
 - ``produce``: replicated produce MB/s, one confluent-kafka producer (acks=all, linger 5 ms, as in
   ``benchmarks.throughput``) into a fresh 1-partition topic, at 100 B, 1 KB and 10 KB records, in
   ``--rounds`` rounds (5; 1 with --quick) that run every size on both clusters back to back, the first side
-  alternating by round, after ``--warmup-rounds`` unmeasured rounds (3; 1 with --quick: Kafka's JIT). The log is read back once after each run and
-  must hold what was acknowledged. Per size: medians, the copyless / Kafka ratio of each round, and their
-  median with its sign-test interval and verdict (``throughput.ratio_verdict``). The leader's CPU seconds
-  per GB produced come with each row.
+  alternating by round, after ``--warmup-rounds`` unmeasured rounds (3; 1 with --quick: Kafka's JIT). The log is read
+  back once after each run and must hold what was acknowledged. Per size: medians, the copyless / Kafka ratio of each
+  round, and their median with its sign-test interval and verdict (``throughput.ratio_verdict``). The leader's CPU
+  seconds per GB produced come with each row.
 - ``latency``: end-to-end latency (a record's scheduled send time -> a concurrent consumer has it) and
   produce latency at a fixed rate of 1 KB records: half the lower of the two clusters' median peak 1 KB
   rates from ``produce`` (``--latency-rate`` when that section does not run), ``--latency-rounds`` (3; 1
@@ -159,7 +159,8 @@ class Run:
             row["replica_sendfile_mb"] = (after[0] - before[0]) / 1e6
             row["replica_copied_mb"] = (after[1] - before[1]) / 1e6
             if work.rate_per_s is None:
-                check_replica_path(row, work.record_bytes * figures["records"], sendfile=side != "copyless --no-sendfile")
+                check_replica_path(row, work.record_bytes * figures["records"],
+                                   sendfile=side != "copyless --no-sendfile")
         return row
 
     @staticmethod
@@ -182,7 +183,8 @@ class Run:
                 for work in works:
                     for side, cluster in order:
                         bar.describe(f"{side}: {work.label}, round {number or 'warm-up'}")
-                        row = self.produce(cluster, side, work, number or None, section if number else f"{section}-warmup")
+                        row = self.produce(cluster, side, work, number or None,
+                                           section if number else f"{section}-warmup")
                         bar.advance(1)
                         self.bench.log(f"{side} {work.label} round {number or 'warm-up'}: "
                                        f"{row['produce_mb_per_s']:.1f} MB/s" + (
@@ -249,7 +251,8 @@ def tables(bench: Benchmark, sides: list[str]) -> dict[str, Any]:
                  if _rows(bench, section=section, side=ours, record_bytes=size)]
         lines = [line for line in lines if line["rounds"]]
         for line in lines:
-            ratios[f"{name}_{ours.split()[0]}_vs_{theirs.replace('copyless --no-', 'no_')}_{line['record_bytes']}B"] = line["paired"]
+            versus = theirs.replace("copyless --no-", "no_")
+            ratios[f"{name}_{ours.split()[0]}_vs_{versus}_{line['record_bytes']}B"] = line["paired"]
         if lines:
             title = ("Replicated produce MB/s, acks=all RF 3, one confluent-kafka producer: copyless / Kafka"
                      if section == "produce" else
@@ -297,7 +300,8 @@ def chart(bench: Benchmark, sides: list[str]):
         ax.set_title("write stall after SIGKILL of the leader", fontsize=9)
         for ax, section, key, title in ((axes[0][1], "produce", "produce_mb_per_s", "replicated produce MB/s"),
                                         (axes[1][0], "cpu", "leader_cpu_s_per_gb", "leader CPU s per GB")):
-            names = [s for s in ("copyless", "kafka", "copyless --no-sendfile") if _rows(bench, section=section, side=s)]
+            names = [s for s in ("copyless", "kafka", "copyless --no-sendfile")
+                     if _rows(bench, section=section, side=s)]
             width = 0.8 / max(1, len(names))
             for j, side in enumerate(names):
                 values = [_median(r[key] for r in _rows(bench, section=section, side=side, record_bytes=s)) or 0
@@ -327,7 +331,8 @@ def chart(bench: Benchmark, sides: list[str]):
 def main(argv=None) -> dict[str, Any]:
     def arguments(parser) -> None:
         parser.add_argument("--sections", default=",".join(SECTIONS), help="subset of " + ",".join(SECTIONS))
-        parser.add_argument("--kills", type=int, default=None, help="leader kills per cluster (default 5; 2 with --quick)")
+        parser.add_argument("--kills", type=int, default=None,
+                            help="leader kills per cluster (default 5; 2 with --quick)")
         parser.add_argument("--rounds", type=int, default=None,
                             help=f"measured rounds of produce and cpu (default {ROUNDS}; 1 with --quick)")
         parser.add_argument("--warmup-rounds", type=int, default=None,
@@ -419,7 +424,8 @@ def main(argv=None) -> dict[str, Any]:
                                                         config=COPYLESS_CONFIG, name="copyless --no-sendfile"))
             cpu_sizes = bench.pick(full=(1000, 10_000), quick=(10_000,), tiny=(1000,))
             works = [_workload(bench, "cpu", size) for size in cpu_sizes]
-            section_failed(bench, failures, "cpu", run.rounds, [("copyless", copyless), ("copyless --no-sendfile", plain)],
+            section_failed(bench, failures, "cpu", run.rounds,
+                           [("copyless", copyless), ("copyless --no-sendfile", plain)],
                            works, min(rounds, CPU_ROUNDS), "cpu")
     ratios = tables(bench, sides)
     columns = ["section", "side", "record_bytes", "round", "kill", "killed", "new_leader", "new_leader_s",

@@ -101,7 +101,8 @@ def _headline_file_copy(d: dict) -> str:
     return (f"time relative to sendfile: mmap x{_fmt(_ratio(d, 'mmap_vs_sendfile'))} (article "
             f"x{_fmt(_ratio(d, 'article_mmap_vs_sendfile'))}), read+write 64 KiB "
             f"x{_fmt(_ratio(d, 'read_write_64k_vs_sendfile'))}, buffered 1 B "
-            f"x{_fmt(_ratio(d, 'buffered_1b_vs_sendfile'))} (article x{_fmt(_ratio(d, 'article_buffered_vs_sendfile'))}), "
+            f"x{_fmt(_ratio(d, 'buffered_1b_vs_sendfile'))} "
+            f"(article x{_fmt(_ratio(d, 'article_buffered_vs_sendfile'))}), "
             f"copy_file_range x{_fmt(_ratio(d, 'copy_file_range_vs_sendfile'))}")
 
 
@@ -231,15 +232,19 @@ def _headline_security(d: dict) -> str:
     ratios = d.get("ratios", {})
     parts = []
     for size in (100, 1000, 10000):
-        parts.append(f"{size} B: SASL_SSL/PLAINTEXT produce {_fmt(ratios.get(f'copyless SASL_SSL/PLAINTEXT produce_mb_per_s {size}B'))}, "
-                     f"consume {_fmt(ratios.get(f'copyless SASL_SSL/PLAINTEXT consume_mb_per_s {size}B'))}; "
-                     f"copyless/Kafka under SASL_SSL produce {_fmt(ratios.get(f'copyless/kafka SASL_SSL produce_mb_per_s {size}B'))}, "
-                     f"consume {_fmt(ratios.get(f'copyless/kafka SASL_SSL consume_mb_per_s {size}B'))}")
+        over_plaintext, over_kafka = "copyless SASL_SSL/PLAINTEXT", "copyless/kafka SASL_SSL"
+        parts.append(f"{size} B: SASL_SSL/PLAINTEXT produce "
+                     f"{_fmt(ratios.get(f'{over_plaintext} produce_mb_per_s {size}B'))}, "
+                     f"consume {_fmt(ratios.get(f'{over_plaintext} consume_mb_per_s {size}B'))}; "
+                     f"copyless/Kafka under SASL_SSL produce "
+                     f"{_fmt(ratios.get(f'{over_kafka} produce_mb_per_s {size}B'))}, "
+                     f"consume {_fmt(ratios.get(f'{over_kafka} consume_mb_per_s {size}B'))}")
     return "; ".join(parts) + f" (TLS path: {d.get('tls_path', '?')}; Kafka: {d.get('kafka', '?')})"
 
 
 def _headline_compaction(d: dict) -> str:
-    parts = [f"{record_bytes} B records, {keys:,} keys: {_fmt(_ratio(d, f'mb_per_s_{record_bytes}B_{keys}keys'))} MB/s, "
+    parts = [f"{record_bytes} B records, {keys:,} keys: "
+             f"{_fmt(_ratio(d, f'mb_per_s_{record_bytes}B_{keys}keys'))} MB/s, "
              f"{_fmt(_ratio(d, f'cpu_s_per_gb_{record_bytes}B_{keys}keys'))} CPU s/GB"
              for record_bytes, keys in d.get("cases", [])]
     return f"one cleaning of a {_fmt(d.get('log_mb'))} MiB log (median) — " + "; ".join(parts)

@@ -412,8 +412,8 @@ def main(argv=None) -> None:
         positions = range(len(BATCH_SIZES))
         for offset, key, label in ((-0.2, "append", "PartitionLog.append (mmap)"), (0.2, "write", "os.write")):
             medians = [statistics.median(r["mb_per_s"] for r in runs[(key, s)]) for s in BATCH_SIZES]
-            lows = [m - min(r["mb_per_s"] for r in runs[(key, s)]) for m, s in zip(medians, BATCH_SIZES)]
-            highs = [max(r["mb_per_s"] for r in runs[(key, s)]) - m for m, s in zip(medians, BATCH_SIZES)]
+            lows = [m - min(r["mb_per_s"] for r in runs[(key, s)]) for m, s in zip(medians, BATCH_SIZES, strict=True)]
+            highs = [max(r["mb_per_s"] for r in runs[(key, s)]) - m for m, s in zip(medians, BATCH_SIZES, strict=True)]
             left.bar([p + offset for p in positions], medians, 0.4, yerr=[lows, highs], label=label)
         left.set_xticks(list(positions), labels)
         left.set_ylabel("MB/s (median, range over rounds)")

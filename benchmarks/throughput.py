@@ -159,8 +159,9 @@ def plan(bench: Benchmark, clients: list[str]) -> dict[str, list[Workload]]:
     else:
         variations = [dict(producers=2), dict(consumers=2, partitions=2)]
         if not bench.quick:
-            variations += [dict(acks="all"), dict(record_bytes=100), dict(record_bytes=10_000), dict(acks="0"), dict(partitions=4),
-                           dict(producers=4), dict(record_bytes=100_000), dict(partitions=8, consumers=2)]
+            variations += [dict(acks="all"), dict(record_bytes=100), dict(record_bytes=10_000), dict(acks="0"),
+                           dict(partitions=4), dict(producers=4), dict(record_bytes=100_000),
+                           dict(partitions=8, consumers=2)]
     # Tiny (test) runs take only the variation: it exercises every code path the base does, and more.
     matrix = [] if bench.tiny else [base]
     for change in variations:

@@ -30,6 +30,7 @@ import os
 import socket
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 from benchmarks._harness import Benchmark
@@ -185,9 +186,9 @@ def main(argv=None) -> dict[str, Any]:
                     total = num_elems * size
                     scratch_buffer = bytearray(total)
                     calls = {
-                        "join+write": lambda: writer.join_write(buffers, total),
-                        "copy-loop+write": lambda: writer.copy_loop_write(buffers, total, scratch_buffer),
-                        "writev": lambda: writer.gathered_write(buffers, total),
+                        "join+write": partial(writer.join_write, buffers, total),
+                        "copy-loop+write": partial(writer.copy_loop_write, buffers, total, scratch_buffer),
+                        "writev": partial(writer.gathered_write, buffers, total),
                     }
                     for _ in range(rounds_for[size]):
                         for method in METHODS:
@@ -262,7 +263,7 @@ def main(argv=None) -> dict[str, Any]:
     def chart(fig) -> None:
         axes = fig.subplots(1, 2, sharey=False)
         colors = {"join+write": "tab:blue", "copy-loop+write": "tab:gray", "writev": "tab:green"}
-        for ax, target in zip(axes, TARGETS):
+        for ax, target in zip(axes, TARGETS, strict=True):
             for method in METHODS:
                 chosen = [r for r in bench.rows if r["target"] == target and r["method"] == method]
                 ax.plot([r["elem_size"] for r in chosen], [r["cpu_us_per_call"] / 1e3 for r in chosen],

@@ -260,10 +260,10 @@ def main(argv=None) -> dict[str, Any]:
             weights = [r["size_mb"] for r in chosen]
             cpu_rows.append({
                 "receiver_buffer": label, "method": method,
-                "sender_cpu_s_per_gb": sum(r["sender_cpu_s_per_gb"] * w for r, w in zip(chosen, weights))
-                / sum(weights),
-                "receiver_cpu_s_per_gb": sum(r["receiver_cpu_s_per_gb"] * w for r, w in zip(chosen, weights))
-                / sum(weights),
+                "sender_cpu_s_per_gb":
+                    sum(r["sender_cpu_s_per_gb"] * w for r, w in zip(chosen, weights, strict=True)) / sum(weights),
+                "receiver_cpu_s_per_gb":
+                    sum(r["receiver_cpu_s_per_gb"] * w for r, w in zip(chosen, weights, strict=True)) / sum(weights),
                 "mb_per_s": sum(r["size_mb"] for r in chosen) * MIB / 1e6
                 / (sum(r["time_ms"] for r in chosen) / 1000),
             })

@@ -28,7 +28,8 @@ _COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     from copyless import __version__
 
-    parser = argparse.ArgumentParser(prog="copyless", description="copyless: a Kafka-protocol broker (serve) and its client.")
+    parser = argparse.ArgumentParser(prog="copyless",
+                                     description="copyless: a Kafka-protocol broker (serve) and its client.")
     parser.add_argument("-V", "--version", action="version", version=f"copyless {__version__}",
                         help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -483,7 +483,8 @@ _define("log.prefault.outrun.pwrite", T.BOOLEAN, "An append past the pre-faulted
         "pwrite(2) (false: faults them in through the map).", field="outrun_pwrite", log_field="outrun_pwrite")
 # Compaction (broker/storage/cleaner.py).
 _define("delete.retention.ms", T.LONG, "How long a compacted log keeps a tombstone after the cleaning that first "
-        "kept it (the horizon is stored in its batch).", scope=Scope.BOTH, broker_name="log.cleaner.delete.retention.ms",
+        "kept it (the horizon is stored in its batch).", scope=Scope.BOTH,
+        broker_name="log.cleaner.delete.retention.ms",
         field="delete_retention_ms", log_field="delete_retention_ms", validator=AtLeast(0), dynamic=True)
 _define("min.compaction.lag.ms", T.LONG, "The least age of a segment's newest record before the cleaner may "
         "clean it.", scope=Scope.BOTH, broker_name="log.cleaner.min.compaction.lag.ms", field="min_compaction_lag_ms",

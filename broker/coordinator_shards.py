@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Coroutine, Generic, Mapping, Protocol, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 

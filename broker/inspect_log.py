@@ -34,10 +34,11 @@ import fcntl
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
-from typing import Callable, Iterator
 
 from copyless.broker.storage import filenames, index_search
 from copyless.broker.storage.checkpoint import read_checkpoint, read_entries
@@ -302,7 +303,7 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
             lines = read_entries(epochs) or []
             pairs = [tuple(int(part) for part in line.split()) for line in lines]
             if any(len(pair) != 2 for pair in pairs) or any(
-                    not (a[0] < b[0] and a[1] < b[1]) for a, b in zip(pairs, pairs[1:])):
+                    not (a[0] < b[0] and a[1] < b[1]) for a, b in pairwise(pairs)):
                 raise ValueError(f"entries {pairs} are not (epoch, start offset) pairs in increasing order")
         except (ValueError, UnicodeDecodeError) as exc:
             report.findings.append(Finding(ERROR, str(epochs), f"unreadable: {exc}"))

@@ -50,8 +50,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from kio.index import api_key_map
 from kio.schema.errors import ErrorCode
@@ -105,7 +106,7 @@ def _histogram(family: Family, histogram: LatencyHistogram, **labels) -> None:
                 cumulative[slot] += count
                 break
     running = 0
-    for bound, count in zip(BUCKETS_S, cumulative):
+    for bound, count in zip(BUCKETS_S, cumulative, strict=True):
         running += count
         family.add(running, "_bucket", **labels, le=repr(bound))
     family.add(histogram.count, "_bucket", **labels, le="+Inf")

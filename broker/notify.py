@@ -8,7 +8,7 @@ for its partition. Loop thread only.
 from __future__ import annotations
 
 import asyncio
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 __all__ = ["AppendNotifier"]
 

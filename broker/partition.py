@@ -70,8 +70,9 @@ import heapq
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
 

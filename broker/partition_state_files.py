@@ -38,9 +38,10 @@ import logging
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from copyless.broker import producer_snapshot
 from copyless.broker.producer_snapshot import CorruptSnapshotError, ProducerSnapshot, SnapshotProducer
@@ -82,7 +83,8 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
             producer_snapshot.snapshot_path(directory, offset).unlink(missing_ok=True)
     transactional = (directory / TXN_MARKER_FILE).exists()
     # Every index entry, by file; an entry is filed under the segment holding its marker.
-    files = {base: txn_index.read(txn_index.txn_index_path(directory, base)) for base in txn_index.index_bases(directory)}
+    files = {base: txn_index.read(txn_index.txn_index_path(directory, base))
+             for base in txn_index.index_bases(directory)}
     start = snapshot.offset if snapshot is not None else None
     if start is not None and any(torn and base < _segment_of(bases, start) for base, (_, torn) in files.items()):
         log.warning("%s: a .txnindex below producer snapshot %d is torn: replaying from the first segment",

@@ -7,8 +7,8 @@ Owns the ``Partition`` objects (one per hosted (topic, partition)), and applying
 2. partitions assigned here without a log get one (created on a worker thread), with a
    ``partition.metadata`` file naming the topic id (Kafka's file, KIP-516);
 3. every hosted partition takes its topic's settings (again for all of them when the dynamic broker
-   configs changed: they are the defaults under every topic's overrides) and its state: leader (``make_leader``), follower (``make_follower``, and the
-   fetcher manager is told), or none.
+   configs changed: they are the defaults under every topic's overrides) and its state: leader (``make_leader``),
+   follower (``make_follower``, and the fetcher manager is told), or none.
 
 Images are applied one at a time, in revision order, by one task; a newer image that arrives while one is
 being applied replaces any image still queued (applying the newest covers the older ones). An image whose
@@ -47,8 +47,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
@@ -276,7 +277,7 @@ class ReplicaManager:
                          "topic recreated" if wanted.get(key) is not None else "no longer assigned here")
         # 2. Creations.
         missing: dict[str, list[int]] = {}
-        for (topic, index), info in wanted.items():
+        for topic, index in wanted:
             if self.broker.log_manager.get_log(topic, index) is None or self._topic_ids.get((topic, index)) is None:
                 missing.setdefault(topic, []).append(index)
         if disk_free and (doomed or missing):
@@ -336,7 +337,8 @@ class ReplicaManager:
             try:
                 await asyncio.to_thread(self.create_logs_blocking, image.topics[topic], partitions)
             except Exception:
-                log.exception("cannot create the logs of %s %s; they are retried with the next image", topic, partitions)
+                log.exception("cannot create the logs of %s %s; they are retried with the next image",
+                              topic, partitions)
 
     def _configure(self, partition: Partition, info: TopicInfo) -> None:
         config = self.broker.config

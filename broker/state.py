@@ -44,12 +44,12 @@ from copyless.broker.meta_properties import META_FILE, ClusterMismatchError, rea
 from copyless.broker.notify import AppendNotifier
 from copyless.broker.partition_state_files import StateFiles, load_partition_state
 from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
-from copyless.broker.txn_partition import TxnPartitions
 from copyless.broker.replica_manager import ReplicaManager
 from copyless.broker.security.manager import SecurityManager
 from copyless.broker.stats import BrokerStats
 from copyless.broker.storage import LogManager
 from copyless.broker.topics import parse_topic_configs
+from copyless.broker.txn_partition import TxnPartitions
 
 if TYPE_CHECKING:  # pragma: no cover
     from copyless.broker.groups.service import GroupService
@@ -104,7 +104,8 @@ class Broker:
         self.handlers = handlers if handlers is not None else load_handlers()
         self.log_manager: LogManager | None = None  # set by startup()
         self.groups: GroupService | None = None  # set by the groups handler module's startup hook
-        self.transactions: TransactionService | None = None  # the transaction coordinator (``broker.txn.service``), set at startup
+        # the transaction coordinator (``broker.txn.service``), set at startup
+        self.transactions: TransactionService | None = None
         self.closing = False
         # name -> (host, port) of each bound listener (set by the server once it has bound them).
         self.bound_listeners: dict[str, tuple[str, int]] = {}

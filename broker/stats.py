@@ -3,8 +3,8 @@
 ``fetch_sendfile_bytes`` counts record bytes the kernel moved from a segment file to a consumer's socket
 with ``os.sendfile``; ``fetch_copied_bytes`` counts record bytes that passed through Python memory (only
 the ``--no-sendfile`` comparison path). ``replica_sendfile_bytes`` / ``replica_copied_bytes`` count the
-same for followers' fetches: what replication costs the leader. With sendfile on, the copied counter stays at 0: that is the check that
-fetched records never enter the interpreter. ``response_bytes`` counts every other byte the broker wrote
+same for followers' fetches: what replication costs the leader. With sendfile on, the copied counter stays at 0: that is
+the check that fetched records never enter the interpreter. ``response_bytes`` counts every other byte the broker wrote
 (headers, kio-encoded responses).
 
 Three latency histograms say whether the broker itself kept a consumer waiting:
@@ -185,7 +185,8 @@ class BrokerStats:
             "write_eagain_waits": self.write_eagain_waits,
             "sendfile_share": round(self.sendfile_share, 6),
             "response_bytes": self.response_bytes,
-            "request_errors": {f"{key}:{int(code)}": count for (key, code), count in sorted(self.request_errors.items())},
+            "request_errors": {f"{key}:{int(code)}": count
+                               for (key, code), count in sorted(self.request_errors.items())},
             "topic_bytes_in": dict(sorted(self.topic_bytes_in.items())),
             "topic_bytes_out": dict(sorted(self.topic_bytes_out.items())),
             "fetch_prepare": self.fetch_prepare.snapshot(),

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
 
 from kio.schema.errors import ErrorCode
 
@@ -133,7 +133,7 @@ class Topic:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "Topic":
+    def from_json(cls, data: dict) -> Topic:
         return cls(
             name=str(data["name"]),
             partitions=int(data["partitions"]),

@@ -14,8 +14,8 @@
 Layout: ``protocol/`` is the pure core (framing, RecordBatch, batch building, lazy fetch parsing, gathered
 write planning, request codecs, partitioner); ``conn``/``cluster`` are the asyncio shell (connections,
 metadata with leader epochs, offsets by leader); the producer is ``accumulator`` + ``sender`` (+ ``transactions`` for a
-transactional id) behind ``producer``, the consumer ``fetcher`` + ``group`` + ``commits`` behind ``consumer``; ``admin`` is the admin
-API and ``blocking`` a one-request-at-a-time client for tools; ``cli``/``admin_cli``/``cli_common`` are the
+transactional id) behind ``producer``, the consumer ``fetcher`` + ``group`` + ``commits`` behind ``consumer``; ``admin``
+is the admin API and ``blocking`` a one-request-at-a-time client for tools; ``cli``/``admin_cli``/``cli_common`` are the
 ``copyless produce|consume|topics|groups|cluster`` commands.
 """
 

@@ -255,7 +255,8 @@ class RecordAccumulator:
             return delivery
         return None
 
-    def append(self, topic: str, value, key, partition: int | None, timestamp_ms: int | None, headers) -> DeliveryFuture:
+    def append(self, topic: str, value, key, partition: int | None, timestamp_ms: int | None,
+               headers) -> DeliveryFuture:
         """Append a record to its partition's open batch, or to a new one; return its ``DeliveryFuture``.
         (``Producer.send_nowait`` tries ``continue_run`` first; this is every other record.)
 
@@ -364,7 +365,8 @@ class RecordAccumulator:
             return
         self.reserved_bytes -= batch.reserved_bytes
         if isinstance(outcome, BaseException):
-            log.warning("batch of %d records for %s-%s failed: %s", _record_count(batch), batch.topic, batch.partition, outcome)
+            log.warning("batch of %d records for %s-%s failed: %s",
+                        _record_count(batch), batch.topic, batch.partition, outcome)
             batch.future.set_exception(outcome)
             batch.future.exception()  # logged here once; callers awaiting their DeliveryFuture still get it
         else:

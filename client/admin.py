@@ -15,26 +15,37 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+from kio.schema.create_partitions.v1 import request as cp_rq
+from kio.schema.create_partitions.v1 import response as cp_rs
 from kio.schema.create_topics.v3.request import CreatableTopic, CreatableTopicConfig, CreateTopicsRequest
 from kio.schema.create_topics.v3.response import CreateTopicsResponse
+from kio.schema.delete_groups.v1 import request as dgr_rq
+from kio.schema.delete_groups.v1 import response as dgr_rs
+from kio.schema.delete_records.v1 import request as dr_rq
+from kio.schema.delete_records.v1 import response as dr_rs
 from kio.schema.delete_topics.v3.request import DeleteTopicsRequest
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse
-
-from kio.schema.create_partitions.v1 import request as cp_rq, response as cp_rs
-from kio.schema.delete_groups.v1 import request as dgr_rq, response as dgr_rs
-from kio.schema.delete_records.v1 import request as dr_rq, response as dr_rs
-from kio.schema.describe_cluster.v0 import request as dcl_rq, response as dcl_rs
-from kio.schema.describe_configs.v1 import request as dc_rq, response as dc_rs
-from kio.schema.describe_groups.v4 import request as dg_rq, response as dg_rs
+from kio.schema.describe_cluster.v0 import request as dcl_rq
+from kio.schema.describe_cluster.v0 import response as dcl_rs
+from kio.schema.describe_configs.v1 import request as dc_rq
+from kio.schema.describe_configs.v1 import response as dc_rs
+from kio.schema.describe_groups.v4 import request as dg_rq
+from kio.schema.describe_groups.v4 import response as dg_rs
 from kio.schema.describe_transactions.v0 import request as dt_rq
-from kio.schema.incremental_alter_configs.v0 import request as ia_rq, response as ia_rs
-from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
-from kio.schema.list_transactions.v0 import request as lt_rq, response as lt_rs
-from kio.schema.offset_commit.v3 import request as oc_rq, response as oc_rs
-from kio.schema.offset_delete.v0 import request as od_rq, response as od_rs
-from kio.schema.offset_fetch.v5 import request as of5_rq, response as of5_rs
-from kio.static.primitive import i8, i16, i32, i32Timedelta, i64, i64Timedelta
+from kio.schema.incremental_alter_configs.v0 import request as ia_rq
+from kio.schema.incremental_alter_configs.v0 import response as ia_rs
+from kio.schema.list_groups.v2 import request as lg_rq
+from kio.schema.list_groups.v2 import response as lg_rs
+from kio.schema.list_transactions.v0 import request as lt_rq
+from kio.schema.list_transactions.v0 import response as lt_rs
+from kio.schema.offset_commit.v3 import request as oc_rq
+from kio.schema.offset_commit.v3 import response as oc_rs
+from kio.schema.offset_delete.v0 import request as od_rq
+from kio.schema.offset_delete.v0 import response as od_rs
+from kio.schema.offset_fetch.v5 import request as of5_rq
+from kio.schema.offset_fetch.v5 import response as of5_rs
 from kio.schema.types import GroupId, TopicName, TransactionalId
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64, i64Timedelta
 
 from copyless.client.admin_security import Acl, SecurityAdmin
 from copyless.client.assignors import TopicPartition, decode_assignment
@@ -166,7 +177,7 @@ class Admin(SecurityAdmin):
     async def close(self) -> None:
         await self._cluster.close()
 
-    async def __aenter__(self) -> "Admin":
+    async def __aenter__(self) -> Admin:
         await self.start()
         return self
 
@@ -254,7 +265,8 @@ class Admin(SecurityAdmin):
         """
         if isinstance(topics, str):
             topics = [topics]
-        response = await self._cluster.refresh_metadata(None if topics is None else list(topics), allow_auto_create=False)
+        response = await self._cluster.refresh_metadata(None if topics is None else list(topics),
+                                                        allow_auto_create=False)
         out = []
         for topic in response.topics:
             code = int(topic.error_code)
@@ -307,13 +319,16 @@ class Admin(SecurityAdmin):
         out = []
         for result in response.results:
             if int(result.error_code):
-                raise KafkaError(int(result.error_code), f"describe configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(result.error_code),
+                                 f"describe configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
             for config in result.configs:
-                out.append(ConfigEntry(config.name, config.value, _CONFIG_SOURCES.get(int(config.config_source), "UNKNOWN"),
+                source = _CONFIG_SOURCES.get(int(config.config_source), "UNKNOWN")
+                out.append(ConfigEntry(config.name, config.value, source,
                                        bool(config.read_only), bool(config.is_sensitive)))
         return sorted(out, key=lambda c: c.name)
 
-    async def alter_configs(self, topic: str, *, set: dict[str, str] | None = None, delete=(), validate_only=False) -> None:
+    async def alter_configs(self, topic: str, *, set: dict[str, str] | None = None, delete=(),
+                            validate_only=False) -> None:
         """Set and delete (revert to the default) configs of ``topic`` (IncrementalAlterConfigs v0, to the
         controller). Other configs are left as they are.
 
@@ -326,14 +341,16 @@ class Admin(SecurityAdmin):
         connection = await self._controller()
         response = await connection.request_kio(
             ia_rq.IncrementalAlterConfigsRequest(
-                resources=(ia_rq.AlterConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=topic, configs=configs),),
+                resources=(ia_rq.AlterConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=topic,
+                                                      configs=configs),),
                 validate_only=validate_only,
             ),
             ia_rs.IncrementalAlterConfigsResponse,
         )
         for result in response.responses:
             if int(result.error_code):
-                raise KafkaError(int(result.error_code), f"alter configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(result.error_code),
+                                 f"alter configs of {topic!r}: {result.error_message or ''}".rstrip(": "))
 
     # --- partitions and records -------------------------------------------------------------------------------
 
@@ -354,7 +371,8 @@ class Admin(SecurityAdmin):
         )
         for result in response.results:
             if int(result.error_code):
-                raise KafkaError(int(result.error_code), f"add partitions to {topic!r}: {result.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(result.error_code),
+                                 f"add partitions to {topic!r}: {result.error_message or ''}".rstrip(": "))
         await self._cluster.refresh_metadata([topic], allow_auto_create=False)
 
     async def delete_records(self, offsets: dict) -> dict[TopicPartition, int]:
@@ -386,7 +404,8 @@ class Admin(SecurityAdmin):
             for topic in response.topics:
                 for partition in topic.partitions:
                     if int(partition.error_code):
-                        raise KafkaError(int(partition.error_code), f"delete records of {topic.name}-{partition.partition_index}")
+                        raise KafkaError(int(partition.error_code),
+                                         f"delete records of {topic.name}-{partition.partition_index}")
                     out[TopicPartition(topic.name, int(partition.partition_index))] = int(partition.low_watermark)
         return out
 
@@ -401,7 +420,8 @@ class Admin(SecurityAdmin):
                 dcl_rs.DescribeClusterResponse,
             )
             if int(response.error_code):
-                raise KafkaError(int(response.error_code), f"describe cluster: {response.error_message or ''}".rstrip(": "))
+                raise KafkaError(int(response.error_code),
+                                 f"describe cluster: {response.error_message or ''}".rstrip(": "))
             brokers = tuple(sorted((int(b.broker_id), b.host, int(b.port), b.rack) for b in response.brokers))
             return ClusterDescription(response.cluster_id, int(response.controller_id), brokers)
         await self._cluster.refresh_metadata([])
@@ -505,7 +525,8 @@ class Admin(SecurityAdmin):
         ends: dict[TopicPartition, int] = {}
         if tps:
             try:
-                ends = {TopicPartition(*tp): o for tp, o in (await self._cluster.list_offsets({tp: LATEST for tp in tps})).items()}
+                latest = await self._cluster.list_offsets({tp: LATEST for tp in tps})
+                ends = {TopicPartition(*tp): o for tp, o in latest.items()}
             except KafkaError:  # a topic deleted since: show the rest
                 ends = {}
         rows = []
@@ -536,7 +557,8 @@ class Admin(SecurityAdmin):
             for topic in response.topics:
                 for p in topic.partitions:
                     if int(p.error_code):
-                        raise KafkaError(int(p.error_code), f"commit {topic.name}-{p.partition_index} for group {group_id!r}")
+                        raise KafkaError(int(p.error_code),
+                                         f"commit {topic.name}-{p.partition_index} for group {group_id!r}")
 
         await self._group(group_id).request(
             oc_rq.OffsetCommitRequest(group_id=GroupId(group_id), generation_id_or_member_epoch=i32(-1), member_id="",
@@ -574,7 +596,8 @@ class Admin(SecurityAdmin):
             for topic in response.topics:
                 for p in topic.partitions:
                     if int(p.error_code):
-                        raise KafkaError(int(p.error_code), f"delete offset {topic.name}-{p.partition_index} of {group_id!r}")
+                        raise KafkaError(int(p.error_code),
+                                         f"delete offset {topic.name}-{p.partition_index} of {group_id!r}")
 
         await self._group(group_id).request(
             od_rq.OffsetDeleteRequest(group_id=GroupId(group_id), topics=tuple(

@@ -6,9 +6,10 @@
 
 ``groups describe`` prints what ``kafka-consumer-groups.sh --describe`` prints: the group's state and, per
 partition with a committed offset or an owner, the committed offset, the log end offset, the lag and the
-owning member; a group the coordinator does not know is GROUP_ID_NOT_FOUND (exit status 1). ``groups reset-offsets`` is a dry run unless ``--execute`` (as kafka-consumer-groups): it
-prints the plan, current and new offset per partition, and commits only with ``--execute``; the group must
-have no running members. ``--json`` prints each command's result as one JSON document.
+owning member; a group the coordinator does not know is GROUP_ID_NOT_FOUND (exit status 1). ``groups reset-offsets`` is
+a dry run unless ``--execute`` (as kafka-consumer-groups): it prints the plan, current and new offset per partition, and
+commits only with ``--execute``; the group must have no running members. ``--json`` prints each command's result as one
+JSON document.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def add_parsers(subparsers) -> None:
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
 
 
 def _show(value) -> str:

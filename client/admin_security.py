@@ -82,7 +82,8 @@ class SecurityAdmin:
     async def create_acls(self, acls) -> None:
         """Store ``acls`` (full bindings). Raises KafkaError with the first refusal (SECURITY_DISABLED,
         CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST with the reason)."""
-        from kio.schema.create_acls.v1 import request as rq, response as rs
+        from kio.schema.create_acls.v1 import request as rq
+        from kio.schema.create_acls.v1 import response as rs
 
         acls = list(acls)
         creations = []
@@ -93,13 +94,14 @@ class SecurityAdmin:
                                             host=host or "", operation=operation, permission_type=permission))
         connection = await self._any()
         response = await connection.request_kio(rq.CreateAclsRequest(creations=tuple(creations)), rs.CreateAclsResponse)
-        for acl, result in zip(acls, response.results):
+        for acl, result in zip(acls, response.results, strict=True):
             if int(result.error_code):
                 raise KafkaError(int(result.error_code), f"{acl.describe()}: {result.error_message or ''}".rstrip(": "))
 
     async def describe_acls(self, acl_filter: Acl = Acl()) -> list[Acl]:
         """The stored bindings ``acl_filter`` matches. Raises KafkaError."""
-        from kio.schema.describe_acls.v1 import request as rq, response as rs
+        from kio.schema.describe_acls.v1 import request as rq
+        from kio.schema.describe_acls.v1 import response as rs
 
         rtype, name, pattern, principal, host, operation, permission = acl_filter.codes()
         connection = await self._any()
@@ -117,7 +119,8 @@ class SecurityAdmin:
 
     async def delete_acls(self, filters) -> list[Acl]:
         """Delete every stored binding some filter matches; returns them. Raises KafkaError."""
-        from kio.schema.delete_acls.v1 import request as rq, response as rs
+        from kio.schema.delete_acls.v1 import request as rq
+        from kio.schema.delete_acls.v1 import response as rs
 
         items = []
         for acl_filter in filters:
@@ -131,15 +134,17 @@ class SecurityAdmin:
         for result in response.filter_results:
             if int(result.error_code):
                 raise KafkaError(int(result.error_code), result.error_message or "delete ACLs")
-            deleted += [Acl(_name(RESOURCE_TYPES, m.resource_type), m.resource_name, _name(PATTERN_TYPES, m.pattern_type),
-                            m.principal, m.host, _name(OPERATIONS, m.operation), _name(PERMISSIONS, m.permission_type))
+            deleted += [Acl(_name(RESOURCE_TYPES, m.resource_type), m.resource_name,
+                            _name(PATTERN_TYPES, m.pattern_type), m.principal, m.host,
+                            _name(OPERATIONS, m.operation), _name(PERMISSIONS, m.permission_type))
                         for m in result.matching_acls]
         return deleted
 
     async def describe_scram_credentials(self, users=None) -> dict[str, dict[str, int]]:
         """``{user: {mechanism: iterations}}`` for ``users`` (None: every user with a credential). Raises
         KafkaError (RESOURCE_NOT_FOUND for a named user without one)."""
-        from kio.schema.describe_user_scram_credentials.v0 import request as rq, response as rs
+        from kio.schema.describe_user_scram_credentials.v0 import request as rq
+        from kio.schema.describe_user_scram_credentials.v0 import response as rs
 
         connection = await self._any()
         request = rq.DescribeUserScramCredentialsRequest(
@@ -177,7 +182,8 @@ class SecurityAdmin:
             name=user, mechanism=i8(_code(SCRAM_MECHANISMS, mechanism, "SCRAM mechanism"))),))
 
     async def _alter_scram(self, *, upsertions=(), deletions=()) -> None:
-        from kio.schema.alter_user_scram_credentials.v0 import request as rq, response as rs
+        from kio.schema.alter_user_scram_credentials.v0 import request as rq
+        from kio.schema.alter_user_scram_credentials.v0 import response as rs
 
         connection = await self._any()
         response = await connection.request_kio(

@@ -105,7 +105,8 @@ def run(args, coroutine) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `copyless consume ... | head`: the reader left; that is not an error
         try:
-            sys.stdout = open(os.devnull, "w")
+            # kept open: the interpreter flushes and closes sys.stdout at exit
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         except OSError:
             pass
         return 0

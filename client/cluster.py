@@ -29,10 +29,12 @@ from kio.schema.find_coordinator.v1.request import FindCoordinatorRequest
 from kio.schema.find_coordinator.v1.response import FindCoordinatorResponse
 from kio.schema.list_offsets.v4.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.list_offsets.v4.response import ListOffsetsResponse
-from kio.schema.metadata.v5 import request as metadata_v5, response as metadata_v5_response
-from kio.schema.metadata.v8 import request as metadata_v8, response as metadata_v8_response
-from kio.static.primitive import i8, i32, i64
+from kio.schema.metadata.v5 import request as metadata_v5
+from kio.schema.metadata.v5 import response as metadata_v5_response
+from kio.schema.metadata.v8 import request as metadata_v8
+from kio.schema.metadata.v8 import response as metadata_v8_response
 from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i64
 
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
 from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NotKafkaError
@@ -463,7 +465,8 @@ class Cluster:
             for tp in pending:
                 leader = self.metadata.leader(*tp)
                 if leader < 0:
-                    if self.metadata.partition_count(tp[0]) is not None and tp[1] not in self.metadata.topics[tp[0]].leaders:
+                    if (self.metadata.partition_count(tp[0]) is not None
+                            and tp[1] not in self.metadata.topics[tp[0]].leaders):
                         raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION,
                                          f"topic {tp[0]!r} has no partition {tp[1]} "
                                          f"(it has {self.metadata.partition_count(tp[0])})")

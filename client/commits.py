@@ -23,8 +23,8 @@ from kio.schema.offset_commit.v3.request import (
 from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest, OffsetFetchRequestTopic
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
-from kio.static.primitive import i32, i64, i64Timedelta
 from kio.schema.types import TopicName
+from kio.static.primitive import i32, i64, i64Timedelta
 
 from copyless.client.assignors import TopicPartition
 from copyless.client.errors import KafkaError
@@ -71,7 +71,8 @@ class OffsetCommits:
         topics: dict[str, list] = {}
         for tp, offset in offsets.items():
             topics.setdefault(tp.topic, []).append(
-                OffsetCommitRequestPartition(partition_index=i32(tp.partition), committed_offset=i64(offset), committed_metadata="")
+                OffsetCommitRequestPartition(partition_index=i32(tp.partition), committed_offset=i64(offset),
+                                             committed_metadata="")
             )
         membership = self.membership
         request = OffsetCommitRequest(

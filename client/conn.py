@@ -177,7 +177,7 @@ class Connection:
         self.reauthentications = 0
 
     @classmethod
-    async def open(cls, host: str, port: int, **kwargs) -> "Connection":
+    async def open(cls, host: str, port: int, **kwargs) -> Connection:
         """Connect and run the ApiVersions v0 handshake.
 
         Raises:
@@ -321,7 +321,7 @@ class Connection:
             return response
 
         if mechanism == "PLAIN":
-            response = await step(f"\0{username}\0{password}".encode("utf-8"))
+            response = await step(f"\0{username}\0{password}".encode())
         else:
             from copyless.client.protocol.scram import ScramClient, ScramError
 
@@ -351,7 +351,8 @@ class Connection:
                 await self.authenticate()
                 self.reauthentications += 1
             except Exception as exc:
-                self.close(exc if isinstance(exc, KafkaError) else KafkaConnectionError(f"re-authentication failed: {exc}"))
+                self.close(exc if isinstance(exc, KafkaError)
+                           else KafkaConnectionError(f"re-authentication failed: {exc}"))
 
         self._loop.create_task(reauthenticate(), name=f"copyless-reauth-{self.host}:{self.port}")
 

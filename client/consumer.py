@@ -133,7 +133,7 @@ class Consumer:
         if self._initial_topics:
             self.subscribe(list(self._initial_topics))
 
-    async def __aenter__(self) -> "Consumer":
+    async def __aenter__(self) -> Consumer:
         await self.start()
         return self
 

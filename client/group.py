@@ -27,8 +27,8 @@ from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
 from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestAssignment
 from kio.schema.sync_group.v3.response import SyncGroupResponse
-from kio.static.primitive import i32, i32Timedelta
 from kio.schema.types import GroupId
+from kio.static.primitive import i32, i32Timedelta
 
 from copyless.client.assignors import (
     ASSIGNORS,

@@ -199,7 +199,7 @@ class Producer:
             await self._sender.init_producer_id()
         self._sender.start()
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> Producer:
         await self.start()
         return self
 

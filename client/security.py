@@ -44,7 +44,7 @@ class ClientSecurity:
     def sasl(self) -> bool:
         return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
-    def check(self) -> "ClientSecurity":
+    def check(self) -> ClientSecurity:
         """Raises ValueError naming what is missing (never the password)."""
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"security protocol must be one of {', '.join(PROTOCOLS)}, not {self.protocol!r}")
@@ -62,7 +62,7 @@ class ClientSecurity:
                sasl_plain_username: str | None = None, sasl_plain_password: str | None = None,
                ssl_context: ssl.SSLContext | None = None, ssl_cafile: str | None = None,
                ssl_certfile: str | None = None, ssl_keyfile: str | None = None, ssl_password: str | None = None,
-               ssl_check_hostname: bool = True) -> "ClientSecurity":
+               ssl_check_hostname: bool = True) -> ClientSecurity:
         """From kafka-python/aiokafka-style arguments. Raises ValueError, OSError (unreadable files)."""
         protocol = str(security_protocol).upper()
         context = ssl_context
@@ -73,7 +73,7 @@ class ClientSecurity:
         return cls(protocol, context, mechanism, sasl_plain_username, sasl_plain_password).check()
 
     @classmethod
-    def from_properties(cls, properties: dict[str, str]) -> "ClientSecurity":
+    def from_properties(cls, properties: dict[str, str]) -> ClientSecurity:
         """From librdkafka or Java client property names (module docstring). Raises ValueError, OSError."""
         get = properties.get
         protocol = (get("security.protocol") or "PLAINTEXT").upper()

@@ -143,7 +143,8 @@ def _done(args, document: dict, text: str) -> None:
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
 
 
 # --- acls ---------------------------------------------------------------------------------------------------
@@ -224,7 +225,8 @@ async def _acls(args) -> int:
             raise ValueError("--remove needs a resource: --topic, --group, --transactional-id or --cluster")
         entries = _entries(args) or [("ANY", None, None)]
         filters = [Acl(rtype, name, pattern, principal, host, op, permission)
-                   for rtype, name in resources for permission, principal, host in entries for op in operations or ["ANY"]]
+                   for rtype, name in resources for permission, principal, host in entries
+                   for op in operations or ["ANY"]]
         if not args.force:
             if not sys.stdin.isatty():
                 raise ValueError("--remove without --force asks for confirmation: add --force when not at a terminal")

@@ -490,7 +490,8 @@ class Sender:
         self._retrying.discard(tp)
         acc.complete(
             batch,
-            KafkaTimeoutError(f"batch for {tp[0]}-{tp[1]} not delivered within delivery_timeout_ms={self.delivery_timeout_ms}"),
+            KafkaTimeoutError(f"batch for {tp[0]}-{tp[1]} not delivered within "
+                              f"delivery_timeout_ms={self.delivery_timeout_ms}"),
         )
 
 

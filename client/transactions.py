@@ -48,8 +48,8 @@ from kio.schema.txn_offset_commit.v3.request import (
     TxnOffsetCommitRequestTopic,
 )
 from kio.schema.txn_offset_commit.v3.response import TxnOffsetCommitResponse
-from kio.static.primitive import i16, i32, i32Timedelta, i64
 from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
+from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from copyless.client.cluster import COORDINATOR_ERRORS
 from copyless.client.conn import Connection

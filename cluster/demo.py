@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 PARTITIONS = 3
@@ -191,7 +192,7 @@ def check(acknowledged: list[Ack], deliveries: list[Delivery]) -> Verdict:
     for ack in sorted(acknowledged, key=lambda a: a.sequence):
         by_partition.setdefault(ack.partition, []).append(ack)
     for partition, acks in by_partition.items():
-        for before, after in zip(acks, acks[1:]):
+        for before, after in pairwise(acks):
             if after.offset <= before.offset:
                 verdict.out_of_order.append(f"partition {partition}: record {after.sequence} acknowledged at "
                                             f"offset {after.offset}, after record {before.sequence} at {before.offset}")

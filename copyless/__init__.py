@@ -10,7 +10,8 @@ repository they are the top-level folders ``broker/`` and ``client/``, mapped un
 ``copyless.broker`` does not load the client and its codecs.
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 try:
     __version__ = _version("copyless")

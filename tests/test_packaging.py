@@ -20,7 +20,8 @@ def test_every_package_folder_is_installed_under_copyless():
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.parent.relative_to(ROOT / folder)
             on_disk.add(".".join([name, *relative.parts]))
-    assert listed == on_disk, f"pyproject lists {sorted(listed - on_disk)} that do not exist and misses {sorted(on_disk - listed)}"
+    assert listed == on_disk, (f"pyproject lists {sorted(listed - on_disk)} that do not exist "
+                               f"and misses {sorted(on_disk - listed)}")
 
 
 def test_the_public_client_api_is_importable_from_copyless():
@@ -38,6 +39,8 @@ def test_no_module_imports_the_folders_by_their_repository_names():
         for path in (ROOT / folder).rglob("*.py"):
             for number, line in enumerate(path.read_text().splitlines(), start=1):
                 stripped = line.strip()
-                if stripped.split(" ")[:2] in (["from", "broker"], ["import", "broker"], ["from", "client"], ["import", "client"]) or stripped.startswith(("from broker.", "import broker.", "from client.", "import client.")):
+                words = stripped.split(" ")[:2]
+                if words in (["from", "broker"], ["import", "broker"], ["from", "client"], ["import", "client"]) or (
+                        stripped.startswith(("from broker.", "import broker.", "from client.", "import client."))):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {stripped}")
     assert not offenders, "\n".join(offenders)

@@ -348,8 +348,8 @@ class Cluster:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient({"bootstrap.servers": ",".join(f"127.0.0.1:{n.port}" for n in self.nodes.values()),
-                                       "log_level": 0, "logger": _quiet_logger()})
+            bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes.values())
+            self._admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "logger": _quiet_logger()})
         return self._admin
 
     def metadata(self, topic: str | None = None, timeout_s: float = 2.0):

@@ -133,7 +133,7 @@ async def _resumed(acked: list[float], kill_at: float, writer: asyncio.Task) -> 
 
 
 def _no_gap(times: list[float], now: float, limit: float) -> bool:
-    return all(b - a <= limit for a, b in zip(times, times[1:] + [now]))
+    return all(b - a <= limit for a, b in zip(times, times[1:] + [now], strict=True))
 
 
 def _raise_if_done(writer: asyncio.Task) -> None:

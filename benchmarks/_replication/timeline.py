@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 __all__ = ["Stall", "stall", "summary"]
 
@@ -33,7 +34,7 @@ def stall(ack_times: Sequence[float], kill_at: float) -> Stall:
     if not after:
         return Stall(None, None, 0)
     points = [max(before) if before else kill_at] + after
-    gap, end = max(((b - a, b) for a, b in zip(points, points[1:])), key=lambda pair: pair[0])
+    gap, end = max(((b - a, b) for a, b in pairwise(points)), key=lambda pair: pair[0])
     return Stall(resumed_s=end - kill_at, gap_s=gap, acked_after=len(after))
 
 

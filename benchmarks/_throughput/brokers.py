@@ -116,11 +116,10 @@ def start_copyless(data_dir: Path, log_path: Path, *, sendfile: bool = True, ext
     command += list(extra_args)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-    log_file = open(log_path, "ab")
-    offset = log_path.stat().st_size
-    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=env, cwd=str(data_dir.parent))
-    log_file.close()
+    with open(log_path, "ab") as log_file:  # the child has its own copy of the descriptor
+        offset = log_path.stat().st_size
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, cwd=str(data_dir.parent))
     try:
         host, port = _await_listen_address(process, log_path, offset)
     except BaseException:  # also an interrupt while it starts: no handle exists yet to stop it later

@@ -443,7 +443,7 @@ def _consume_confluent(bootstrap: str, work: Workload, partitions: list[int], re
             result.records += len(values)
             result.bytes += sum(map(len, values))
             # Each partition's records arrive in offset order: the last one seen is where it stands.
-            last = dict(zip(map(Message.partition, messages), map(Message.offset, messages)))
+            last = dict(zip(map(Message.partition, messages), map(Message.offset, messages), strict=True))
             for partition, offset in last.items():
                 reading.next[partition] = offset + 1
             if not (latency or work.concurrent or in_gap):

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import abc
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from kio.schema.errors import ErrorCode
 
@@ -107,8 +107,8 @@ def plan_topic(new: NewTopic, *, existing: Sequence[str], live_brokers: Sequence
         for index in indexes:
             replicas = tuple(int(b) for b in new.assignments[index])
             if not replicas or len(set(replicas)) != len(replicas):
-                raise TopicError(ErrorCode.invalid_replica_assignment,
-                                 f"Replica assignment {list(replicas)} for partition {index} is empty or repeats a broker")
+                raise TopicError(ErrorCode.invalid_replica_assignment, f"Replica assignment {list(replicas)} "
+                                 f"for partition {index} is empty or repeats a broker")
             unknown = [b for b in replicas if b not in live]
             if unknown:
                 raise TopicError(ErrorCode.invalid_replica_assignment,
@@ -124,7 +124,8 @@ def plan_topic(new: NewTopic, *, existing: Sequence[str], live_brokers: Sequence
         if partitions < 1:
             raise TopicError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
         if partitions > MAX_PARTITIONS:
-            raise TopicError(ErrorCode.invalid_partitions, f"Number of partitions {partitions} exceeds {MAX_PARTITIONS}.")
+            raise TopicError(ErrorCode.invalid_partitions,
+                             f"Number of partitions {partitions} exceeds {MAX_PARTITIONS}.")
         factor = default_replication_factor if new.replication_factor in (None, -1) else new.replication_factor
         if factor < 1:
             raise TopicError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")

@@ -61,15 +61,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.cluster import etcd_client as etcd
 from copyless.broker.cluster.backend import NewTopic, plan_partitions, plan_topic
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
-from copyless.broker.cluster.keys import encode_state, encode_topic
 from copyless.broker.cluster.incarnation import holding_members
+from copyless.broker.cluster.keys import encode_state, encode_topic
 from copyless.broker.cluster.placement import elect_leader, preferred_leader
 from copyless.broker.partition import PartitionState
 from copyless.broker.topics import TopicError
@@ -271,7 +272,8 @@ class Controller:
         changes = []
         for topic in image.topics.values():
             unclean = topic.configs.get("unclean.leader.election.enable", "").lower() == "true" or (
-                "unclean.leader.election.enable" not in topic.configs and self.metadata.broker.config.unclean_leader_election)
+                "unclean.leader.election.enable" not in topic.configs
+                and self.metadata.broker.config.unclean_leader_election)
             for index, replicas in enumerate(topic.assignment):
                 state = image.partition_state(topic.name, index)
                 decided = next_state(state, replicas, live, unclean=unclean,
@@ -360,7 +362,8 @@ class Controller:
             if not result.succeeded:
                 if not self.active:
                     raise TopicError(ErrorCode.not_controller, "the controller moved during the request")
-                raise TopicError(ErrorCode.invalid_partitions, f"Topic '{name}' changed while partitions were added; retry")
+                raise TopicError(ErrorCode.invalid_partitions,
+                                 f"Topic '{name}' changed while partitions were added; retry")
             revision = result.revision
             # More states than one transaction holds: the rest follow; reconcile writes any a stop interrupts.
             for start in range(len(first), len(states), MAX_TXN_OPS):
@@ -380,7 +383,8 @@ class Controller:
             image = self.metadata.image
             info = image.topic(name)
             if info is None:
-                raise TopicError(ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition.")
+                raise TopicError(ErrorCode.unknown_topic_or_partition,
+                                 "This server does not host this topic-partition.")
             if info.internal:
                 raise TopicError(ErrorCode.invalid_topic_exception, f"Topic '{name}' is internal and cannot be deleted")
             layout = self.layout
@@ -427,7 +431,8 @@ class Controller:
                 revision = await self._write_states(changes)
                 if revision == 0:
                     for topic, index, _state, _new, _epochs in changes:
-                        outcome[(topic, index)] = ErrorCode.not_controller if not self.active else ErrorCode.unknown_server_error
+                        outcome[(topic, index)] = (ErrorCode.unknown_server_error if self.active
+                                                   else ErrorCode.not_controller)
             return outcome
 
     async def _rebalance(self) -> None:

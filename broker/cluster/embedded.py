@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -134,7 +135,8 @@ class EmbeddedMetadata(MetadataBackend):
         for topic in self.topics:
             # Logs written before topic ids were recorded carry none: they are this topic's by name.
             for partition in range(topic.partitions):
-                if (topic.name, partition) in existing and self.broker.replicas.local_topic_id(topic.name, partition) is None:
+                if ((topic.name, partition) in existing
+                        and self.broker.replicas.local_topic_id(topic.name, partition) is None):
                     self.broker.replicas.create_logs_blocking(_topic_info(topic, self.node_id), [partition])
         self.producer_ids.load(floor=self.broker.producers.max_producer_id() + 1)
         self.image = self._build_image()

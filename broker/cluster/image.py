@@ -3,8 +3,9 @@
 Owns the value types every layer reads: ``BrokerInfo`` (a live broker: id, epoch, endpoints per listener),
 ``TopicInfo`` (name, topic id, replica assignment, configs), the per-partition ``PartitionState``
 (leader, leader epoch, ISR, replicas, version) and the dynamic broker configs (``broker_configs``: ``""`` for
-every broker, ``"<id>"`` for one; Kafka names to text, see ``broker.config_sources``). A backend replaces its image as a whole on every change, so
-a reader holding one sees a consistent cluster (one etcd revision) and never a half-applied change.
+every broker, ``"<id>"`` for one; Kafka names to text, see ``broker.config_sources``). A backend replaces its image as a
+whole on every change, so a reader holding one sees a consistent cluster (one etcd revision) and never a half-applied
+change.
 
 Pure: no I/O.
 """
@@ -12,8 +13,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
 
 from copyless.broker.partition import PartitionState
 

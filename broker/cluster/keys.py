@@ -137,7 +137,7 @@ def decode_isr_epochs(value: bytes) -> dict[int, int]:
     epochs = [int(e) for e in data.get("isr_epochs", ())]
     if len(epochs) != len(isr):
         epochs = [0] * len(isr)
-    return dict(zip(isr, epochs))
+    return dict(zip(isr, epochs, strict=True))
 
 
 def decode_state(value: bytes, replicas: tuple[int, ...], version: int) -> tuple[PartitionState, int]:

@@ -22,7 +22,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import random
-from typing import Collection, Sequence
+from collections.abc import Collection, Sequence
 
 __all__ = ["assign_replicas", "elect_leader", "preferred_leader", "NO_LEADER"]
 

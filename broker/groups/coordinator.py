@@ -46,8 +46,8 @@ import enum
 import functools
 import heapq
 import uuid
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable
 
 from kio.schema.errors import ErrorCode
 
@@ -283,9 +283,7 @@ def _session_applies(group: _Group, member: _Member) -> bool:
     # deadline or the leader's sync; every other member must heartbeat within its session timeout.
     if member.awaiting_join and group.state is GroupState.PREPARING_REBALANCE:
         return False
-    if member.sync_waiter is not None and group.state is GroupState.COMPLETING_REBALANCE:
-        return False
-    return True
+    return member.sync_waiter is None or group.state is not GroupState.COMPLETING_REBALANCE
 
 
 def _reschedules(method):

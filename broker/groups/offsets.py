@@ -29,16 +29,16 @@ Partitions: ``partition_for(group, n)`` is Kafka's ``abs(groupId.hashCode) % off
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from copyless.broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
 from copyless.client.protocol.records import (
-    InvalidBatchError,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_BIT,
+    InvalidBatchError,
     crc32c,
     decode_records,
     encode_varint,

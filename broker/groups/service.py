@@ -56,13 +56,21 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.coordinator_shards import CoordinatorShards
-from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupSnapshot, GroupState, JoinResult, SyncResult
+from copyless.broker.groups.coordinator import (
+    GroupConfig,
+    GroupCoordinator,
+    GroupSnapshot,
+    GroupState,
+    JoinResult,
+    SyncResult,
+)
 from copyless.broker.groups.offsets import (
     OFFSETS_TOPIC,
     CommittedOffset,
@@ -322,7 +330,8 @@ class GroupService:
 
     async def _persist_groups(self, shard: _Shard, snapshots: list[GroupSnapshot]) -> None:
         coordinator = shard.coordinator
-        storing = [(s.group_id, s.generation_id) for s in snapshots if coordinator.storing(s.group_id) == s.generation_id]
+        storing = [(s.group_id, s.generation_id) for s in snapshots
+                   if coordinator.storing(s.group_id) == s.generation_id]
         error = ErrorCode.none
         try:
             info, partition = await self._append(shard, [shard.store.group_record(s) for s in snapshots])
@@ -555,7 +564,8 @@ class GroupService:
                 results[group_id] = ErrorCode.group_id_not_found
                 continue
             snapshot = shard.coordinator.describe(group_id)
-            if snapshot.state not in (GroupState.EMPTY, GroupState.DEAD) or not shard.coordinator.remove_group(group_id):
+            removable = snapshot.state in (GroupState.EMPTY, GroupState.DEAD)
+            if not removable or not shard.coordinator.remove_group(group_id):
                 results[group_id] = ErrorCode.non_empty_group
                 continue
             tombstones: list[tuple[bytes, bytes | None]] = [(offset_commit_key(group_id, topic, partition), None)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 
@@ -84,7 +85,7 @@ def load_handlers(module_names: tuple[tuple[str, bool], ...] = _MODULES) -> Hand
                 log.info("handler module %s not present; its APIs are not served", name)
                 continue
             raise
-        table.register(name, getattr(module, "HANDLERS"))
+        table.register(name, module.HANDLERS)
         table.modules.append(name)
         if hasattr(module, "startup"):
             table.startup_hooks.append(module.startup)

@@ -98,7 +98,8 @@ async def find_coordinator(ctx: RequestContext, request):
 async def join_group(ctx: RequestContext, request):
     module = response_module(JOIN_GROUP, ctx.api_version)
     if not checks.group(ctx, Operation.READ, request.group_id):
-        return build(module.JoinGroupResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
+        return build(module.JoinGroupResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.group_authorization_failed,
                      generation_id=-1, protocol_name="", leader="", member_id="", members=())
     session_timeout_ms = _ms(request.session_timeout)
     rebalance_timeout_ms = _ms(getattr(request, "rebalance_timeout", request.session_timeout))
@@ -128,8 +129,8 @@ async def join_group(ctx: RequestContext, request):
 async def sync_group(ctx: RequestContext, request):
     module = response_module(SYNC_GROUP, ctx.api_version)
     if not checks.group(ctx, Operation.READ, request.group_id):
-        return build(module.SyncGroupResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
-                     assignment=b"")
+        return build(module.SyncGroupResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.group_authorization_failed, assignment=b"")
     result = await ctx.broker.groups.sync_group(
         group_id=request.group_id,
         generation_id=request.generation_id,
@@ -144,7 +145,8 @@ async def sync_group(ctx: RequestContext, request):
 async def heartbeat(ctx: RequestContext, request):
     module = response_module(HEARTBEAT, ctx.api_version)
     if not checks.group(ctx, Operation.READ, request.group_id):
-        return build(module.HeartbeatResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed)
+        return build(module.HeartbeatResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.group_authorization_failed)
     error = ctx.broker.groups.heartbeat(
         group_id=request.group_id,
         generation_id=request.generation_id,
@@ -157,8 +159,8 @@ async def heartbeat(ctx: RequestContext, request):
 async def leave_group(ctx: RequestContext, request):
     module = response_module(LEAVE_GROUP, ctx.api_version)
     if not checks.group(ctx, Operation.READ, request.group_id):
-        return build(module.LeaveGroupResponse, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
-                     members=())
+        return build(module.LeaveGroupResponse, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.group_authorization_failed, members=())
     if ctx.api_version >= 3:
         leaving = [(m.member_id, m.group_instance_id) for m in request.members]
     else:

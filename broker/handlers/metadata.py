@@ -180,7 +180,8 @@ async def _missing_topic(ctx: RequestContext, module, name: str, all_topics: boo
     except TopicError as exc:
         if exc.code != ErrorCode.topic_already_exists:
             log.warning("auto-create of %s refused: %s", name, exc.message)
-            code = ErrorCode.invalid_topic_exception if exc.code == ErrorCode.invalid_topic_exception else ErrorCode.unknown_topic_or_partition
+            code = (ErrorCode.invalid_topic_exception if exc.code == ErrorCode.invalid_topic_exception
+                    else ErrorCode.unknown_topic_or_partition)
             return _topic_error(module, name, code)
     # Kafka answers the creating round with LEADER_NOT_AVAILABLE; every client retries the metadata.
     return _topic_error(module, name, ErrorCode.leader_not_available)

@@ -48,9 +48,9 @@ from kio.schema.errors import ErrorCode
 from copyless.broker.errors import BrokerError, RequestTimedOut, error_for
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
 from copyless.broker.record_conversion import convert_message_set, is_message_set, recompress_batch, target_codec
-from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
+from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.wire.produce_response import encode_produce_response
 from copyless.client.protocol.records import (
     CODEC_ZSTD,
@@ -106,12 +106,14 @@ def validate_produce_records(records, *, api_version: int, max_message_bytes: in
             f"The record batch size {header.size} exceeds the topic's max.message.bytes {max_message_bytes}",
         )
     if header.base_offset != 0:
-        raise ProduceError(ErrorCode.invalid_record, f"The baseOffset of the record batch must be 0, not {header.base_offset}")
+        raise ProduceError(ErrorCode.invalid_record,
+                           f"The baseOffset of the record batch must be 0, not {header.base_offset}")
     if header.is_control:
         raise ProduceError(ErrorCode.invalid_record, "Clients may not send control batches")
     if header.producer_id != NO_PRODUCER_ID and header.base_sequence < 0:
         raise ProduceError(
-            ErrorCode.invalid_record, f"Invalid sequence number {header.base_sequence} for producer {header.producer_id}"
+            ErrorCode.invalid_record,
+            f"Invalid sequence number {header.base_sequence} for producer {header.producer_id}",
         )
     if header.codec > _MAX_CODEC:
         raise ProduceError(ErrorCode.corrupt_message, f"Unknown compression codec id {header.codec}")

@@ -26,8 +26,8 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from copyless.broker.handlers.context import RequestContext
 from copyless.broker.cluster.backend import is_inter_broker
+from copyless.broker.handlers.context import RequestContext
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.topics import INTERNAL_TOPICS, TopicError
@@ -49,7 +49,8 @@ async def handle_create_topics(ctx: RequestContext, request):
     for topic in request.topics:
         code, message = ErrorCode.none, None
         if counts[topic.name] > 1:
-            code, message = ErrorCode.invalid_request, f"Create topics request from client contains a duplicate topic {topic.name}"
+            code = ErrorCode.invalid_request
+            message = f"Create topics request from client contains a duplicate topic {topic.name}"
         elif topic.name in denied:
             code, message = ErrorCode.topic_authorization_failed, "Authorization failed."
         else:

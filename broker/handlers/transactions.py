@@ -1,7 +1,8 @@
 """Transaction APIs: AddPartitionsToTxn (24) v0-3, AddOffsetsToTxn (25) v0-3, EndTxn (26) v0-3,
 WriteTxnMarkers (27) v1, TxnOffsetCommit (28) v0-3, DescribeTransactions (65) v0, ListTransactions (66) v0
-(the ids coordinated by the broker asked; an admin asks every broker, as Kafka's tools do). InitProducerId with a transactional id and
-FindCoordinator with key type 1 come here from their own handlers (``init_producer_id``, ``find_coordinator``).
+(the ids coordinated by the broker asked; an admin asks every broker, as Kafka's tools do). InitProducerId with a
+transactional id and FindCoordinator with key type 1 come here from their own handlers (``init_producer_id``,
+``find_coordinator``).
 
 Each translates one kio request into a call on ``broker.transactions`` (``broker.txn.service``) or, for
 TxnOffsetCommit, on ``broker.groups``. Kafka's rules (``KafkaApis``):
@@ -31,8 +32,8 @@ from copyless.broker.groups.offsets import MAX_METADATA_BYTES, OFFSETS_TOPIC, Co
 from copyless.broker.handlers.context import RequestContext
 from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
-from copyless.broker.txn.service import TransactionService, now_ms
 from copyless.broker.txn.metadata import TxnState
+from copyless.broker.txn.service import TransactionService, now_ms
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
 
 __all__ = ["HANDLERS", "startup", "shutdown", "init_producer_id", "find_coordinator"]
@@ -305,7 +306,7 @@ async def describe_transactions(ctx: RequestContext, request):
 def _timestamp(ms: int):
     """kio writes datetimes as epoch milliseconds; -1 ("no transaction started", as Kafka sends) is the
     instant one millisecond before the epoch."""
-    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
 async def list_transactions(ctx: RequestContext, request):

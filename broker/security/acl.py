@@ -34,8 +34,9 @@ are few in practice).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = [
     "ResourceType",
@@ -141,7 +142,7 @@ class AclBinding:
     operation: Operation
     permission: Permission
 
-    def check(self) -> "AclBinding":
+    def check(self) -> AclBinding:
         """Refuse what Kafka's CreateAcls refuses (INVALID_REQUEST). Returns self. Raises AclError."""
         if self.resource_type in (ResourceType.ANY, ResourceType.UNKNOWN):
             raise AclError(f"resource type {self.resource_type.name} cannot be stored")
@@ -170,7 +171,7 @@ class AclBinding:
                 "operation": self.operation.name, "permission": self.permission.name}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "AclBinding":
+    def from_json(cls, data: dict[str, Any]) -> AclBinding:
         """Raises AclError (KeyError, ValueError inside) on a document that is not a binding."""
         try:
             return cls(ResourceType[data["resource_type"]], str(data["resource_name"]),
@@ -196,7 +197,7 @@ class AclBindingFilter:
     operation: Operation = Operation.ANY
     permission: Permission = Permission.ANY
 
-    def check(self) -> "AclBindingFilter":
+    def check(self) -> AclBindingFilter:
         """Refuse filters with UNKNOWN values (Kafka: INVALID_REQUEST). Raises AclError."""
         for field, value in (("resource type", self.resource_type), ("pattern type", self.pattern_type),
                              ("operation", self.operation), ("permission", self.permission)):
@@ -253,7 +254,7 @@ class Authorizer:
             else:
                 self._prefixed.setdefault(binding.resource_type, []).append(binding)
 
-    def with_bindings(self, bindings: Iterable[AclBinding]) -> "Authorizer":
+    def with_bindings(self, bindings: Iterable[AclBinding]) -> Authorizer:
         return Authorizer(bindings, self.super_users, self.allow_if_no_acls)
 
     def _applicable(self, resource_type: ResourceType, name: str) -> list[AclBinding]:
@@ -309,9 +310,7 @@ class Authorizer:
             if not covered:
                 return True
         # No binding of the type at all: allow.everyone.if.no.acl.found decides, as for one resource.
-        if self.allow_if_no_acls and not any(b.resource_type == resource_type for b in self.bindings):
-            return True
-        return False
+        return self.allow_if_no_acls and not any(b.resource_type == resource_type for b in self.bindings)
 
     def matching(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
         """The stored bindings the filter selects, in a stable order. O(bindings)."""

@@ -115,7 +115,8 @@ class SecurityManager:
             else:
                 self.ktls = kernel_tls_available()
         for name, listener in resolved.items():
-            runtime = ListenerRuntime(listener, mapper=PrincipalMapper(str(listener.get("ssl.principal.mapping.rules"))))
+            mapper = PrincipalMapper(str(listener.get("ssl.principal.mapping.rules")))
+            runtime = ListenerRuntime(listener, mapper=mapper)
             if listener.tls:
                 runtime.ktls = self.ktls.available
                 runtime.context = server_context(listener, ktls=runtime.ktls)
@@ -148,8 +149,8 @@ class SecurityManager:
             iterations = int(fields.get("iterations", 4096))
             salt = base64.b64decode(fields["salt"]) if "salt" in fields else secrets.token_bytes(32)
             if "saltedpassword" in fields:
-                credential = credential_from_salted_password(mechanism, salt, base64.b64decode(fields["saltedpassword"]),
-                                                             iterations)
+                salted_password = base64.b64decode(fields["saltedpassword"])
+                credential = credential_from_salted_password(mechanism, salt, salted_password, iterations)
             else:
                 credential = await asyncio.to_thread(credential_from_password, mechanism, fields["password"], salt,
                                                      iterations)

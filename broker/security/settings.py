@@ -24,8 +24,9 @@ DescribeConfigs answers them null. Every entry is static (read at start-up). The
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from copyless.broker.config_def import ConfigError, ConfigKey, ConfigType
 
@@ -34,8 +35,8 @@ __all__ = ["SECURITY_CONFIGS", "SecuritySettings", "ListenerSecurity", "Settings
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # authorizer.class.name values that turn on the built-in ACL authorizer (Kafka's two, and a short name).
-AUTHORIZER_CLASSES = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer",
-                      "acl")
+AUTHORIZER_CLASSES = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                      "kafka.security.authorizer.AclAuthorizer", "acl")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -245,7 +246,7 @@ class SecuritySettings:
     add_scram: tuple[str, ...] = field(default=())
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], add_scram=()) -> "SecuritySettings":
+    def from_mapping(cls, mapping: Mapping[str, Any], add_scram=()) -> SecuritySettings:
         return cls(tuple(sorted((str(k), v) for k, v in mapping.items())), tuple(add_scram))
 
     def _raw(self) -> dict[str, Any]:
@@ -327,7 +328,8 @@ class SecuritySettings:
                 if unsupported or not listener.mechanisms:
                     raise SettingsError(f"listener {name}: sasl.enabled.mechanisms must name some of "
                                         f"{', '.join(_MECHANISMS)}")
-            if listener.get("ssl.client.auth") != "none" and listener.tls and not listener.get("ssl.truststore.location"):
+            if (listener.get("ssl.client.auth") != "none" and listener.tls
+                    and not listener.get("ssl.truststore.location")):
                 raise SettingsError(f"listener {name}: ssl.client.auth needs ssl.truststore.location")
 
     def describe(self) -> dict[str, Any]:

@@ -40,8 +40,9 @@ import json
 import logging
 import os
 import urllib.parse
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from copyless.broker.security.acl import AclBinding, AclError
 from copyless.client.protocol.scram import ScramCredential

@@ -36,10 +36,10 @@ import threading
 import time
 
 from copyless.broker.handlers.context import CloseConnection, EncodedResponse, RequestContext
-from copyless.broker.stats import response_error_codes
 from copyless.broker.security.manager import ANONYMOUS
 from copyless.broker.security.sasl import StepKind
 from copyless.broker.server.transfer import Writable, send_bytes, send_segments, wait_readable, wait_writable
+from copyless.broker.stats import response_error_codes
 from copyless.broker.wire.codecs import encode_response
 from copyless.broker.wire.headers import RemoteProtocolError
 from copyless.broker.wire.requests import ApiVersionsFallback, decode_request, encode_api_versions_fallback

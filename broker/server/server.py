@@ -127,7 +127,8 @@ class Server:
                 self._close_listeners()
                 raise ListenError("metrics.listen", *config.metrics_listen, exc) from exc
         for name, sock in self.listen_sockets.items():
-            self._accept_tasks.append(asyncio.create_task(self._accept_loop(name, sock), name=f"copyless-accept-{name}"))
+            self._accept_tasks.append(
+                asyncio.create_task(self._accept_loop(name, sock), name=f"copyless-accept-{name}"))
         if self.config.stats_interval_s > 0:
             self._periodic.append(asyncio.create_task(self._stats_loop(), name="copyless-stats"))
         if self.config.connections_max_idle_ms:
@@ -274,7 +275,7 @@ class Server:
                              connection.peer, connection.client_id, limit_s * 1000)
                     task.cancel()
 
-    # --- shutdown ------------------------------------------------------------------------------------------------------
+    # --- shutdown -------------------------------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
         """Stop accepting, finish in-flight requests, close connections, shut the logs down cleanly."""
@@ -307,7 +308,8 @@ class Server:
             for task in pending:
                 task.cancel()
             if pending:
-                log.warning("%d request(s) did not finish within %.0f s; cancelled", len(pending), self.config.shutdown_timeout_s)
+                log.warning("%d request(s) did not finish within %.0f s; cancelled",
+                            len(pending), self.config.shutdown_timeout_s)
                 await asyncio.wait(pending, timeout=5)
         await self.broker.run_shutdown_hooks()
         await self.broker.stop_cluster()

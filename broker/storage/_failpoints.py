@@ -111,7 +111,7 @@ def arm(name: str | None, skip: int = 0) -> None:
 def failpoint(name: str) -> None:
     """SIGKILL this process if ``name`` is the armed failpoint (after the configured number of skips)."""
     global _skip
-    if _ARMED is None or _ARMED != name:
+    if _ARMED is None or name != _ARMED:
         return
     if _skip > 0:
         _skip -= 1

@@ -29,7 +29,7 @@ Charges, per file, for ``(data, promised)`` pairs (``held_past_data``):
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["BLOCK_BYTES", "held_past_data", "grant_end"]
 
@@ -58,11 +58,10 @@ def grant_end(*, data_end: int, promised_end: int, capacity: int, want_ahead: in
     """The end a file's blocks may be promised to (loop thread, before queueing its next step).
 
     ``want_ahead`` bytes past ``data_end`` are asked for; the grant is cut so that the file's blocks past
-    its data (in whole blocks, as ``held_past_data`` counts them) plus ``index_cost(end)`` (what its indexes will hold past their
-    entries, a non-decreasing function of the log's end) fit in what the other files leave of ``budget``
-    (``held_elsewhere``). Never below ``promised_end`` (a promise is never taken back: the step may be
-    running) nor below ``need_end`` (an append's own bytes: see the module docstring), never past
-    ``capacity``.
+    its data (in whole blocks, as ``held_past_data`` counts them) plus ``index_cost(end)`` (what its indexes will hold
+    past their entries, a non-decreasing function of the log's end) fit in what the other files leave of ``budget``
+    (``held_elsewhere``). Never below ``promised_end`` (a promise is never taken back: the step may be running) nor
+    below ``need_end`` (an append's own bytes: see the module docstring), never past ``capacity``.
     """
     room = budget - held_elsewhere
     end = _fit(data_end, min(want_ahead, room), capacity)

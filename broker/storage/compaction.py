@@ -47,13 +47,13 @@ from dataclasses import dataclass
 
 from copyless.client.protocol.batch_builder import compress
 from copyless.client.protocol.records import (
-    Buffer,
     ATTRIBUTES_OFFSET,
     CODEC_MASK,
     CODEC_NONE,
     NO_PRODUCER_ID,
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
+    Buffer,
     InvalidBatchError,
     crc32c,
     decompress,
@@ -61,8 +61,8 @@ from copyless.client.protocol.records import (
     read_varint,
 )
 
-__all__ = ["DELETE_HORIZON_BIT", "count_tombstones", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records", "key_digest",
-           "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
+__all__ = ["DELETE_HORIZON_BIT", "count_tombstones", "OffsetMap", "BatchOutcome", "filter_batch", "parse_records",
+           "key_digest", "delete_horizon_of", "iter_record_keys", "first_keyless_offset_delta"]
 
 # KIP-534: set when the batch's base timestamp holds the delete horizon of its tombstones.
 DELETE_HORIZON_BIT = 0x40

@@ -98,3 +98,7 @@ class LogConfig:
         if self.preallocate:
             return self.segment_index_bytes
         return max(4096, self.preallocate_ahead_bytes // 32)
+
+
+# The defaults, one instance (frozen): a LogManager's default_config unless given one.
+DEFAULT_LOG_CONFIG = LogConfig()

@@ -32,7 +32,7 @@ class FileSlice:
         if segment is not None and segment.unpin() and self._on_unpinned is not None:
             self._on_unpinned(segment)
 
-    def __enter__(self) -> "FileSlice":
+    def __enter__(self) -> FileSlice:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -138,7 +138,8 @@ class Flusher:
         segments = self._segments
         with segments.io_lock:
             for segment in segments.all:
-                if segment.base_offset > log_end_offset or (segment.base_offset == log_end_offset and segment is not active):
+                if segment.base_offset > log_end_offset or (
+                        segment.base_offset == log_end_offset and segment is not active):
                     break
                 end = committed_position if segment is active else segment.committed_position
                 if segment.flushed_position >= end or not segment.try_pin():

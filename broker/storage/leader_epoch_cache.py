@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 from .checkpoint import read_entries, write_entries
 
@@ -110,7 +111,7 @@ class LeaderEpochCache:
             if epoch > entries[-1].epoch:
                 return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
             floor = None
-            for number, entry in enumerate(entries):
+            for entry in entries:
                 if entry.epoch > epoch:
                     if floor is None:
                         return epoch, entry.start_offset
@@ -251,8 +252,8 @@ class LeaderEpochCache:
         if loaded is not None and rescan_from is None and log_end_offset > log_start_offset:
             # A clean stop wrote the file last; if that write failed, the last batch says so (one header).
             last = None
-            for last in read_headers(log_end_offset - 1):
-                pass
+            for header in read_headers(log_end_offset - 1):
+                last = header
             if last is not None and last.partition_leader_epoch != self.latest_epoch():
                 log.warning("%s: %s ends at epoch %d, the log at %d: rebuilding it from the batches",
                             self.path.parent.name, self.path.name, self.latest_epoch(), last.partition_leader_epoch)

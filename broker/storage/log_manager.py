@@ -36,10 +36,10 @@ from . import filenames
 from .background import Background
 from .checkpoint import fsync_directory, read_checkpoint, remove_marker, write_checkpoint, write_marker
 from .cleaner import CleanerConfig, LogCleaner
-from .config import LogConfig
+from .clock import now_ms
+from .config import DEFAULT_LOG_CONFIG, LogConfig
 from .errors import StorageError, storage_error_from
 from .partition_log import PartitionLog
-from .clock import now_ms
 
 __all__ = ["LogManager"]
 
@@ -61,7 +61,7 @@ class LogManager:
             they changed (Kafka ``replica.high.watermark.checkpoint.interval.ms``, 5 s).
     """
 
-    def __init__(self, data_dir, *, default_config: LogConfig = LogConfig(), topic_configs=None,
+    def __init__(self, data_dir, *, default_config: LogConfig = DEFAULT_LOG_CONFIG, topic_configs=None,
                  background_interval_ms: int | None = 1000, checkpoint_interval_ms: int = 60_000,
                  retention_check_interval_ms: int = 300_000, offsets_checkpoint_interval_ms: int = 5_000,
                  cleaner_config: CleanerConfig | None = None) -> None:
@@ -149,7 +149,8 @@ class LogManager:
         else:
             log.log(logging.INFO if clean else logging.WARNING,
                     "storage started in %.3f s (%s): %d logs, %d segments, %d recovered, %d bytes rescanned,"
-                    " %d bytes trimmed past the last batches", seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
+                    " %d bytes trimmed past the last batches",
+                    seconds, "clean shutdown" if clean else "unclean shutdown: recovered",
                     totals["logs"], totals["segments"], totals["segments_recovered"], totals["bytes_rescanned"],
                     totals["bytes_discarded"])
         if not clean and self._logs:

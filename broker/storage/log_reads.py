@@ -13,7 +13,7 @@ Nothing here writes, so there is no crash story of its own: a read sees only com
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, BatchHeader, iter_record_timestamps
 

@@ -45,9 +45,9 @@ retention.py, cleaner.py) leave a log that start-up (loader.py) makes a prefix o
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Iterator
 
 from copyless.client.protocol.records import (
     LOG_OVERHEAD,

@@ -20,19 +20,18 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-
 from pathlib import Path
 
 from . import filenames
-from .background import Background
-from .config import LogConfig
-from .log_segments import LogSegments
-from .clock import now_ms
-from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
 from . import prefault as prefault_module
+from .background import Background
 from .block_budget import grant_end, held_past_data
-from .prefault import prefault_bytes_per_ms
+from .clock import now_ms
+from .config import LogConfig
+from .errors import AppendNotReady, StorageError, free_bytes, storage_error_from
 from .index import OffsetIndex, TimeIndex
+from .log_segments import LogSegments
+from .prefault import prefault_bytes_per_ms
 from .prepared_segment import PreparedSegment, index_allocation_bytes
 from .segment import Segment
 
@@ -108,12 +107,12 @@ class SegmentPreparation:
         """After each append: the next step of blocks, the next segment and the pre-fault window, each queued
         on its thread when due (a few comparisons)."""
         rate = self._append_rate(active, now)
-        if active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set():
-            # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
-            if active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2 and (
-                    time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
-                    or active.extension_failed_s < 0):
-                self._extend_active(active, rate)
+        # After a failed extension (disk full) retry at most every ROLL_RETRY_INTERVAL_S, not per append.
+        if (active.allocated_bytes < active.capacity_bytes and active.extension_done.is_set()
+                and active.allocated_bytes - active.written_position < self._want_ahead(rate) // 2
+                and (time.monotonic() - active.extension_failed_s >= ROLL_RETRY_INTERVAL_S
+                     or active.extension_failed_s < 0)):
+            self._extend_active(active, rate)
         prepared = self.prepared
         if prepared is None:
             if self._should_prepare(active, now, rate):
@@ -324,7 +323,8 @@ class SegmentPreparation:
             return False
         written = active.written_position
         elapsed_ms = max(now - started, 1)
-        if written >= active.capacity_bytes * PREPARE_MIN_FILL and active.room_bytes <= bytes_per_ms * PREPARE_HORIZON_MS:
+        if (written >= active.capacity_bytes * PREPARE_MIN_FILL
+                and active.room_bytes <= bytes_per_ms * PREPARE_HORIZON_MS):
             return True
         index = active.offset_index
         if index.entries >= index.max_entries * PREPARE_MIN_FILL and (

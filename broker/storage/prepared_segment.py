@@ -142,7 +142,7 @@ class PreparedSegment:
             self.warm_seconds = time.perf_counter() - started
             self.warm_done.set()
 
-    def create_and_warm(self, index_interval_bytes: int = 4096) -> "PreparedSegment":
+    def create_and_warm(self, index_interval_bytes: int = 4096) -> PreparedSegment:
         try:
             self.create()
         except BaseException:

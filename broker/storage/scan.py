@@ -8,7 +8,7 @@ costs a syscall per window. It stops at the first torn or nonsensical header; CR
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from copyless.client.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD, BatchHeader, read_header
 

@@ -54,18 +54,18 @@ from copyless.client.protocol.records import (
 )
 
 from . import filenames
+from . import prefault as prefault_module
 from ._failpoints import failpoint
 from ._fileops import preallocate, remove_file, set_readahead, sync_data, write_at, write_zeros
 from .background import Completion
 from .clock import now_ms
 from .errors import AppendNotReady, storage_error_from
 from .index import OffsetIndex, TimeIndex
-from . import prefault as prefault_module
 from .prefault import Prefault, observe_append_wait, observe_outrun
 from .prepared_segment import PreparedSegment, index_allocation_bytes
 from .scan import scan_headers
-from .txn_index import txn_index_path
 from .segment_recovery import SegmentRecovery
+from .txn_index import txn_index_path
 
 __all__ = ["Segment"]
 
@@ -145,7 +145,7 @@ class Segment(SegmentRecovery):
     # --- opening ----------------------------------------------------------------------------------------
 
     @classmethod
-    def open_existing(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> "Segment":
+    def open_existing(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
         """Open a segment's files as found on disk (start-up). Not mapped; call load_clean or recover next."""
         log_path, index_path, time_index_path = filenames.segment_paths(directory, base_offset)
         fd = os.open(log_path, os.O_RDWR)
@@ -160,7 +160,7 @@ class Segment(SegmentRecovery):
                    index_interval_bytes=index_interval_bytes)
 
     @classmethod
-    def from_prepared(cls, prepared: PreparedSegment, base_offset: int, index_interval_bytes: int) -> "Segment":
+    def from_prepared(cls, prepared: PreparedSegment, base_offset: int, index_interval_bytes: int) -> Segment:
         """Make a prepared segment the active one (loop thread, at a roll). No I/O: the files keep their
         prepared names until ``assign_name`` runs on the io thread (three renames are journal operations
         that took 1-8 ms here under load; start-up adopts a prepared file that holds batches, see

@@ -18,7 +18,7 @@ Pure.
 from __future__ import annotations
 
 import struct
-from typing import Iterable
+from collections.abc import Iterable
 
 from copyless.broker.groups.offsets import partition_for as _java_hash_partition
 from copyless.broker.txn.metadata import TxnMetadata, TxnState

@@ -21,8 +21,8 @@ metadata lease is valid and it leads the partition at the shard's leader epoch):
   CompleteAbort in the background (holding the id's lock, so the producer's next request waits for it).
   Kafka answers after the Prepare write and writes the markers after; answering after the markers costs
   one more replication round and makes a committed transaction visible to read_committed consumers by the
-  time commitTransaction returns. A marker that cannot be written (a partition without a leader) is retried in the background
-  until it is; the transaction stays in Prepare* meanwhile (AddPartitions and EndTxn answer
+  time commitTransaction returns. A marker that cannot be written (a partition without a leader) is retried in
+  the background until it is; the transaction stays in Prepare* meanwhile (AddPartitions and EndTxn answer
   CONCURRENT_TRANSACTIONS, which clients retry);
 - markers for ``__consumer_offsets`` partitions (AddOffsetsToTxn) also tell the group coordinator to show or
   drop the offsets the transaction committed (``GroupService.complete_txn``);
@@ -332,7 +332,8 @@ class TransactionService:
         task = asyncio.get_running_loop().create_task(
             self._complete_until_done(shard, metadata, markers_written, holder), name=f"txn-complete-{key}")
         self._completions[key] = task
-        task.add_done_callback(lambda t, k=key: self._completions.pop(k, None) if self._completions.get(k) is t else None)
+        task.add_done_callback(
+            lambda t, k=key: self._completions.pop(k, None) if self._completions.get(k) is t else None)
 
     async def _complete(self, shard: _Shard, metadata: m.TxnMetadata, holder: _Holder, *, wait_s: float) -> None:
         """Write the markers of a Prepare* transaction, then store Complete* in a task that takes over the

@@ -32,8 +32,9 @@ Pure: the encoder reads only ``length`` from a slice; it never touches its bytes
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["FetchPartitionResult", "encode_fetch_response", "MIN_VERSION", "MAX_VERSION", "segments_length"]
 

@@ -57,7 +57,8 @@ class ProduceRequestView:
     topic_data: tuple[TopicProduceView, ...]
 
 
-def decode_produce_request(frame: bytes | bytearray | memoryview, offset: int, correlation_id: int = -1, version: int = MAX_VERSION) -> ProduceRequestView:
+def decode_produce_request(frame: bytes | bytearray | memoryview, offset: int, correlation_id: int = -1,
+                           version: int = MAX_VERSION) -> ProduceRequestView:
     """Decode the body of a Produce request of ``version`` that starts at ``offset`` of ``frame`` (bytes).
 
     Raises:

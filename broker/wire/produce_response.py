@@ -24,7 +24,7 @@ Pure.
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["encode_produce_response", "PartitionResult"]
 
@@ -60,7 +60,8 @@ def encode_produce_response(
         parts.append(_I32.pack(len(partitions)))
         for partition, error_code, base_offset, append_time_ms, log_start_offset, message in partitions:
             if version >= 8:
-                parts.append(_PARTITION_V8.pack(partition, error_code, base_offset, append_time_ms, log_start_offset, 0))
+                parts.append(_PARTITION_V8.pack(partition, error_code, base_offset, append_time_ms,
+                                                log_start_offset, 0))
                 parts.append(_string(message))
             elif version >= 5:
                 parts.append(_PARTITION_V5.pack(partition, error_code, base_offset, append_time_ms, log_start_offset))

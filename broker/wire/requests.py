@@ -15,8 +15,9 @@ Pure.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
@@ -47,7 +48,8 @@ class ApiVersionsFallback:
     header: RequestHeader
 
 
-def decode_request(frame: bytes | bytearray | memoryview, served: Mapping[int, tuple[int, int]]) -> DecodedRequest | ApiVersionsFallback:
+def decode_request(frame: bytes | bytearray | memoryview,
+                   served: Mapping[int, tuple[int, int]]) -> DecodedRequest | ApiVersionsFallback:
     """Decode a request frame (size prefix stripped).
 
     Args:
@@ -96,7 +98,9 @@ def encode_api_versions_fallback(correlation_id: int, min_version: int, max_vers
     """The v0 ApiVersions response with UNSUPPORTED_VERSION and the ApiVersions range (a whole frame)."""
     response = ApiVersionsResponse(
         error_code=ErrorCode.unsupported_version,
-        api_keys=(ApiVersion(api_key=i16(API_VERSIONS_KEY), min_version=i16(min_version), max_version=i16(max_version)),),
+        api_keys=(
+            ApiVersion(api_key=i16(API_VERSIONS_KEY), min_version=i16(min_version), max_version=i16(max_version)),
+        ),
     )
     buffer = io.BytesIO()
     _FALLBACK_WRITER(buffer, response)

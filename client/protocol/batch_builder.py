@@ -308,9 +308,9 @@ class BatchBuilder:
 
         The fast case - a ``bytes`` value with the timestamp and length of the previous ``append_value``
         record, while the run has room - is one list append and a count (~0.15 us for a 100-byte value,
-        against ~0.7 us for ``append``); ``_settle`` lays the run's pieces out in bulk. Anything else (a new millisecond, a new length, another bytes-like
-        type, a large value, the offsetDelta varint growing, the batch filling up) goes through
-        ``_start_run``.
+        against ~0.7 us for ``append``); ``_settle`` lays the run's pieces out in bulk. Anything else (a new
+        millisecond, a new length, another bytes-like type, a large value, the offsetDelta varint growing, the batch
+        filling up) goes through ``_start_run``.
 
         ``Producer.send`` and ``send_nowait`` inline this fast case (see ``Producer.send``): they test
         ``_run_from_s < time.time() < _run_until_s`` instead of comparing millisecond timestamps, then
@@ -416,10 +416,7 @@ class BatchBuilder:
         """
         self._settle()
         count = self._count
-        if count:
-            timestamp_delta = timestamp_ms - self._base_timestamp
-        else:
-            timestamp_delta = 0
+        timestamp_delta = timestamp_ms - self._base_timestamp if count else 0
         varints = _VARINTS
         if 0 <= timestamp_delta < _VARINT_CACHE_SIZE:
             timestamp_varint = varints[timestamp_delta]
@@ -464,7 +461,8 @@ class BatchBuilder:
             parts.append(header_bytes)
         else:
             # One copy now: the caller may reuse a mutable value (bytearray, memoryview) after the call.
-            pieces = (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix, value, header_bytes)
+            pieces = (length_varint, timestamp_varint, offset_varint, key_prefix, key, value_prefix, value,
+                      header_bytes)
             parts.append(b"%b\x00%b%b%b%b%b%b%b" % pieces)  # type: ignore[str-format]  # any buffer, as above
         if not count:
             self._base_timestamp = self._max_timestamp = timestamp_ms

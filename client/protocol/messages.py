@@ -15,8 +15,8 @@ Why Produce and Fetch are written by hand:
   records, which ``fetch_records.PartitionRecords`` then parses lazily.
 
 Versions (non-flexible, accepted by Kafka 2.x-4.x and by copyless; see the protocol reference §1.4):
-Produce 7 (zstd needs >= 7), Fetch 11, Metadata 8 (5 for brokers without it), ListOffsets 4, FindCoordinator 1, JoinGroup 5,
-SyncGroup 3, Heartbeat 1, LeaveGroup 1, OffsetCommit 3, OffsetFetch 3, CreateTopics 3, DeleteTopics 3,
+Produce 7 (zstd needs >= 7), Fetch 11, Metadata 8 (5 for brokers without it), ListOffsets 4, FindCoordinator 1,
+JoinGroup 5, SyncGroup 3, Heartbeat 1, LeaveGroup 1, OffsetCommit 3, OffsetFetch 3, CreateTopics 3, DeleteTopics 3,
 InitProducerId 1, ApiVersions 0.
 """
 
@@ -223,7 +223,9 @@ def encode_fetch_request(
     by_topic: dict[str, list[FetchPartition]] = {}
     for item in partitions:
         by_topic.setdefault(item.topic, []).append(item)
-    out = bytearray(struct.pack(">iiiibiii", -1, max_wait_ms, min_bytes, max_bytes, isolation_level, 0, -1, len(by_topic)))
+    # replica id -1, the waits and sizes, isolation level, session id 0, session epoch -1, topic count
+    out = bytearray(struct.pack(">iiiibiii", -1, max_wait_ms, min_bytes, max_bytes, isolation_level, 0, -1,
+                                len(by_topic)))
     for topic, items in by_topic.items():
         out += _string(topic)
         out += _I32.pack(len(items))

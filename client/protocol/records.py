@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import crc32c as _crc32c
 

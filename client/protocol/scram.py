@@ -182,7 +182,7 @@ def _decode_message(data: bytes) -> str:
 
 
 def _xor(a: bytes, b: bytes) -> bytes:
-    return bytes(x ^ y for x, y in zip(a, b))
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
 
 
 class ScramClient:
@@ -229,13 +229,13 @@ class ScramClient:
         salted = salted_password(self.hash_name, self._password, salt, iterations)
         self._password = None
         without_proof = f"c={base64.b64encode(_GS2_HEADER.encode()).decode()},r={nonce}"
-        auth_message = f"{self._first_bare},{text},{without_proof}".encode("utf-8")
+        auth_message = f"{self._first_bare},{text},{without_proof}".encode()
         client_key = _hmac(self.hash_name, salted, b"Client Key")
         stored_key = hashlib.new(self.hash_name, client_key).digest()
         proof = _xor(client_key, _hmac(self.hash_name, stored_key, auth_message))
         server_key = _hmac(self.hash_name, salted, b"Server Key")
         self._server_signature = _hmac(self.hash_name, server_key, auth_message)
-        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode("utf-8")
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
 
     def verify(self, server_final: bytes) -> None:
         """Check the server's signature (it proves the server held this user's ServerKey). Raises ScramError."""
@@ -326,7 +326,7 @@ class ScramServer:
         if nonce != self._nonce and nonce != self._client_nonce + self._nonce:
             raise ScramError("nonce does not match")
         without_proof = text[:text.rindex(",p=")]
-        auth_message = f"{self._first_bare},{self._server_first},{without_proof}".encode("utf-8")
+        auth_message = f"{self._first_bare},{self._server_first},{without_proof}".encode()
         credential = self._credential
         proof = _b64decode(values["p"], "proof")
         signature = _hmac(self.hash_name, credential.stored_key, auth_message)

@@ -15,8 +15,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks._harness import (TINY_ENV, Benchmark, MedianInterval, Progress, cpu_seconds, format_table,
-                                 format_value, machine_description, median_interval, percentile)
+from benchmarks._harness import (
+    TINY_ENV,
+    Benchmark,
+    MedianInterval,
+    Progress,
+    cpu_seconds,
+    format_table,
+    format_value,
+    machine_description,
+    median_interval,
+    percentile,
+)
 from tests.support.polling import wait_until
 
 
@@ -105,11 +115,10 @@ def test_disk_scale_fits_or_scales_with_a_note(tmp_path, no_tiny):
 
 def test_scratch_dir_is_removed_even_on_error(tmp_path, no_tiny):
     bench = Benchmark("demo", "a demo", ["--out", str(tmp_path)])
-    with pytest.raises(RuntimeError):
-        with bench.scratch_dir() as scratch:
-            (scratch / "big").write_bytes(b"x" * 100)
-            kept = scratch
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), bench.scratch_dir() as scratch:
+        (scratch / "big").write_bytes(b"x" * 100)
+        kept = scratch
+        raise RuntimeError("boom")
     assert not kept.exists()
 
 

@@ -373,7 +373,8 @@ def test_benchmark_quick_mode_writes_json_and_chart(name, tmp_path):
         cwd=str(tmp_path), env=python_env(COPYLESS_BENCH_TINY="1", PYTHONUNBUFFERED="1"), capture_output=True,
         text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL,
     )
-    assert completed.returncode == 0, f"exit {completed.returncode}\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
+    assert completed.returncode == 0, (
+        f"exit {completed.returncode}\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}")
 
     document = json.loads((out / f"{name}.json").read_text())
     assert document["name"] == name

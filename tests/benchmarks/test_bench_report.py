@@ -65,7 +65,7 @@ def test_the_throughput_headline_gives_each_verdict_with_its_interval():
     from benchmarks.report import _headline_throughput
 
     figures = (("produce", (0.92, 1.11, 1.16)), ("consume", (1.03, 1.28, 1.05)))
-    ratios = {f"{w}_vs_kafka_{s}B": r for w, row in figures for s, r in zip((100, 1000, 10000), row)}
+    ratios = {f"{w}_vs_kafka_{s}B": r for w, row in figures for s, r in zip((100, 1000, 10000), row, strict=True)}
     lines = [{"client": "confluent-kafka", "record_bytes": 100, "produce_paired": 0.961,
               "produce_interval": [0.845, 0.983], "produce_verdict": "below (96%)", "consume_paired": 0.914,
               "consume_interval": [0.822, 1.034], "consume_verdict": "level (96%)"},

@@ -258,7 +258,7 @@ def test_a_consumer_waits_only_when_a_call_comes_back_short_mid_pass():
 def _targets_rows(broker: str, produce: list[float], consume: list[float]) -> list[dict]:
     return [{"section": "targets", "broker": broker, "client": "confluent-kafka", "record_bytes": 100,
              "round": number, "produce_mb_per_s": p, "consume_mb_per_s": c}
-            for number, (p, c) in enumerate(zip(produce, consume), start=1)]
+            for number, (p, c) in enumerate(zip(produce, consume, strict=True), start=1)]
 
 
 def test_the_targets_line_says_whether_a_run_could_tell_the_brokers_apart():
@@ -289,7 +289,7 @@ def test_the_targets_line_says_whether_a_run_could_tell_the_brokers_apart():
 def _fetch_rows(broker: str, mb_s: list[float], cpu: float, client: str = "raw-fetch") -> list[dict]:
     rounds = range(1, len(mb_s) + 1) if len(mb_s) > 1 else [None]
     return [{"section": "sendfile", "broker": broker, "client": client, "record_bytes": 1000, "round": number,
-             "consume_mb_per_s": m, "broker_cpu_s_per_gb": cpu} for number, m in zip(rounds, mb_s)]
+             "consume_mb_per_s": m, "broker_cpu_s_per_gb": cpu} for number, m in zip(rounds, mb_s, strict=True)]
 
 
 def test_the_fetch_path_line_judges_sendfile_against_its_target_round_by_round():
@@ -298,7 +298,7 @@ def test_the_fetch_path_line_judges_sendfile_against_its_target_round_by_round()
     from benchmarks._throughput.report import _fetch_entry
 
     copy = [3000.0, 3400.0, 2800.0, 3200.0, 3100.0]
-    faster = [c * f for c, f in zip(copy, (1.6, 2.0, 1.7, 1.8, 1.9))]
+    faster = [c * f for c, f in zip(copy, (1.6, 2.0, 1.7, 1.8, 1.9), strict=True)]
     rows = _fetch_rows("copyless", faster, 0.15) + _fetch_rows("copyless --no-sendfile", copy, 0.30)
     line = _fetch_entry(rows + _fetch_rows("kafka", [4000.0], 0.25), "raw-fetch", 1000)
     assert line["rounds"] == 5 and line["ratio_by_round"] == [1.6, 2.0, 1.7, 1.8, 1.9]

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, ResourceType
-from kafka.admin import KafkaAdminClient
 from kafka.admin import ConfigResource as KPConfigResource
-from kafka.admin import ConfigResourceType
+from kafka.admin import ConfigResourceType, KafkaAdminClient
 from kio.schema.errors import ErrorCode
 
-from tests.support.kio_requests import KafkaWire
 from tests.support.clients import REQUEST_TIMEOUT_MS, ConfluentDriver, make_records, now_ms
+from tests.support.kio_requests import KafkaWire
 from tests.support.polling import wait_until
 from tests.support.topics import unique_topic
 
@@ -110,7 +109,8 @@ def test_topic_configs_with_kafka_python(broker):
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS)
     try:
         # IncrementalAlterConfigs (the client's choice when the broker offers it).
-        result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic, configs={"retention.ms": "90000"})])
+        result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic,
+                                                       configs={"retention.ms": "90000"})])
         assert result == {"topic": {topic: "OK"}}
         # AlterConfigs: the client fills in the other overrides (the request replaces the whole set).
         result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic, configs={"flush.ms": "5000"})],
@@ -123,7 +123,8 @@ def test_topic_configs_with_kafka_python(broker):
         assert described["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
         result = admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic,
                                                        configs={"message.timestamp.type": "Whenever"})])
-        assert "InvalidConfigurationError" in result["topic"][topic] and "message.timestamp.type" in result["topic"][topic]
+        error = result["topic"][topic]
+        assert "InvalidConfigurationError" in error and "message.timestamp.type" in error
         with pytest.raises(ValueError):  # the client checks names against the dynamic configs described
             admin.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, topic, configs={"bogus": "1"})])
         everything = admin.describe_configs([KPConfigResource(ConfigResourceType.BROKER, "0")],
@@ -198,7 +199,7 @@ def test_retention_and_segment_size_apply_live(broker_factory):
     incremental(admin, ResourceType.TOPIC, topic, ("segment.bytes", AlterConfigOpType.SET, "65536"))
     # The next segments are allocated at the new size.
     partition_dir = proc.data_dir / f"{topic}-0"
-    for round_ in range(20):
+    for _ in range(20):
         driver.produce(proc.bootstrap, topic, [r.__class__(r.key, b"y" * 2000, now_ms(), ()) for r in
                                                make_records(4, base_ts_ms=now_ms(), tag="n", text_only=True)],
                        acks="all", codec="none")

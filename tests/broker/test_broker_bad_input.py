@@ -46,7 +46,7 @@ def exchange(port: int, payload: bytes) -> None:
         sock.settimeout(2)
         while sock.recv(65536):
             pass
-    except (socket.timeout, ConnectionError):
+    except (TimeoutError, ConnectionError):
         pass
     finally:
         sock.close()

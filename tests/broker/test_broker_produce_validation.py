@@ -74,7 +74,8 @@ def test_zstd_needs_produce_v7():
 
 def test_control_batches_rejected_transactional_ones_validated():
     assert error_of(build_batch([b"x"], attributes_extra=0x20)) == ErrorCode.invalid_record
-    assert error_of(build_batch([b"x"], attributes_extra=0x30, producer_id=1, producer_epoch=0)) == ErrorCode.invalid_record
+    transactional_control = build_batch([b"x"], attributes_extra=0x30, producer_id=1, producer_epoch=0)
+    assert error_of(transactional_control) == ErrorCode.invalid_record
     # A transactional batch passes the header checks; its transaction is checked by the handler.
     header = check(build_batch([b"x"], attributes_extra=0x10, producer_id=1, producer_epoch=0, base_sequence=0))
     assert header.is_transactional and header.producer_id == 1

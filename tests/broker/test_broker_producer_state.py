@@ -13,7 +13,8 @@ from tests.support.batches import build_batch
 
 def header(pid: int, epoch: int, sequence: int, count: int = 1, base_offset: int = 0):
     return read_header(
-        build_batch([b"v"] * count, producer_id=pid, producer_epoch=epoch, base_sequence=sequence, base_offset=base_offset)
+        build_batch([b"v"] * count, producer_id=pid, producer_epoch=epoch, base_sequence=sequence,
+                    base_offset=base_offset)
     )
 
 

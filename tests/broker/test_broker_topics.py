@@ -45,7 +45,8 @@ def test_configs_map_to_log_config_fields():
                          "max_message_bytes": 2000, "cleanup_policy": ("delete",)}
 
 
-@pytest.mark.parametrize("configs", [{"no.such.config": "1"}, {"retention.ms": "soon"}, {"cleanup.policy": "compact,shred"},
+@pytest.mark.parametrize("configs", [{"no.such.config": "1"}, {"retention.ms": "soon"},
+                                     {"cleanup.policy": "compact,shred"},
                                      {"segment.bytes": "10"}, {"message.timestamp.type": "Whenever"},
                                      {"retention.ms": None}])
 def test_bad_configs_are_invalid_config(configs):

@@ -9,6 +9,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
@@ -16,8 +17,12 @@ from copyless.broker.handlers import load_handlers
 from copyless.broker.wire.codecs import encode_response, response_module
 from copyless.broker.wire.fetch_response import FetchPartitionResult, encode_fetch_response, segments_length
 from copyless.broker.wire.headers import RemoteProtocolError, parse_request_header, skip_tagged_fields
-from copyless.broker.wire.requests import ApiVersionsFallback, DecodedRequest, decode_request, encode_api_versions_fallback
-from kio.index import load_request_schema, load_response_schema
+from copyless.broker.wire.requests import (
+    ApiVersionsFallback,
+    DecodedRequest,
+    decode_request,
+    encode_api_versions_fallback,
+)
 
 SERVED = load_handlers().served()
 
@@ -128,7 +133,8 @@ def test_any_bytes_decode_or_raise_remote_error(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(api_key=st.sampled_from(sorted(SERVED)), data=st.binary(max_size=120), correlation_id=st.integers(-2**31, 2**31 - 1))
+@given(api_key=st.sampled_from(sorted(SERVED)), data=st.binary(max_size=120),
+       correlation_id=st.integers(-2**31, 2**31 - 1))
 def test_random_bodies_for_served_keys(api_key, data, correlation_id):
     low, high = SERVED[api_key]
     for version in {low, high}:
@@ -142,7 +148,8 @@ def test_encode_response_frames_kio_entity():
     module = response_module(22, 1)
     from copyless.broker.wire.codecs import NO_THROTTLE
 
-    entity = module.InitProducerIdResponse(throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=7, producer_epoch=0)
+    entity = module.InitProducerIdResponse(throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=7,
+                                           producer_epoch=0)
     frame = encode_response(99, 22, 1, entity)
     size, correlation_id = struct.unpack_from(">ii", frame)
     assert size == len(frame) - 4 and correlation_id == 99
@@ -180,9 +187,9 @@ def test_fetch_encoder_matches_kio_decoder(version, correlation_id, topics):
     assert consumed == len(frame) - 8
     assert decoded.session_id == 0 if version >= 7 else True
     assert [t.topic for t in decoded.responses] == [name for name, _ in topics]
-    for response_topic, (_name, partitions) in zip(decoded.responses, topics):
+    for response_topic, (_name, partitions) in zip(decoded.responses, topics, strict=True):
         assert len(response_topic.partitions) == len(partitions)
-        for got, want in zip(response_topic.partitions, partitions):
+        for got, want in zip(response_topic.partitions, partitions, strict=True):
             assert got.partition_index == want.partition
             assert got.error_code == want.error_code
             assert got.high_watermark == want.high_watermark
@@ -280,8 +287,9 @@ def test_produce_encoder_matches_kio_decoder(version, correlation_id, topics):
     assert consumed == len(frame) - 8
     assert decoded.throttle_time.total_seconds() == 0
     assert [t.name for t in decoded.responses] == [name for name, _ in topics]
-    for topic, (_name, partitions) in zip(decoded.responses, topics):
-        for got, (partition, code, base_offset, append_ms, log_start, message) in zip(topic.partition_responses, partitions):
+    for topic, (_name, partitions) in zip(decoded.responses, topics, strict=True):
+        for got, want in zip(topic.partition_responses, partitions, strict=True):
+            partition, code, base_offset, append_ms, log_start, message = want
             assert (got.index, got.error_code, got.base_offset) == (partition, code, base_offset)
             got_append = -1 if got.log_append_time is None else round(got.log_append_time.timestamp() * 1000)
             assert got_append == append_ms
@@ -320,7 +328,7 @@ def test_produce_request_decoder_matches_kio_encoder(version, transactional_id, 
     assert decoded.transactional_id == transactional_id and decoded.acks == acks
     assert decoded.timeout == datetime.timedelta(milliseconds=timeout_ms)
     assert [t.name for t in decoded.topic_data] == [name for name, _ in topics]
-    for got_topic, (_name, partitions) in zip(decoded.topic_data, topics):
+    for got_topic, (_name, partitions) in zip(decoded.topic_data, topics, strict=True):
         got = [(p.index, None if p.records is None else bytes(p.records)) for p in got_topic.partition_data]
         assert got == partitions
         for partition in got_topic.partition_data:
@@ -330,8 +338,9 @@ def test_produce_request_decoder_matches_kio_encoder(version, transactional_id, 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_truncated_produce_requests_are_remote_errors(data):
-    from kio.schema.produce.v8 import request as module
     import datetime
+
+    from kio.schema.produce.v8 import request as module
 
     entity = module.ProduceRequest(transactional_id=None, acks=1, timeout=datetime.timedelta(seconds=1), topic_data=(
         module.TopicProduceData(name="t", partition_data=(module.PartitionProduceData(index=0, records=b"x" * 70),)),))

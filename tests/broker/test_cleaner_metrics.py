@@ -36,7 +36,8 @@ def alter(bootstrap: str, topic: str, configs: dict) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     entries = [ConfigEntry(name, setting, incremental_operation=AlterConfigOpType.SET)
                for name, setting in configs.items()]
-    for future in admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=entries)]).values():
+    resource = ConfigResource("topic", topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
 
 
@@ -107,7 +108,8 @@ def test_cleaner_counters_follow_the_files(broker_factory):
     assert clean and dirty
     expected = dirty / (clean + dirty)
     samples = wait_until(
-        lambda: (s := scrape(address)) and abs(value(s, "copyless_log_cleaner_max_dirty_ratio") - expected) < 1e-5 and s,
+        lambda: (s := scrape(address))
+        and abs(value(s, "copyless_log_cleaner_max_dirty_ratio") - expected) < 1e-5 and s,
         what=f"a max dirty ratio of {expected:.4f}", timeout_s=10,
         detail=lambda: value(scrape(address), "copyless_log_cleaner_max_dirty_ratio"))
     assert value(samples, "copyless_log_cleaner_cleanings_total") == 1

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.support.cluster import read_metadata
 from tests.support.clients import ConfluentDriver, make_records, now_ms
+from tests.support.cluster import read_metadata
 from tests.support.metrics import metrics_address, scrape, value
 from tests.support.polling import wait_until
 from tests.support.topics import unique_topic
@@ -31,7 +31,8 @@ def test_metrics_after_real_clients(broker_factory):
     # An illegal name: INVALID_TOPIC_EXCEPTION in the Metadata answer.
     assert read_metadata(proc.bootstrap, ["no/such"]).topic_errors == {"no/such": 17}
 
-    samples = wait_until(lambda: (s := scrape(address)) and value(s, "copyless_topic_bytes_out_total", topic=topic) and s,
+    samples = wait_until(lambda: (s := scrape(address))
+                         and value(s, "copyless_topic_bytes_out_total", topic=topic) and s,
                          what="the consumer's bytes counted", timeout_s=10)
     assert value(samples, "copyless_requests_total", api="Produce") >= 1
     assert value(samples, "copyless_requests_total", api="Fetch") >= 1

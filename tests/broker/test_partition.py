@@ -22,8 +22,8 @@ from copyless.broker.errors import (
     UnknownLeaderEpoch,
 )
 from copyless.broker.partition import Partition, PartitionState, Role
-from tests.support.batches import build_batch
 from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
+from tests.support.batches import build_batch
 
 LEADER, F1, F2 = 1, 2, 3
 

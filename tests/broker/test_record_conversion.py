@@ -12,7 +12,8 @@ suite's own reader, so copyless's builder and decoder cannot cancel each other's
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.record_conversion import (
@@ -147,7 +148,8 @@ _ALL = (NONE, GZIP, SNAPPY, LZ4, ZSTD)
 
 
 @pytest.mark.parametrize("source,target", [(s, t) for s in _ALL for t in _ALL if s != t],
-                         ids=[f"{batches.CODEC_NAMES[s]}-{batches.CODEC_NAMES[t]}" for s in _ALL for t in _ALL if s != t])
+                         ids=[f"{batches.CODEC_NAMES[s]}-{batches.CODEC_NAMES[t]}"
+                              for s in _ALL for t in _ALL if s != t])
 def test_recompress_keeps_records_and_header(source, target):
     values = [b"value-%d" % i * (i % 5 + 1) for i in range(40)]
     batch = batches.build_batch(values, keys=[b"k%d" % i for i in range(40)], codec=source, producer_id=42,

@@ -125,7 +125,7 @@ async def back_pressure(bootstrap: str) -> None:
         await producer.wait_for_topic(topic)
         refused = False
         sent = 0
-        for i in range(200):
+        for _ in range(200):
             try:
                 producer.send_nowait(topic, b"v" * 200, partition=0)
                 sent += 1
@@ -229,7 +229,8 @@ async def produce_across_restart(bootstrap: str, restart, *, exactly_once: bool)
     (idempotence: a retried batch keeps its sequence number)."""
     topic = unique("restart")
     loop = asyncio.get_running_loop()
-    async with Producer(bootstrap, linger_ms=2, batch_size=4096, retry_backoff_ms=50, request_timeout_ms=15_000) as producer:
+    async with Producer(bootstrap, linger_ms=2, batch_size=4096, retry_backoff_ms=50,
+                        request_timeout_ms=15_000) as producer:
         futures = []
 
         async def send_some(count: int) -> None:

@@ -67,7 +67,7 @@ def test_values_at_or_above_the_crossover_are_their_own_buffers(values, gather_m
     referenced = [b for b in built.buffers if isinstance(b, bytes)]
     # Every large value is passed by reference (the very object), in order; nothing else is.
     assert len(referenced) == len(large)
-    assert all(a is b for a, b in zip(referenced, large))
+    assert all(a is b for a, b in zip(referenced, large, strict=True))
     # Between two large values there is exactly one coalesced piece: 2 * large + 1 buffers.
     assert len(built.buffers) == 2 * len(large) + 1
     records.validate_batch(built.to_bytes())

@@ -92,7 +92,7 @@ def test_log_append_time_batches_use_max_timestamp():
 def test_decoder_agrees_with_records_decode_records_on_gzip_and_headers():
     builder = BatchBuilder(codec=records.CODEC_GZIP)
     for i in range(50):
-        builder.append(5 + i, None if i % 3 else b"key", b"x" * (i * 7), [("h%d" % i, None), ("z", b"1")])
+        builder.append(5 + i, None if i % 3 else b"key", b"x" * (i * 7), [(f"h{i}", None), ("z", b"1")])
     data = builder.build().to_bytes()
     ours = _drain(PartitionRecords("t", 0, data, 0, len(data), 0))
     reference = records.decode_records(data)

@@ -3,6 +3,7 @@ as properties and then driven through sendmsg on a real non-blocking socketpair 
 
 import socket
 import threading
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,9 +24,9 @@ def test_plan_preserves_bytes_and_coalesces_only_small_runs(buffers, gather_min_
     large = [b for b in buffers if len(b) >= gather_min_bytes]
     # Large buffers are queued as themselves (no copy), in order.
     assert [b for b in planned if isinstance(b, bytes)] == large
-    assert all(a is b for a, b in zip([b for b in planned if isinstance(b, bytes)], large))
+    assert all(a is b for a, b in zip([b for b in planned if isinstance(b, bytes)], large, strict=True))
     # No two coalesced pieces are adjacent: every run of small buffers became one.
-    for first, second in zip(planned, planned[1:]):
+    for first, second in pairwise(planned):
         assert isinstance(first, bytes) or isinstance(second, bytes)
     assert len(queue.iov()) <= iov_max
 

@@ -244,7 +244,8 @@ def test_group_shared_with_aiokafka_members(broker):
                 return bool(mine and other and not mine & other and mine | other == {0, 1, 2, 3})
 
             await wait_until_async(split, what="the four partitions split between the two members", timeout_s=60,
-                                   interval_s=0, detail=lambda: f"ours {ours.assignment()}, theirs {theirs.assignment()}")
+                                   interval_s=0,
+                                   detail=lambda: f"ours {ours.assignment()}, theirs {theirs.assignment()}")
             assert len(ours.assignment()) == len(theirs.assignment()) == 2
         finally:
             await ours.close()

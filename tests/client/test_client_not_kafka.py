@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import os
-import signal
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -175,7 +175,8 @@ def test_the_cli_names_an_http_server(servers):
 def test_a_request_timeout_names_its_api_by_name_and_key(broker_factory):
     """A broker that answered the handshake and then stops (SIGSTOP): the request that times out is named as
     Kafka names it, with its key."""
-    from kio.schema.metadata.v5 import request as metadata_request, response as metadata_response
+    from kio.schema.metadata.v5 import request as metadata_request
+    from kio.schema.metadata.v5 import response as metadata_response
 
     proc = broker_factory()
 

@@ -5,8 +5,19 @@ fail), with the partition and offset where it lies."""
 from __future__ import annotations
 
 from tests.support.batches import build_batch
-from tests.support.checker import (KINDS, Ack, History, LeaderClaim, Ownership, Poll, ReplicaBatch, Seek, Send,
-                                   check, counts)
+from tests.support.checker import (
+    KINDS,
+    Ack,
+    History,
+    LeaderClaim,
+    Ownership,
+    Poll,
+    ReplicaBatch,
+    Seek,
+    Send,
+    check,
+    counts,
+)
 
 
 def value(n: int) -> bytes:

@@ -75,7 +75,8 @@ def test_partitions_added_in_a_cluster_are_placed_and_led(cluster_factory):
     for node in cluster.brokers:
         assert len(cluster.metadata([topic], via=node).topics[topic]) == 8
     records = make_records(3, base_ts_ms=now_ms(), tag="p7")
-    assert ConfluentDriver().produce(cluster.bootstrap, topic, records, acks="all", codec="none", partition=7) == [0, 1, 2]
+    offsets = ConfluentDriver().produce(cluster.bootstrap, topic, records, acks="all", codec="none", partition=7)
+    assert offsets == [0, 1, 2]
 
 
 def test_config_changes_reach_every_broker(cluster_factory):
@@ -105,7 +106,7 @@ def test_config_changes_reach_every_broker(cluster_factory):
         return result.result(timeout=OP_TIMEOUT_S)
 
     for node in cluster.brokers:
-        def settled():
+        def settled(node=node):
             configs = described(node, ConfigResource(ResourceType.TOPIC, topic))
             return configs["retention.ms"].value == "120000" and configs["retention.bytes"].value == "900000000"
         wait_until(settled, what=f"broker {node} to see the new configs", timeout_s=15)

@@ -48,7 +48,8 @@ def produce_kafka_python(bootstrap, topic, values_by_partition):
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, request_timeout_ms=REQUEST_TIMEOUT_MS,
                              max_block_ms=int(OP_TIMEOUT_S * 1000))
     try:
-        futures = {p: [producer.send(topic, v, partition=p) for v in values] for p, values in values_by_partition.items()}
+        futures = {p: [producer.send(topic, v, partition=p) for v in values]
+                   for p, values in values_by_partition.items()}
         producer.flush(timeout=OP_TIMEOUT_S)
         return {p: [f.get(timeout=OP_TIMEOUT_S).offset for f in fs] for p, fs in futures.items()}
     finally:
@@ -166,7 +167,8 @@ def produce_kcat(bootstrap, topic, values_by_partition):
 
 def consume_kcat(bootstrap, topic, count):
     # -e: exit once every partition is read to its end.
-    out = _kcat(["-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-J", "-q", "-X", "fetch.wait.max.ms=100"])
+    out = _kcat(["-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-J", "-q",
+                 "-X", "fetch.wait.max.ms=100"])
     return [(m["partition"], m["offset"], m["payload"].encode()) for m in map(json.loads, out.splitlines()) if m]
 
 
@@ -222,9 +224,9 @@ def test_a_group_of_three_clients_spans_the_brokers_and_consumes_everything_exac
                     latest[event["client"]] = event["partitions"]
             # Each member's newest assignment holds two partitions and together they hold all six: the
             # group is stable with three members (an older assignment of a member would hold three or six).
-            if len(latest) == 3 and all(len(p) == 2 for p in latest.values()):
-                if sorted(sum(latest.values(), [])) == list(range(PARTITIONS)):
-                    return latest
+            if (len(latest) == 3 and all(len(p) == 2 for p in latest.values())
+                    and sorted(sum(latest.values(), [])) == list(range(PARTITIONS))):
+                return latest
             return None
 
         assignment = wait_until(settled, what="the group stable with its three members", timeout_s=90,

@@ -75,14 +75,16 @@ async def _stale_controller_write(endpoint: str) -> dict:
         # A does not know yet: its next write carries its old token and must be refused.
         current, _ = await client.get(state_key)
         stale = await a._write([etcd.modified(state_key, current.mod_revision)],
-                               [etcd.put(state_key, b'{"leader": 1, "leader_epoch": 1, "isr": [1], "controller_epoch": 1}')])
+                               [etcd.put(state_key,
+                                         b'{"leader": 1, "leader_epoch": 1, "isr": [1], "controller_epoch": 1}')])
         outcome["stale write"] = stale.succeeded
         outcome["a still active"] = a.active
         after, _ = await client.get(state_key)
         outcome["state unchanged"] = after.mod_revision == current.mod_revision
         # B's own write goes through.
         fresh = await b._write([etcd.modified(state_key, current.mod_revision)],
-                               [etcd.put(state_key, b'{"leader": 2, "leader_epoch": 1, "isr": [2], "controller_epoch": 2}')])
+                               [etcd.put(state_key,
+                                         b'{"leader": 2, "leader_epoch": 1, "isr": [2], "controller_epoch": 2}')])
         outcome["b write"] = fresh.succeeded
         await client.revoke(lease_b)
         await client.txn([], [etcd.delete_prefix(f"/{root}/".encode())])

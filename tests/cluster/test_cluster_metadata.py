@@ -10,7 +10,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.support.cluster import Cluster
 
 
-def create_topic(cluster: Cluster, name: str, partitions: int, replication_factor: int, via: int = 2, **configs) -> None:
+def create_topic(cluster: Cluster, name: str, partitions: int, replication_factor: int, via: int = 2,
+                 **configs) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.brokers[via].bootstrap})
     futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=configs)],
                                   operation_timeout=20)

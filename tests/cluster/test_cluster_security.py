@@ -152,10 +152,11 @@ def test_a_follower_needs_broker_credentials(cluster_factory, certs, tmp_path):
 
 
 def _create_assigned(address: str, admin: Identity, topic: str, replicas: list[int]) -> None:
+    import datetime
+
     from kio.schema.create_topics.v4.request import CreatableReplicaAssignment, CreatableTopic, CreateTopicsRequest
     from kio.schema.create_topics.v4.response import CreateTopicsResponse
     from kio.schema.types import BrokerId, TopicName
-    import datetime
 
     from copyless.client.conn import Connection
     from copyless.client.security import ClientSecurity
@@ -167,7 +168,8 @@ def _create_assigned(address: str, admin: Identity, topic: str, replicas: list[i
         try:
             request = CreateTopicsRequest(topics=(CreatableTopic(
                 name=TopicName(topic), num_partitions=-1, replication_factor=-1,
-                assignments=(CreatableReplicaAssignment(partition_index=0, broker_ids=tuple(BrokerId(b) for b in replicas)),),
+                assignments=(CreatableReplicaAssignment(partition_index=0,
+                                                        broker_ids=tuple(BrokerId(b) for b in replicas)),),
                 configs=()),), timeout=datetime.timedelta(seconds=30), validate_only=False)
             response = await connection.request_kio(request, CreateTopicsResponse)
             assert response.topics[0].error_code == 0, response
@@ -194,9 +196,10 @@ def _alice_writes(address: str, admin: Identity, certs, topic: str) -> None:
 
 def _fake_follower_fetch(address: str, identity: Identity, topic: str, replica_id: int) -> set[int]:
     """Fetch v11 as ``replica_id`` over an authenticated connection: the partitions' error codes."""
+    import datetime
+
     from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
     from kio.schema.types import BrokerId, TopicName
-    import datetime
 
     from copyless.client.conn import Connection
     from copyless.client.protocol.messages import decode_fetch_response, encode_kio

@@ -83,7 +83,8 @@ def test_the_coordinator_dies_mid_transaction(cluster_factory):
 
     committed = sorted([f"c{p}" for p in range(PARTITIONS)] + [f"o{p}" for p in range(PARTITIONS)])
     assert _read(cluster.bootstrap, topic, "read_committed") == committed
-    assert _read(cluster.bootstrap, topic, "read_uncommitted") == sorted(committed + [f"a{p}" for p in range(PARTITIONS)])
+    aborted = [f"a{p}" for p in range(PARTITIONS)]
+    assert _read(cluster.bootstrap, topic, "read_uncommitted") == sorted(committed + aborted)
     moved = [p for p, leader in leaders.items() if leader == coordinator]
     assert moved, f"the coordinator (node {coordinator}) led none of {topic}'s partitions: {leaders}"
     # The same id goes on with a new transaction through the new coordinator.

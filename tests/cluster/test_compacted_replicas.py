@@ -1,7 +1,8 @@
 """A compacted topic at replication factor 3 on three broker processes and a real etcd: every replica cleans
 its own log (the cleaner decides alone on each broker), yet all of them read back the same latest record per
 key at the same offsets, a kill -9 of the leader loses no acknowledged latest value (and the killed leader
-recovers its cleaned log and catches up), and a follower that starts on an empty disk copies a leader's already cleaned log, offset gaps and all.
+recovers its cleaned log and catches up), and a follower that starts on an empty disk copies a leader's already cleaned
+log, offset gaps and all.
 
 Records are produced by an idempotent acks=all librdkafka producer, over a small key set with tombstones, in
 segments of 8 KiB so the cleaner has many sealed segments to clean; each replica's log is read straight from
@@ -12,6 +13,7 @@ its segment files (tests.support.log_files) and the cleanings are counted by eac
 from __future__ import annotations
 
 import shutil
+from itertools import pairwise
 
 import pytest
 from confluent_kafka import Producer
@@ -42,8 +44,8 @@ def produce_rounds(bootstrap: str, topic: str, rounds: range, tag: str) -> dict[
     """Every key once a round (some rounds' records are tombstones), plus a key written once every fifth
     round, acks=all and idempotent; returns
     {offset: (key, value)} of what was acknowledged, and fails on any delivery error."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5, "batch.size": 4096,
-                         "message.timeout.ms": 30000})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                         "batch.size": 4096, "message.timeout.ms": 30000})
     acknowledged: dict[int, tuple[bytes, bytes | None]] = {}
     errors = []
 
@@ -56,7 +58,8 @@ def produce_rounds(bootstrap: str, topic: str, rounds: range, tag: str) -> dict[
     for round_number in rounds:
         for number in range(KEYS):
             tombstone = (round_number * 7 + number) % 5 == 0
-            payload = None if tombstone else (b"%s:%d:%02d:" % (tag.encode(), round_number, number)).ljust(VALUE_BYTES, b"v")
+            label = b"%s:%d:%02d:" % (tag.encode(), round_number, number)
+            payload = None if tombstone else label.ljust(VALUE_BYTES, b"v")
             producer.produce(topic, key=key_of(number), value=payload, partition=0, on_delivery=delivered)
         if round_number % 5 == 0:  # a key written once: its record outlives the cleanings, between gaps
             producer.produce(topic, key=b"once-%s-%02d" % (tag.encode(), round_number), value=b"once",
@@ -74,7 +77,8 @@ def latest_of(records) -> dict[bytes, tuple[int, bytes | None]]:
     return latest
 
 
-def replica_records(cluster: Cluster, node: int, topic: str, end: int | None = None) -> list[tuple[int, bytes, bytes | None]]:
+def replica_records(cluster: Cluster, node: int, topic: str,
+                    end: int | None = None) -> list[tuple[int, bytes, bytes | None]]:
     """The records of ``node``'s log, read from its files twice until two reads agree (a cleaning's swap
     renames files under a reader) and, with ``end``, hold the offset before it (a rolled segment takes its
     offset name on a worker thread, a moment after the append that filled it)."""
@@ -186,7 +190,7 @@ def test_an_empty_follower_copies_a_cleaned_log_with_its_gaps(cluster_factory):
     leader = cluster.leader_of(topic)
     leader_offsets = [offset for offset, _, _ in replica_records(cluster, leader, topic, high_watermark)]
     assert leader_offsets[0] > 0, "the leader's first records were cleaned away"
-    inner_gaps = sum(1 for before, after in zip(leader_offsets, leader_offsets[1:]) if after > before + 1)
+    inner_gaps = sum(1 for before, after in pairwise(leader_offsets) if after > before + 1)
     assert inner_gaps >= 3, f"the leader's log has gaps between its records: {leader_offsets}"
 
     three.start()

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from itertools import pairwise
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -199,7 +200,7 @@ class EpochWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="epoch-watcher", daemon=True)
 
-    def __enter__(self) -> "EpochWatcher":
+    def __enter__(self) -> EpochWatcher:
         self._thread.start()
         return self
 
@@ -224,7 +225,7 @@ class EpochWatcher:
 
     def check(self) -> None:
         for key, epochs in self.epochs.items():
-            lower = [(before, after) for before, after in zip(epochs, epochs[1:]) if after < before]
+            lower = [(before, after) for before, after in pairwise(epochs) if after < before]
             assert not lower, f"broker {key[0]} answered a lower leader epoch for {key[1]}-{key[2]}: {lower[:3]}"
 
     def seen(self, node_id: int, topic: str, partition: int) -> set[int]:
@@ -417,7 +418,7 @@ class OffsetProbe:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="offset-probe", daemon=True)
 
-    def __enter__(self) -> "OffsetProbe":
+    def __enter__(self) -> OffsetProbe:
         self._thread.start()
         return self
 

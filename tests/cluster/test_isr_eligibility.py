@@ -40,7 +40,8 @@ def test_a_follower_cut_off_etcd_stays_out_of_the_isr_until_it_registers_again(n
     lab.cut(cluster.hosts[follower], etcd_host)
     cut_at = time.monotonic()
     # Its lease (2 s) runs out and the controller takes it out of both ISRs.
-    wait_until(lambda: all(follower not in p.isr for p in cluster.metadata([topic], via=controller).topics[topic].values()),
+    wait_until(lambda: all(follower not in p.isr
+                           for p in cluster.metadata([topic], via=controller).topics[topic].values()),
                what=f"node {follower} out of both ISRs", timeout_s=30)
     # It stays out while the cut lasts, though it still reaches both leaders.
     while time.monotonic() < cut_at + 8:

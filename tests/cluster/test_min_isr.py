@@ -128,7 +128,8 @@ def test_with_two_of_three_brokers_down_acks_all_is_never_acknowledged_and_acks_
 
     # 2. Real clients, acks=all: every record fails, none is acknowledged.
     refused = {
-        "confluent-kafka": confluent_acks_all(broker.bootstrap, topic, [b"confluent-all-%d" % i for i in range(5)], 5000),
+        "confluent-kafka": confluent_acks_all(broker.bootstrap, topic,
+                                              [b"confluent-all-%d" % i for i in range(5)], 5000),
         "kafka-python": kafka_python_acks_all(broker.bootstrap, topic, [b"kafka-python-all-%d" % i for i in range(5)]),
         "aiokafka": aiokafka_acks_all(broker.bootstrap, topic, [b"aiokafka-all-%d" % i for i in range(3)]),
     }
@@ -144,7 +145,7 @@ def test_with_two_of_three_brokers_down_acks_all_is_never_acknowledged_and_acks_
         offsets = driver.produce(broker.bootstrap, topic, [Rec(b"k", v) for v in values], acks=1, codec="none")
         assert len(offsets) == len(values)
         acks_1_values += values
-        written.update({o: v for o, v in zip(offsets, values) if o is not None})
+        written.update({o: v for o, v in zip(offsets, values, strict=True) if o is not None})
     assert len(written) == 15  # kcat reports no offsets; the other three do
 
     # 4. The two come back, catch up and rejoin; acks=all is acknowledged again.

@@ -96,7 +96,7 @@ def test_a_replica_elected_while_it_truncates_never_cuts_what_it_acknowledged(cl
     time.sleep(0.5)
     stored = {r.offset: r.value for r in records_of(b"".join(
         batch.data for batch in read_partition_log(third_broker.data_dir, topic, 0)))}
-    lost = [(offset, value) for offset, value in zip(offsets, acked_values) if stored.get(offset) != value]
+    lost = [(offset, value) for offset, value in zip(offsets, acked_values, strict=True) if stored.get(offset) != value]
     assert not lost, (f"acknowledged records missing from the leader's log after its truncation ended: {lost} "
                       f"(offsets acknowledged {offsets}, log end {max(stored, default=-1) + 1})")
     assert [stored[o] for o in range(20)] == [f"common-{i}".encode() for i in range(20)]
@@ -157,7 +157,7 @@ def stored_isr(cluster, topic: str) -> list[int]:
     """The partition's ISR as etcd holds it now, read with etcdctl around the proxy."""
     out = cluster.etcd_direct.etcdctl("get", "--prefix", f"/{cluster.root}/")
     lines = out.splitlines()
-    for key, value in zip(lines[::2], lines[1::2]):
+    for key, value in zip(lines[::2], lines[1::2], strict=True):
         if key.endswith(f"/partitions/{topic}/0"):
             return json.loads(value)["isr"]
     raise AssertionError(f"no state key for {topic}-0 under /{cluster.root}/")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from kafka import KafkaProducer
@@ -88,7 +89,7 @@ def one_round(bootstrap: str, workdir: Path, round_id: str, mode: str, victim: s
         time.sleep(1.0)
         consumed_times = [e["t"] for e in read_events(paths.values()) if e["event"] == "consumed"
                           and removed_at - 1 <= e["t"]]
-        gaps = [b - a for a, b in zip(consumed_times, consumed_times[1:])]
+        gaps = [b - a for a, b in pairwise(consumed_times)]
         return {"mode": mode, "victim": victim, "session_ms": session_ms,
                 "resume_s": resumed_at - removed_at, "longest_group_pause_s": max(gaps, default=0.0)}
     finally:

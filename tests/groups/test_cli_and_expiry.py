@@ -11,8 +11,10 @@ import time
 import pytest
 from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kio.schema.errors import ErrorCode
-from kio.schema.offset_commit.v2 import request as oc_rq, response as oc_rs
-from kio.schema.offset_fetch.v3 import request as of_rq, response as of_rs
+from kio.schema.offset_commit.v2 import request as oc_rq
+from kio.schema.offset_commit.v2 import response as oc_rs
+from kio.schema.offset_fetch.v3 import request as of_rq
+from kio.schema.offset_fetch.v3 import response as of_rs
 from kio.static.primitive import i32Timedelta
 
 from copyless.client.blocking import BlockingClient as GroupsClient

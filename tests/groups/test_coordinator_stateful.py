@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from kio.schema.errors import ErrorCode
 
 from copyless.broker.groups.coordinator import GroupConfig, GroupCoordinator, GroupState, JoinResult
-from kio.schema.errors import ErrorCode
 
 GROUP = "g"
 PARTITIONS = 6

@@ -14,11 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kafka import KafkaConsumer
 from kio.schema.errors import ErrorCode
-from kio.schema.heartbeat.v3 import request as hb_rq, response as hb_rs
-from kio.schema.join_group.v5 import request as jg_rq, response as jg_rs
-from kio.schema.leave_group.v3 import request as lg_rq, response as lg_rs
-from kio.schema.offset_commit.v7 import request as oc_rq, response as oc_rs
-from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
+from kio.schema.heartbeat.v3 import request as hb_rq
+from kio.schema.heartbeat.v3 import response as hb_rs
+from kio.schema.join_group.v5 import request as jg_rq
+from kio.schema.join_group.v5 import response as jg_rs
+from kio.schema.leave_group.v3 import request as lg_rq
+from kio.schema.leave_group.v3 import response as lg_rs
+from kio.schema.offset_commit.v7 import request as oc_rq
+from kio.schema.offset_commit.v7 import response as oc_rs
+from kio.schema.sync_group.v3 import request as sg_rq
+from kio.schema.sync_group.v3 import response as sg_rs
 from kio.static.primitive import i32Timedelta
 
 from copyless.client.blocking import BlockingClient as GroupsClient
@@ -150,7 +155,7 @@ def test_illegal_sequences_get_kafka_errors_and_never_wedge_the_group(broker_fac
         results = [job.result(15) for job in jobs]
     assert all(r.error_code == ErrorCode.none for r in results), [r.error_code for r in results]
     assert len({r.generation_id for r in results}) == 1, [r.generation_id for r in results]
-    leader = next(m for m, r in zip((s1, a, b), results) if r.leader == m.member_id)
+    leader = next(m for m, r in zip((s1, a, b), results, strict=True) if r.leader == m.member_id)
     assert leader is previous_leader, "the leader of a rebalance stays the leader when it rejoins"
     with ThreadPoolExecutor(2) as pool:
         followers = [pool.submit(m.sync) for m in (s1, a, b) if m is not leader]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from copyless.broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
 from copyless.broker.groups.offsets import (

@@ -4,9 +4,9 @@ A client picks the highest version both sides list and sends it; a broker that a
 closes the connection on (librdkafka 0052 met "API key 0 version 1 is advertised but not accepted") or
 answers with UNSUPPORTED_VERSION breaks that client. So this walks the broker's own ApiVersions answer and
 sends each advertised (API key, version) a minimal request: kio's request class of that version filled
-with the smallest values (empty arrays, null where nullable, zero numbers, empty strings), with acks=1 for Produce so that
-there is an answer to wait for. Produce v0-v2 have no kio schema; they are sent by hand, each with one
-message of the format that version carries (message format v0, and v1 from Produce v2), and must append.
+with the smallest values (empty arrays, null where nullable, zero numbers, empty strings), with acks=1 for Produce so
+that there is an answer to wait for. Produce v0-v2 have no kio schema; they are sent by hand, each with one message of
+the format that version carries (message format v0, and v1 from Produce v2), and must append.
 
 The broker must answer every one, on the same connection, with a response that decodes at that version and
 carries no UNSUPPORTED_VERSION (35) anywhere in it.

@@ -154,7 +154,8 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
                 # Keep 4 requests in flight: the kill lands while appends are in progress.
                 while len(in_flight) < 4:
                     correlation_id += 1
-                    values = [f"w{worker}-{correlation_id}-{i}".encode() * (1 + i) for i in range(1 + correlation_id % 5)]
+                    values = [f"w{worker}-{correlation_id}-{i}".encode() * (1 + i)
+                              for i in range(1 + correlation_id % 5)]
                     codec = batches.GZIP if correlation_id % 3 == 0 else batches.NONE
                     batch = batches.keyed_batch(values, codec=codec)
                     with lock:
@@ -193,7 +194,8 @@ def test_kill_during_concurrent_produce_loses_no_acknowledged_batch(broker_facto
     offset, high_watermark = 0, None
     with wire.RawConnection(broker.host, broker.port) as conn:
         while high_watermark is None or offset < high_watermark:
-            fetched = wire.parse_fetch_v4(conn.roundtrip(wire.fetch_v4(offset + 1, topic, 0, offset, max_bytes=1 << 20)))
+            request = wire.fetch_v4(offset + 1, topic, 0, offset, max_bytes=1 << 20)
+            fetched = wire.parse_fetch_v4(conn.roundtrip(request))
             assert fetched.error_code == 0
             high_watermark = fetched.high_watermark
             if offset >= high_watermark:

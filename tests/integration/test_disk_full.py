@@ -42,7 +42,8 @@ def _fill(broker, topic: str) -> tuple[int, list[int]]:
         for correlation_id in range(1, 4000):
             # Record k carries byte (k + 1) % 256, so the tail can be checked by offset below.
             batch = batches.keyed_batch([bytes([(acknowledged_records + 1) % 256]) * BATCH_VALUE_BYTES])
-            error, base_offset = wire.parse_produce_v3(conn.roundtrip(wire.produce_v3(correlation_id, topic, 0, batch, acks=1)))
+            request = wire.produce_v3(correlation_id, topic, 0, batch, acks=1)
+            error, base_offset = wire.parse_produce_v3(conn.roundtrip(request))
             if error == 0:
                 assert base_offset == acknowledged_records, (base_offset, acknowledged_records, errors)
                 acknowledged_records += 1

@@ -36,7 +36,7 @@ def test_max_timestamp_through_confluent_admin(broker):
     base = now_ms() - 60_000
     # The largest timestamp twice (offsets 1 and 3): the first of them is the answer.
     _produce(broker.bootstrap, topic, 0, [base, base + 50, base + 10, base + 50, base + 5])
-    wanted = {TopicPartition(topic, 0): OffsetSpec.max_timestamp(), TopicPartition(topic, 1): OffsetSpec.max_timestamp()}
+    wanted = {TopicPartition(topic, partition): OffsetSpec.max_timestamp() for partition in (0, 1)}
     results = {tp.partition: future.result(30) for tp, future in admin.list_offsets(wanted).items()}
     assert (results[0].offset, results[0].timestamp) == (1, base + 50)
     assert results[1].offset == -1  # empty partition

@@ -15,7 +15,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from tests.support import batches, wire
 from tests.support.topics import unique_topic
@@ -76,7 +83,8 @@ class LogMachine(RuleBasedStateMachine):
         topic = self.topics[topic_index]
         end = self.log_end_offset(topic)
         offset = offset_seed % (end + 1)
-        fetched = wire.parse_fetch_v4(self.conn.roundtrip(wire.fetch_v4(self.next_id(), topic, 0, offset, max_bytes=max_bytes)))
+        request = wire.fetch_v4(self.next_id(), topic, 0, offset, max_bytes=max_bytes)
+        fetched = wire.parse_fetch_v4(self.conn.roundtrip(request))
         assert fetched.error_code == 0
         assert fetched.high_watermark == end
         headers = batches.batch_headers(fetched.records)
@@ -88,7 +96,7 @@ class LogMachine(RuleBasedStateMachine):
         expected = self.batches[topic][first : first + len(headers)]
         assert len(expected) == len(headers)
         position = 0
-        for header, (base, count, body) in zip(headers, expected):
+        for header, (base, count, body) in zip(headers, expected, strict=True):
             assert (header.base_offset, header.records_count) == (base, count)
             assert fetched.records[position + 21 : position + header.size] == body, f"batch at {base} changed"
             position += header.size
@@ -129,10 +137,7 @@ class LogMachine(RuleBasedStateMachine):
 @pytest.mark.both_loops
 def test_log_matches_model(request, broker_factory, broker_loop):
     # Restarts need a private broker; against an external broker the shared one is used without them.
-    if broker_loop == "external":
-        target = request.getfixturevalue("broker")
-    else:
-        target = broker_factory(loop=broker_loop)
+    target = request.getfixturevalue("broker") if broker_loop == "external" else broker_factory(loop=broker_loop)
     LogMachine.broker = target
     run_state_machine_as_test(
         LogMachine,

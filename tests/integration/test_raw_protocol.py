@@ -152,9 +152,10 @@ def test_idempotent_producer_duplicates_and_gaps(broker):
 def test_undecodable_records_never_break_time_lookups(broker, codec_attributes):
     """A batch whose header and CRC-32C are valid but whose records cannot be decoded (garbage varints, or
     a gzip payload that is not gzip). Kafka 3.9 refuses it at produce time (with UNKNOWN_SERVER_ERROR -1
-    for these two; INVALID_RECORD 87 or CORRUPT_MESSAGE 2 would be the precise codes). A broker that stores batches without decoding them may accept it; either way, an acknowledged batch
-    must not make later requests on the partition fail: ListOffsets by time still gets an answer, on the
-    same connection, and a good batch after it is still found by time."""
+    for these two; INVALID_RECORD 87 or CORRUPT_MESSAGE 2 would be the precise codes). A broker that stores batches
+    without decoding them may accept it; either way, an acknowledged batch must not make later requests on the partition
+    fail: ListOffsets by time still gets an answer, on the same connection, and a good batch after it is still found by
+    time."""
     topic = unique_topic("undecodable")
     count = 3
     payload = b"\xff" * 40 if codec_attributes == 0 else b"\x1f\x8b" + b"\x00" * 30
@@ -252,7 +253,8 @@ def test_fetch_byte_limits_follow_kip74(broker, max_bytes, partition_max_bytes, 
         for correlation_id, (partition, batch) in enumerate(
             [(0, big), (1, batches.keyed_batch([b"x" * 1000])), (0, batches.keyed_batch([b"y" * 10]))], start=2
         ):
-            results = wire.parse_produce_v3_partitions(conn.roundtrip(wire.produce_v3_partitions(correlation_id, topic, {partition: batch})))
+            request = wire.produce_v3_partitions(correlation_id, topic, {partition: batch})
+            results = wire.parse_produce_v3_partitions(conn.roundtrip(request))
             assert results[partition][0] == 0
         body = conn.roundtrip(wire.fetch_v4_partitions(9, topic, [0, 1], max_bytes, partition_max_bytes))
         fetched = wire.parse_fetch_v4_partitions(body)

@@ -45,7 +45,8 @@ def _records_for(driver: Driver, tag: str, base_ts_ms: int, count: int = RECORDS
     return records
 
 
-def assert_stored_batches(broker, topic: str, partition: int, count: int, codec: str, *, may_skip_compression=False) -> None:
+def assert_stored_batches(broker, topic: str, partition: int, count: int, codec: str, *,
+                          may_skip_compression=False) -> None:
     fetched = wire.fetch_all(broker, topic, partition)
     assert fetched.error_code == 0
     assert fetched.high_watermark == count

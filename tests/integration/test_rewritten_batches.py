@@ -71,7 +71,7 @@ def _kafka_python(api_version):
                                  compression_type=None if codec == "none" else codec)
         try:
             futures = [producer.send(topic, value=value, partition=0, timestamp_ms=timestamp)
-                       for value, timestamp in zip(values, timestamps)]
+                       for value, timestamp in zip(values, timestamps, strict=True)]
             producer.flush(30)
             assert [future.get(30).offset for future in futures] == list(range(len(values)))
         finally:

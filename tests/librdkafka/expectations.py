@@ -16,9 +16,9 @@ as failing, passed: the list is stale) and other mismatches (a listed skip that 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from tests.librdkafka.suite import FAILED, PASSED, SKIPPED, Outcome
 

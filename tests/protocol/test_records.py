@@ -174,7 +174,7 @@ def test_iter_batches_stops_at_partial_tail(counts, cut):
     found = [h.records_count for _, h in R.iter_batches(truncated)]
     # Exactly the batches that fit whole are yielded, in order.
     expected, total = [], 0
-    for blob, n in zip(blobs, counts):
+    for blob, n in zip(blobs, counts, strict=True):
         total += len(blob)
         if total <= len(truncated):
             expected.append(n)

@@ -171,9 +171,9 @@ def test_tls_hello_on_plaintext_and_plaintext_on_tls(abuse):
     with Background(abuse):
         before = abuse.broker.log_size()
         context = ssl.create_default_context(cafile=str(abuse.certs / "ca.pem"))
-        with socket.create_connection(("127.0.0.1", abuse.ports["PLAINTEXT"]), timeout=10) as raw:
-            with pytest.raises((ssl.SSLError, OSError)):
-                context.wrap_socket(raw, server_hostname="127.0.0.1")
+        with (socket.create_connection(("127.0.0.1", abuse.ports["PLAINTEXT"]), timeout=10) as raw,
+              pytest.raises((ssl.SSLError, OSError))):
+            context.wrap_socket(raw, server_hostname="127.0.0.1")
         _wait_logged(abuse, before, "a TLS handshake arrived on PLAINTEXT listener PLAINTEXT")
         for listener in ("SSL", "SASL_SSL"):
             before = abuse.broker.log_size()
@@ -183,13 +183,13 @@ def test_tls_hello_on_plaintext_and_plaintext_on_tls(abuse):
             _wait_logged(abuse, before, "(a plaintext client on a TLS listener?)")
         # mTLS: no client certificate is refused at the handshake.
         before = abuse.broker.log_size()
-        with socket.create_connection(("127.0.0.1", abuse.ports["SSL"]), timeout=10) as raw:
-            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                try:
-                    tls.sendall(wire.api_versions_v0(1))
-                    assert tls.recv(100) == b""
-                except (ssl.SSLError, OSError):
-                    pass  # TLS 1.3 reports the refusal on the first read or write
+        with (socket.create_connection(("127.0.0.1", abuse.ports["SSL"]), timeout=10) as raw,
+              context.wrap_socket(raw, server_hostname="127.0.0.1") as tls):
+            try:
+                tls.sendall(wire.api_versions_v0(1))
+                assert tls.recv(100) == b""
+            except (ssl.SSLError, OSError):
+                pass  # TLS 1.3 reports the refusal on the first read or write
         _wait_logged(abuse, before, "PEER_DID_NOT_RETURN_A_CERTIFICATE")
 
 

@@ -89,7 +89,8 @@ def test_authorize_any_for_idempotent_producers():
     assert not authorizer.authorize_any("User:b", "h", Operation.WRITE, T)
     denied = Authorizer([b(T, "t", LIT, "User:a", Operation.WRITE), b(T, "*", LIT, "User:a", Operation.WRITE, DENY)])
     assert not denied.authorize_any("User:a", "h", Operation.WRITE, T)
-    prefix_denied = Authorizer([b(T, "ab", PRE, "User:a", Operation.WRITE), b(T, "a", PRE, "User:*", Operation.ALL, DENY)])
+    prefix_denied = Authorizer([b(T, "ab", PRE, "User:a", Operation.WRITE),
+                                b(T, "a", PRE, "User:*", Operation.ALL, DENY)])
     assert not prefix_denied.authorize_any("User:a", "h", Operation.WRITE, T)
 
 

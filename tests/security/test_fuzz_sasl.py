@@ -11,7 +11,6 @@ never dies, and afterwards a correct client on a fresh connection authenticates 
 
 from __future__ import annotations
 
-import socket
 import struct
 
 import pytest
@@ -99,7 +98,8 @@ def _frame(kind: str, value, version: int, correlation_id: int) -> bytes:
     if kind == "bare":
         return wire.raw_token(value)
     if kind == "request":
-        return {"metadata": wire.metadata_v1(correlation_id, None), "api_versions": wire.api_versions_v0(correlation_id),
+        return {"metadata": wire.metadata_v1(correlation_id, None),
+                "api_versions": wire.api_versions_v0(correlation_id),
                 "produce": wire.produce_v3(correlation_id, "fuzz", 0, b"junk")}[value]
     return struct.pack(">i", len(value)) + value
 
@@ -122,7 +122,7 @@ def test_no_sequence_authenticates_and_the_broker_survives(fuzzed, steps):
                 chunk = conn.sock.recv(1 << 16)
             except (ConnectionResetError, BrokenPipeError):
                 break
-            except socket.timeout:
+            except TimeoutError:
                 pytest.fail(f"the connection was neither closed nor done after {steps!r}")
             if not chunk:
                 break
@@ -138,8 +138,8 @@ def test_no_sequence_authenticates_and_the_broker_survives(fuzzed, steps):
 
 
 def test_a_correct_client_after_the_fuzzing(fuzzed):
-    from tests.support.security import produce, unique
     from copyless.client.admin_security import Acl
+    from tests.support.security import produce, unique
 
     topic = unique("after-fuzz")
     fuzzed.admin_call("create_topics", [topic])

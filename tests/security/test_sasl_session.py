@@ -167,7 +167,8 @@ class SessionModel(RuleBasedStateMachine):
 
     @rule(password=st.sampled_from(["alice-pw", "bad"]), user=st.sampled_from(["alice", "eve"]))
     def scram_first(self, password, user):
-        if self.session.mechanism and self.session.mechanism.startswith("SCRAM") and self.session.state == SaslState.HANDSHAKE:
+        mechanism = self.session.mechanism
+        if mechanism and mechanism.startswith("SCRAM") and self.session.state == SaslState.HANDSHAKE:
             self.client = (ScramClient(self.session.mechanism, user, password, "c"), user, password)
             step = self.session.authenticate(self.client[0].first())
             self.last = step

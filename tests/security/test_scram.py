@@ -190,7 +190,7 @@ def test_librdkafka_repeated_client_nonce_is_accepted_and_nothing_else():
         auth_message = b"n=u,r=CNONCE," + server_first + b"," + without_proof
         client_key = hmac_module.new(salted, b"Client Key", "sha512").digest()
         signature = hmac_module.new(hashlib.sha512(client_key).digest(), auth_message, "sha512").digest()
-        proof = bytes(a ^ b for a, b in zip(client_key, signature))
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
         return server.final(without_proof + b",p=" + base64.b64encode(proof))
 
     assert attempt(b"").startswith(b"v=")

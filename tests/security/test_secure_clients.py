@@ -11,7 +11,15 @@ from __future__ import annotations
 import pytest
 
 from copyless.client.admin_security import Acl
-from tests.support.security import CLIENTS, IDEMPOTENT_BY_DEFAULT, consume_group, create_topic, list_topics, produce, unique
+from tests.support.security import (
+    CLIENTS,
+    IDEMPOTENT_BY_DEFAULT,
+    consume_group,
+    create_topic,
+    list_topics,
+    produce,
+    unique,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -5,6 +5,7 @@ the client's properties files."""
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import pytest
 
@@ -121,7 +122,7 @@ def test_kernel_tls_detection_matches_the_kernel():
     also loads an available module, so it may find one the list does not show yet, never the reverse)."""
     status = kernel_tls_available()
     try:
-        listed = "tls" in open("/proc/sys/net/ipv4/tcp_available_ulp").read().split()
+        listed = "tls" in Path("/proc/sys/net/ipv4/tcp_available_ulp").read_text().split()
     except OSError:
         listed = None
     if listed:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from copyless.broker.storage import LogConfig, LogManager, StorageError
 from tests.support.batches import build_batch, records_of
-from tests.support.tmpfs import take_every_free_byte
 from tests.support.blocking_appends import append_blocking
+from tests.support.tmpfs import take_every_free_byte
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=64 << 10, index_interval_bytes=4096,
                    retention_ms=None, file_delete_delay_ms=0)

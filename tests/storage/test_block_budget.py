@@ -4,7 +4,8 @@ within the budget (apart from an append's own bytes while it waits for them)."""
 
 from __future__ import annotations
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from copyless.broker.storage.block_budget import BLOCK_BYTES, grant_end, held_past_data

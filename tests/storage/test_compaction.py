@@ -15,8 +15,8 @@ from copyless.broker.storage.cleaner import clean_log, dirty_ratio
 from copyless.broker.storage.compaction import DELETE_HORIZON_BIT
 from copyless.client.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
-from tests.support.subprocesses import python_env
 from tests.support.blocking_appends import append_blocking
+from tests.support.subprocesses import python_env
 
 # The storage suite's small segments (tests/storage/conftest.py), compacted at any dirty ratio.
 SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None,
@@ -37,7 +37,7 @@ def append_round(log_, model, keys, round_number, *, tombstones=(), producer=Non
             options = dict(producer_id=producer[0], producer_epoch=0, base_sequence=producer[1])
             producer[1] += len(chunk)
         result = append_blocking(log_, build_batch(values, keys=list(chunk), **options))
-        for offset, key, value in zip(range(result.base_offset, result.last_offset + 1), chunk, values):
+        for offset, key, value in zip(range(result.base_offset, result.last_offset + 1), chunk, values, strict=True):
             model[offset] = (key, value)
         if committed:
             log_.set_high_watermark(log_.log_end_offset)
@@ -137,7 +137,7 @@ def test_tombstones_stay_until_their_horizon_then_go(manager_factory):
     assert all(header.attributes & DELETE_HORIZON_BIT and header.base_timestamp == now + 60_000
                for header in tombstone_headers)
     # The record timestamps survive the horizon rewrite (deltas are rebased on it).
-    for offset, key, value, header in records:
+    for *_, header in records:
         assert header.base_timestamp > 0
     # More writes make the log dirty again; a cleaning before the horizon keeps the tombstones.
     for round_number in range(20, 34):
@@ -262,6 +262,6 @@ def test_transactional_records_neither_supersede_nor_go(manager_factory):
     present = {offset: (key, value) for offset, key, value, _header in read_all(log_)}
     for offset in plain:  # not superseded by the transaction's records
         assert present[offset] == model[offset]
-    for offset, key, value in zip(range(txn.base_offset, txn.last_offset + 1), keys, values):
+    for offset, key, value in zip(range(txn.base_offset, txn.last_offset + 1), keys, values, strict=True):
         assert present[offset] == (key, value)
     manager.shutdown()

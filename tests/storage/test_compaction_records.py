@@ -27,7 +27,7 @@ def test_every_field_of_every_record(records, kind):
     blob = b"".join(parts)
     parsed = parse_records(kind(blob), len(records))
     start = 0
-    for record, part, (offset_delta, timestamp_delta, key, value) in zip(parsed, parts, records):
+    for record, part, (offset_delta, timestamp_delta, key, value) in zip(parsed, parts, records, strict=True):
         assert (record.offset_delta, record.timestamp_delta, record.key, record.is_tombstone) == \
             (offset_delta, timestamp_delta, key, value is None)
         assert (record.start, record.end) == (start, start + len(part))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -308,7 +309,7 @@ def test_flush_and_group_commit(manager_factory, small_config):
     append_values(partition_log, 50)
     targets = (10, 30, 50)
     futures = [partition_log.wait_flushed(offset) for offset in targets]
-    for target, future in zip(targets, futures):
+    for target, future in zip(targets, futures, strict=True):
         assert future.result(timeout=30) >= target
     assert partition_log.flushed_offset == 50
     assert all(segment.flushed_position == segment.committed_position for segment in partition_log.segments)
@@ -515,7 +516,7 @@ def test_header_scans_of_small_batches_fit_one_window_per_fetch(manager_factory)
     append_values(partition_log, 2_000, size=60)  # ~130-byte batches, ~260 KiB
     # A fetch: index floor, then a scan of at most ~4 KiB: one pread of the 8 KiB first window.
     for offset in (0, 1, 555, 1_234, 1_999):
-        preads, copied, result = scan_cost(lambda: partition_log.read(offset, 1 << 20))
+        preads, copied, result = scan_cost(partial(partition_log.read, offset, 1 << 20))
         with result.slice as region:
             assert records_of(region.read_bytes())[0].offset == offset
         assert preads == 1 and copied <= scan_module.SCAN_FIRST_WINDOW_BYTES, (offset, preads, copied)

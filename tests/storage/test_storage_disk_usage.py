@@ -1,7 +1,7 @@
 """Disk follows the data: a partition's files own at most its data plus preallocate_ahead_bytes (64 MiB) of
 blocks, read from ``st_blocks``, through a burst (steps sized by the rate), rolls (a next segment prepared
-with its own first step) and a pause, also with the allocate thread running every step late; and an idle partition owns only its first steps (4 MiB of log, a few
-KiB of index), not a whole segment."""
+with its own first step) and a pause, also with the allocate thread running every step late; and an idle partition owns
+only its first steps (4 MiB of log, a few KiB of index), not a whole segment."""
 
 from __future__ import annotations
 

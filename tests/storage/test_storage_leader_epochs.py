@@ -14,8 +14,8 @@ from copyless.broker.storage.checkpoint import read_checkpoint
 from copyless.broker.storage.leader_epoch_cache import LeaderEpochCache
 from copyless.client.protocol.records import iter_batches
 from tests.support.batches import build_batch, records_of
-from tests.support.polling import wait_until
 from tests.support.blocking_appends import append_blocking
+from tests.support.polling import wait_until
 
 
 def append(partition_log, count: int, *, epoch: int = 0, size: int = 50) -> None:

@@ -20,6 +20,7 @@ import os
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -261,7 +262,7 @@ def test_a_chase_far_behind_hands_half_of_each_step_to_the_helper(tmp_path, monk
 
 def vm_flags_of(path) -> set[str]:
     """The VmFlags /proc/self/smaps shows for this process's map of ``path``."""
-    lines = open("/proc/self/smaps").read().splitlines()
+    lines = Path("/proc/self/smaps").read_text().splitlines()
     for number, line in enumerate(lines):
         if line.endswith(" " + str(path)):
             for following in lines[number + 1:]:
@@ -463,7 +464,8 @@ def test_appends_racing_a_chase_keep_every_byte(segment_file, monkeypatch):
     with ThreadPoolExecutor(1) as warm:
         while written < 7 * MIB:
             if prefault.want(min(8 * MIB, written + 1 * MIB)):
-                warm.submit(prefault.chase, region, fd, lambda: 8 * MIB, lambda: written)
+                # late binding on purpose: the chase reads how far the writes below have got
+                warm.submit(prefault.chase, region, fd, lambda: 8 * MIB, lambda: written)  # noqa: B023
             size = rng.choice((100, 1000, 5000, 40_000))
             data = rng.randbytes(size)
             released = prefault.begin_append(written, written + size)

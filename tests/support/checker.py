@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from tests.support.batches import records_of
 
@@ -129,7 +130,9 @@ class Anomaly:
     detail: str
 
     def __str__(self) -> str:
-        where = "" if self.partition is None else f" p{self.partition}" + ("" if self.offset is None else f"@{self.offset}")
+        where = ""
+        if self.partition is not None:
+            where = f" p{self.partition}" + ("" if self.offset is None else f"@{self.offset}")
         return f"{self.kind}{where}: {self.detail}"
 
 
@@ -225,7 +228,7 @@ def _nonmonotonic_sends(history: History) -> list[Anomaly]:
     out = []
     for (producer, partition), acks in by_stream.items():
         acks.sort(key=lambda a: a.sequence)
-        for before, after in zip(acks, acks[1:]):
+        for before, after in pairwise(acks):
             if after.offset <= before.offset:
                 out.append(Anomaly("nonmonotonic-send", partition, after.offset,
                                    f"{producer} sent #{before.sequence} before #{after.sequence}, acknowledged at "
@@ -278,7 +281,9 @@ def _replicas(history: History) -> list[Anomaly]:
             groups = sorted(distinct.items(), key=lambda item: -len(item[1]))
             first = groups[0][0]
             for data, members in groups[1:]:
-                at = next((i for i, (a, b) in enumerate(zip(first, data)) if a != b), min(len(first), len(data)))
+                # the first differing batch, or where the shorter log ends: not strict, the logs may differ in length
+                at = next((i for i, (a, b) in enumerate(zip(first, data, strict=False)) if a != b),
+                          min(len(first), len(data)))
                 out.append(Anomaly("replica-divergence", partition, None,
                                    f"brokers {groups[0][1]} and {members} differ below the high watermark "
                                    f"{high}, from byte {at}"))

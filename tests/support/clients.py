@@ -84,7 +84,7 @@ def assert_same_records(driver: Driver, consumed, expected: list[Rec], first_off
     timestamps where the client carries them (else the timestamps fall in ``ts_range``, when given)."""
     got_offsets = [c.offset for c in consumed]
     assert got_offsets == list(range(first_offset, first_offset + len(expected))), got_offsets
-    for c, rec in zip(consumed, expected):
+    for c, rec in zip(consumed, expected, strict=True):
         assert c.rec.key == rec.key, (c.offset, c.rec.key, rec.key)
         assert c.rec.value == rec.value, (c.offset, c.rec.value, rec.value)
         if driver.supports_headers:
@@ -231,7 +231,8 @@ class KafkaPythonDriver(Driver):
 
         admin = self._admin(bootstrap)
         try:
-            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1, topic_configs=configs or {})
+            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1,
+                                 topic_configs=configs or {})
             response = admin.create_topics([new_topic], timeout_ms=10000)
             _raise_topic_errors(response)
         finally:
@@ -388,7 +389,8 @@ class AiokafkaDriver(Driver):
         from aiokafka.admin import NewTopic
 
         async def work(admin):
-            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1, topic_configs=configs or {})
+            new_topic = NewTopic(name=topic, num_partitions=partitions, replication_factor=1,
+                                 topic_configs=configs or {})
             response = await admin.create_topics([new_topic], timeout_ms=10000)
             _raise_aiokafka_topic_errors(response)
 
@@ -513,7 +515,8 @@ class ConfluentDriver(Driver):
 
         consumer = self._consumer(bootstrap)
         try:
-            (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, timestamp_ms)], timeout=OP_TIMEOUT_S)
+            (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, timestamp_ms)],
+                                                  timeout=OP_TIMEOUT_S)
         finally:
             consumer.close()
         if found.error:
@@ -539,7 +542,8 @@ class ConfluentDriver(Driver):
 
         admin = self._admin(bootstrap)  # keep the handle alive until the future resolves
         futures = admin.create_topics(
-            [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=configs or {})], operation_timeout=10
+            [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=configs or {})],
+            operation_timeout=10,
         )
         futures[topic].result(timeout=OP_TIMEOUT_S)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +109,8 @@ class Cluster:
                 host = self.hosts[node_id] = lab.add_host(f"b{node_id}")
                 placement = dict(wrapper=tuple(lab.command(host, [])), listen_host=host.address)
             self.brokers[node_id] = BrokerProcess(
-                data_dir=self.workdir / f"broker{node_id}" / "data", log_path=self.workdir / f"broker{node_id}" / "broker.log",
+                data_dir=self.workdir / f"broker{node_id}" / "data",
+                log_path=self.workdir / f"broker{node_id}" / "broker.log",
                 config=dict(self.config),
                 extra_args=("--node-id", str(node_id), "--metadata", self.url, *extra_args), **placement)
 
@@ -118,7 +118,7 @@ class Cluster:
     def start_port(self) -> int:
         return NETLAB_BROKER_PORT if self.lab is not None else 0
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         for broker in self.brokers.values():
             broker.start(port=self.start_port)
         wait_until(lambda: len(self.metadata().brokers) == len(self.brokers) and self.metadata().controller_id > 0,
@@ -151,7 +151,7 @@ class Cluster:
         for broker in candidates:
             try:
                 return read_metadata(broker.bootstrap, topics)
-            except (OSError, socket.timeout, struct.error) as exc:
+            except (TimeoutError, OSError, struct.error) as exc:
                 last = exc
         raise OSError(f"no broker answered Metadata: {last}")
 
@@ -167,7 +167,8 @@ class Cluster:
         bootstrap = ",".join(self.brokers[n].bootstrap for n in via) if via else self.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         if replica_assignment is not None:
-            assert len(replica_assignment) == partitions and all(len(r) == replication_factor for r in replica_assignment)
+            assert len(replica_assignment) == partitions
+            assert all(len(r) == replication_factor for r in replica_assignment)
             new_topic = NewTopic(name, partitions, replica_assignment=replica_assignment, config=dict(configs or {}))
         else:
             new_topic = NewTopic(name, partitions, replication_factor, config=dict(configs or {}))
@@ -224,7 +225,7 @@ def produce_acks_all(bootstrap: str, topic: str, values: list[bytes]) -> list[in
     return [results[i] for i in range(len(values))]
 
 
-def log_end(cluster: "Cluster", node_id: int, topic: str) -> int:
+def log_end(cluster: Cluster, node_id: int, topic: str) -> int:
     """The end offset of partition 0 of ``topic`` in broker ``node_id``'s log files, read from disk."""
     batches = read_partition_log(cluster.brokers[node_id].data_dir, topic, 0)
     return batches[-1].last_offset + 1 if batches else 0

@@ -59,18 +59,17 @@ class EtcdProcess:
         """The broker's ``--metadata`` value; ``root`` defaults to a fresh one (a private cluster)."""
         return f"etcd://{self.endpoint}/{root or unique_root()}"
 
-    def start(self) -> "EtcdProcess":
+    def start(self) -> EtcdProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         peer = f"http://{self.host}:{self.peer_port}"
         client = f"http://{self.host}:{self.client_port}"
-        log = open(self.log_path, "ab", buffering=0)
-        self.process = subprocess.Popen(
-            [*self.wrapper, ETCD, "--name", self.name, "--data-dir", str(self.workdir / f"data-{self.name}"),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"{self.name}={peer}", "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.log_path, "ab", buffering=0) as log:  # the child has its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [*self.wrapper, ETCD, "--name", self.name, "--data-dir", str(self.workdir / f"data-{self.name}"),
+                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"{self.name}={peer}", "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         process = self.process
 
         def healthy() -> bool:

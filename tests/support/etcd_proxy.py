@@ -79,7 +79,7 @@ class EtcdFaultProxy:
     def url(self, root: str | None = None) -> str:
         return f"etcd://{self.endpoint}/{root or unique_root()}"
 
-    def start(self) -> "EtcdFaultProxy":
+    def start(self) -> EtcdFaultProxy:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
         return self

@@ -33,7 +33,7 @@ def on_term(signum, frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
-events = open(events_path, "a", buffering=1)
+events = open(events_path, "a", buffering=1)  # noqa: SIM115 (the process's lifetime; line-buffered for readers)
 
 
 def emit(event: str, **fields) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kio.schema.errors import ErrorCode
-from kio.schema.list_groups.v2 import request as lg_rq, response as lg_rs
+from kio.schema.list_groups.v2 import request as lg_rq
+from kio.schema.list_groups.v2 import response as lg_rs
 
 from copyless.client.blocking import BlockingClient as GroupsClient
 from tests.support.polling import wait_until
@@ -65,7 +66,7 @@ class Member:
     def __init__(self, client: str, bootstrap: str, topic: str, group: str, events: Path, session_ms: int):
         self.client = client
         self.events = events
-        self.log = open(events.with_suffix(".log"), "ab")
+        self.log = open(events.with_suffix(".log"), "ab")  # noqa: SIM115 (closed by stop(), after the process)
         self.process = subprocess.Popen(
             [sys.executable, str(MEMBER_SCRIPT), client, bootstrap, topic, group, str(events), str(session_ms)],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=python_env(),
@@ -131,7 +132,6 @@ def recommitted_consumptions(events: list[dict]) -> list[dict]:
         if event["event"] == "committed":
             for partition, offset in event["offsets"].items():
                 committed[int(partition)] = max(committed.get(int(partition), 0), offset)
-        elif event["event"] == "consumed":
-            if event["offset"] < committed.get(event["partition"], 0):
-                violations.append(event)
+        elif event["event"] == "consumed" and event["offset"] < committed.get(event["partition"], 0):
+            violations.append(event)
     return violations

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from tests.support.checker import Anomaly, History, check, counts
 from tests.support.groups import Member, read_events

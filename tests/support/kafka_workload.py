@@ -254,7 +254,8 @@ def history_of(cluster, topic: str, partitions: int, stream: AckedStream, poller
     history.ownership = ownership
     for p in range(partitions):
         history.replicas[p] = {
-            node: [ReplicaBatch(b.base_offset, b.last_offset, b.data) for b in read_partition_log(broker.data_dir, topic, p)]
+            node: [ReplicaBatch(b.base_offset, b.last_offset, b.data)
+                   for b in read_partition_log(broker.data_dir, topic, p)]
             for node, broker in cluster.brokers.items()}
     for node, broker in cluster.brokers.items():
         for match in LEADER_LINE.finditer(broker.log_text()):

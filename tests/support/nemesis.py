@@ -43,9 +43,9 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from tests.support.broker_process import BrokerStartError
 from tests.support.cluster import Cluster, MetadataView, read_metadata
@@ -55,7 +55,8 @@ from tests.support.netns import NetLab
 from tests.support.power_loss import in_another_boot, lose_unflushed
 from tests.support.tmpfs import mounted_tmpfs, take_every_free_byte
 
-__all__ = ["Stage", "stage", "Fault", "Kill", "Pause", "EtcdCutLeader", "TxnCoordinatorKill", "KINDS", "CORE_KINDS", "schedule", "Nemesis", "NoTarget"]
+__all__ = ["Stage", "stage", "Fault", "Kill", "Pause", "EtcdCutLeader", "TxnCoordinatorKill", "KINDS", "CORE_KINDS",
+           "schedule", "Nemesis", "NoTarget"]
 
 LEASE_S = 2.0  # broker.session.timeout.ms of CLUSTER_TEST_CONFIG
 # Each broker's disk: the logs of a test topic and of __consumer_offsets need a few MiB each (segments own
@@ -289,7 +290,7 @@ class Stage:
         for disk in self.disks.values():
             for filler in disk.glob("filler-*"):
                 filler.unlink()
-        for node, broker in self.cluster.brokers.items():
+        for broker in self.cluster.brokers.values():
             if broker.alive():
                 os.kill(broker.pid, signal.SIGCONT)
         self._pauses.clear()
@@ -621,12 +622,10 @@ class Nemesis:
 
     def run(self, steps: Iterator[Step], seconds: float, *, max_steps: int | None = None) -> None:
         deadline = time.monotonic() + seconds
-        done = 0
-        for step in steps:
+        for done, step in enumerate(steps):
             if time.monotonic() >= deadline or (max_steps is not None and done >= max_steps):
                 break
             self.run_step(step)
-            done += 1
 
     def run_step(self, step: Step) -> None:
         begin = time.monotonic()

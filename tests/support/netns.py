@@ -81,7 +81,7 @@ class NetLab:
         (REGISTRY / self.bridge).write_text(json.dumps(
             {"pid": os.getpid(), "bridge": self.bridge, "namespaces": [h.namespace for h in self.hosts.values()]}))
 
-    def start(self) -> "NetLab":
+    def start(self) -> NetLab:
         _ip("link", "add", self.bridge, "type", "bridge")
         self._created = True
         self._record()

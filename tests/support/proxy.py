@@ -35,7 +35,7 @@ class CuttingProxy:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, target: tuple[str, int]) -> "CuttingProxy":
+    def start(self, target: tuple[str, int]) -> CuttingProxy:
         self.target = target
         self._thread.start()
         return self

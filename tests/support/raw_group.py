@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import datetime
 
-from kio.schema.describe_groups.v4 import request as dg_rq, response as dg_rs
+from kio.schema.describe_groups.v4 import request as dg_rq
+from kio.schema.describe_groups.v4 import response as dg_rs
 from kio.schema.errors import ErrorCode
-from kio.schema.find_coordinator.v2 import request as fc_rq, response as fc_rs
-from kio.schema.heartbeat.v3 import request as hb_rq, response as hb_rs
-from kio.schema.join_group.v5 import request as jg_rq, response as jg_rs
-from kio.schema.sync_group.v3 import request as sg_rq, response as sg_rs
+from kio.schema.find_coordinator.v2 import request as fc_rq
+from kio.schema.find_coordinator.v2 import response as fc_rs
+from kio.schema.heartbeat.v3 import request as hb_rq
+from kio.schema.heartbeat.v3 import response as hb_rs
+from kio.schema.join_group.v5 import request as jg_rq
+from kio.schema.join_group.v5 import response as jg_rs
+from kio.schema.sync_group.v3 import request as sg_rq
+from kio.schema.sync_group.v3 import response as sg_rs
 from kio.static.primitive import i32Timedelta
 
 from copyless.client.blocking import BlockingClient

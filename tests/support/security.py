@@ -99,7 +99,8 @@ class Identity:
         if self.tls:
             from aiokafka.helpers import create_ssl_context
 
-            config["ssl_context"] = create_ssl_context(cafile=str(self.ca), certfile=str(self.cert) if self.cert else None,
+            config["ssl_context"] = create_ssl_context(cafile=str(self.ca),
+                                                       certfile=str(self.cert) if self.cert else None,
                                                        keyfile=str(self.key) if self.key else None)
         return config
 
@@ -243,8 +244,8 @@ def consume_group(client: str, bootstrap: str, identity: Identity, topic: str, g
         from aiokafka import AIOKafkaConsumer
 
         async def go():
-            consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                                        **identity.aiokafka())
+            consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                                        auto_offset_reset="earliest", **identity.aiokafka())
             try:
                 await consumer.start()
                 while len(values) < count and time.monotonic() < deadline:

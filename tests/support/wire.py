@@ -73,20 +73,23 @@ def metadata_v1(correlation_id: int, topics: list[str] | None = None) -> bytes:
     return request(API_METADATA, 1, correlation_id, array(None if topics is None else [string(t) for t in topics]))
 
 
-def produce_v3(correlation_id: int, topic: str, partition: int, records: bytes, acks: int = -1, timeout_ms: int = 10000) -> bytes:
+def produce_v3(correlation_id: int, topic: str, partition: int, records: bytes, acks: int = -1,
+               timeout_ms: int = 10000) -> bytes:
     partition_data = struct.pack(">i", partition) + nbytes(records)
     body = string(None) + struct.pack(">hi", acks, timeout_ms) + array([string(topic) + array([partition_data])])
     return request(API_PRODUCE, 3, correlation_id, body)
 
 
-def produce_v3_partitions(correlation_id: int, topic: str, records_by_partition: dict[int, bytes], acks: int = -1) -> bytes:
+def produce_v3_partitions(correlation_id: int, topic: str, records_by_partition: dict[int, bytes],
+                          acks: int = -1) -> bytes:
     """One Produce v3 request carrying a batch for each of several partitions of one topic."""
     partitions = [struct.pack(">i", p) + nbytes(records) for p, records in records_by_partition.items()]
     body = string(None) + struct.pack(">hi", acks, 10000) + array([string(topic) + array(partitions)])
     return request(API_PRODUCE, 3, correlation_id, body)
 
 
-def fetch_v4(correlation_id: int, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20, max_wait_ms: int = 0) -> bytes:
+def fetch_v4(correlation_id: int, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
+             max_wait_ms: int = 0) -> bytes:
     part = struct.pack(">iqi", partition, offset, max_bytes)
     body = struct.pack(">iiiib", -1, max_wait_ms, 1, max_bytes, 0) + array([string(topic) + array([part])])
     return request(API_FETCH, 4, correlation_id, body)
@@ -349,7 +352,7 @@ class RawConnection:
             try:
                 if not self.sock.recv(1 << 16):
                     return True
-            except socket.timeout:
+            except TimeoutError:
                 return False
             except (ConnectionResetError, BrokenPipeError):
                 return True

@@ -247,7 +247,7 @@ def test_read_committed_records_still_leave_by_sendfile(broker_factory):
     topic = unique_topic("txn-zero-copy")
     _create(broker.bootstrap, topic)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
-    big = ["%04d" % i + "x" * 2000 for i in range(100)]
+    big = [f"{i:04d}" + "x" * 2000 for i in range(100)]
     _produce_txn(producer, topic, big, commit=True)
     _produce_txn(producer, topic, ["aborted"] * 10, commit=False)
     since = broker.log_size()

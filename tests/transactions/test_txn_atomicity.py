@@ -129,4 +129,5 @@ def test_transactions_stay_atomic_through_a_broker_kill(broker_factory):
         counts[outcome] += 1
     # Both halves ran: transactions committed before and after the kill.
     assert counts["committed"] >= TRANSACTIONS // 2, counts
-    assert any(outcomes[f"{n}-{i}"] == "committed" for n in ("alpha", "beta") for i in range(TRANSACTIONS // 2 + 1, TRANSACTIONS)), outcomes
+    assert any(outcomes[f"{n}-{i}"] == "committed"
+               for n in ("alpha", "beta") for i in range(TRANSACTIONS // 2 + 1, TRANSACTIONS)), outcomes

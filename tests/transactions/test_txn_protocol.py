@@ -229,7 +229,8 @@ def test_the_cli_lists_and_describes_transactional_ids(wire, broker):
     assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
     listed = cli("list")
     assert listed.returncode == 0, listed.stderr
-    assert {"transactional_id": tid, "producer_id": pid, "state": "Ongoing", "coordinator": 0} in json.loads(listed.stdout)
+    ongoing = {"transactional_id": tid, "producer_id": pid, "state": "Ongoing", "coordinator": 0}
+    assert ongoing in json.loads(listed.stdout)
     described = cli("describe", tid)
     assert described.returncode == 0, described.stderr
     shown = json.loads(described.stdout)
@@ -238,7 +239,8 @@ def test_the_cli_lists_and_describes_transactional_ids(wire, broker):
     assert wait_until(lambda: _init(wire, tid)[0] == ErrorCode.none, what="a new epoch", timeout_s=10)
     # An id with no transaction started: Kafka's start time -1 on the wire, read back as such.
     empty = json.loads(cli("describe", tid).stdout)
-    assert (empty["state"], empty["start_ms"], empty["producer_epoch"], empty["partitions"]) == ("Empty", -1, epoch + 1, [])
+    assert (empty["state"], empty["start_ms"], empty["producer_epoch"], empty["partitions"]) == (
+        "Empty", -1, epoch + 1, [])
     missing = cli("describe", _name("missing"))
     assert missing.returncode != 0 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr
 

@@ -10,7 +10,15 @@ from kio.schema.errors import ErrorCode
 
 from copyless.broker.txn import metadata as m
 from copyless.broker.txn.log import TxnLogView, decode, encode_key, encode_value
-from copyless.broker.txn_partition import ABORT, COMMIT, Marker, PartitionTxns, build_marker, control_type_of, read_marker
+from copyless.broker.txn_partition import (
+    ABORT,
+    COMMIT,
+    Marker,
+    PartitionTxns,
+    build_marker,
+    control_type_of,
+    read_marker,
+)
 from copyless.client.protocol.records import read_header, validate_batch
 
 NOW = 1_700_000_000_000

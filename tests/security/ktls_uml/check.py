@@ -5,6 +5,7 @@ sent every fetched record byte with sendfile on kTLS sessions and copied none. E
 import asyncio
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -20,17 +21,19 @@ with open(f"{work}/broker.toml", "w") as config:
     config.write(f'"ssl.keystore.location" = "{certs}/broker.pem"\n"ssl.truststore.location" = "{certs}/ca.pem"\n'
                  '"log.segment.bytes" = 67108864\n')
 log_path = f"{work}/broker.log"
-broker = subprocess.Popen([sys.executable, "-m", "copyless.broker", "serve", "--data-dir", f"{work}/tmp/data",
-                           "--listener", "SSL=127.0.0.1:0", "--config", f"{work}/broker.toml"],
-                          stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+with open(log_path, "w") as log_file:  # the child has its own copy of the descriptor
+    broker = subprocess.Popen([sys.executable, "-m", "copyless.broker", "serve", "--data-dir", f"{work}/tmp/data",
+                               "--listener", "SSL=127.0.0.1:0", "--config", f"{work}/broker.toml"],
+                              stdout=log_file, stderr=subprocess.STDOUT)
 address = None
 for _ in range(600):
     time.sleep(0.2)
-    found = re.search(r"listening on (127\.0\.0\.1:\d+)", open(log_path).read())
+    found = re.search(r"listening on (127\.0\.0\.1:\d+)", pathlib.Path(log_path).read_text())
     if found:
         address = found.group(1)
         break
-print("startup:", [line for line in open(log_path).read().splitlines() if "listening on" in line], flush=True)
+print("startup:", [line for line in pathlib.Path(log_path).read_text().splitlines() if "listening on" in line],
+      flush=True)
 
 from copyless import Consumer, Producer  # noqa: E402
 from copyless.client.assignors import TopicPartition  # noqa: E402
@@ -57,7 +60,8 @@ async def main():
 got = asyncio.run(main())
 broker.send_signal(signal.SIGUSR1)
 time.sleep(2)
-stats = json.loads([line for line in open(log_path).read().splitlines() if line.startswith("stats-json")][-1][11:])
+stats_lines = [line for line in pathlib.Path(log_path).read_text().splitlines() if line.startswith("stats-json")]
+stats = json.loads(stats_lines[-1][11:])
 broker.send_signal(signal.SIGTERM)
 broker.wait(60)
 security = stats["security"]
