@@ -55,7 +55,7 @@ log = logging.getLogger("copyless.producer_state")
 
 
 class LoadedState(NamedTuple):
-    producers: list  # (producer id, epoch, batches): ProducerStateManager.restore's input
+    producers: list  # (producer id, epoch, last timestamp, batches): ProducerStateManager.restore's input
     txns: PartitionTxns
     snapshot_offset: int | None  # the snapshot loaded, None when there was none
     replay_start: int
@@ -98,7 +98,7 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
     txns.persisted = transactional
     key = ("", 0)
     if snapshot is not None:
-        producers.restore(*key, ((p.producer_id, p.epoch, p.batches) for p in snapshot.producers))
+        producers.restore(*key, ((p.producer_id, p.epoch, p.last_timestamp, p.batches) for p in snapshot.producers))
         txns.ongoing = dict(snapshot.ongoing)
         txns.completing = list(snapshot.completing)
         txns.coordinator_epochs = dict(snapshot.coordinator_epochs)
@@ -114,7 +114,7 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
         if header.producer_id < 0:
             continue
         if header.is_control:
-            producers.update_marker(*key, header.producer_id, header.producer_epoch)
+            producers.update_marker(*key, header.producer_id, header.producer_epoch, header.max_timestamp)
             if marker is not None:
                 txns.on_marker(header.producer_id, header.base_offset, marker.control_type, high_watermark,
                                marker.coordinator_epoch)
