@@ -69,7 +69,7 @@ def _write_history(partition_log, batches: int, state_files: StateFiles, bar) ->
                 producers.update("t", 0, header, offset)
                 txns.on_batch(header, offset)
             else:
-                producers.update_marker("t", 0, header.producer_id, 0)
+                producers.update_marker("t", 0, header.producer_id, 0, header.max_timestamp)
                 aborted = txns.on_marker(header.producer_id, offset, control, offset)
                 if aborted is not None:
                     state_files.append_aborted(partition_log, aborted)
@@ -91,7 +91,7 @@ def _whole_log_scan(partition_log) -> int:
     events = list(partition_log.transaction_events(partition_log.log_start_offset))
     for header, control in events:
         if header.is_control:
-            producers.update_marker("t", 0, header.producer_id, header.producer_epoch)
+            producers.update_marker("t", 0, header.producer_id, header.producer_epoch, header.max_timestamp)
             if control is not None:
                 txns.on_marker(header.producer_id, header.base_offset, control, partition_log.high_watermark)
         else:

@@ -156,6 +156,8 @@ class BrokerConfig:
     # None: the mode's default (1 single node, 50 in a cluster; see ``transaction_partitions``).
     transaction_state_log_num_partitions: int | None = None
     transaction_state_log_replication_factor: int = 3
+    producer_id_expiration_ms: int = 24 * _HOUR_MS
+    producer_id_expiration_check_interval_ms: int = 600000
     # TLS, SASL and ACL settings by Kafka's names, as given, resolved per listener (broker.security.settings).
     security: SecuritySettings = SecuritySettings()
 
@@ -569,6 +571,13 @@ _define("transactional.id.expiration.ms", T.INT, "How long a transactional id ma
 _define("transaction.remove.expired.transaction.cleanup.interval.ms", T.INT, "How often the transaction "
         "coordinator looks for transactional ids idle past transactional.id.expiration.ms.",
         field="transaction_remove_expired_transaction_cleanup_interval_ms", validator=AtLeast(1))
+_define("producer.id.expiration.ms", T.INT, "How long a partition keeps an idle producer's state (epoch, last "
+        "sequences) after its last batch or marker there; one with a transaction open there is kept. A producer "
+        "idle longer starts over at any sequence (duplicates of its old batches are no longer recognised).",
+        field="producer_id_expiration_ms", validator=AtLeast(1))
+_define("producer.id.expiration.check.interval.ms", T.INT, "How often each partition's producers are checked "
+        "against producer.id.expiration.ms.", field="producer_id_expiration_check_interval_ms",
+        validator=AtLeast(1))
 _define("transaction.state.log.num.partitions", T.INT, "Partitions of __transaction_state (default: 1 on a "
         "single node; Kafka's 50 in a cluster).", field="transaction_state_log_num_partitions",
         validator=AtLeast(1), read=lambda c: c.transaction_partitions)

@@ -22,6 +22,8 @@ Metrics (all prefixed ``copyless_``; ``api`` is the Kafka API name, ``error`` Ka
     transactions_total{outcome}, transaction_markers_total   what this broker's transaction coordinator ended
     open_transactions                           transactions open on the partitions hosted here
     partition_leader{topic,partition}           1 where this broker leads the partition
+    partition_producers{topic,partition}        producers whose state the partition keeps (until
+                                                producer.id.expiration.ms)
     under_replicated_partitions                 partitions led here with an ISR smaller than the replicas
     isr_shrinks_total, isr_expands_total        ISR changes this broker (as leader) had recorded: a follower
                                                 that fell behind; a dead broker is removed by the controller
@@ -162,6 +164,8 @@ def collect(broker: Any) -> list[Family]:
                     "Last stable offset of each partition led here: its first open transaction, or the high "
                     "watermark.")
     leader = family("partition_leader", "gauge", "1 where this broker leads the partition, else 0.")
+    producers = family("partition_producers", "gauge",
+                       "Idempotent and transactional producers whose state each hosted partition keeps.")
     lag = family("follower_lag_records", "gauge",
                  "For partitions led here: the leader's log end offset minus each follower's.")
     under = 0
@@ -171,6 +175,7 @@ def collect(broker: Any) -> list[Family]:
         end.add(partition.log_end_offset, **labels)
         high.add(partition.high_watermark, **labels)
         leader.add(1 if partition.is_leader else 0, **labels)
+        producers.add(broker.producers.producer_count(topic, index), **labels)
         if partition.is_leader:
             stable.add(partition.last_stable_offset, **labels)
             under += partition.under_replicated

@@ -349,7 +349,9 @@ class Partition:
         if header.is_transactional and not self.txns.persisted:
             raise BrokerError(ErrorCode.unknown_server_error, "ensure_transactional() first")
         result = self.log.append(records, leader_epoch=self.leader_epoch, log_append_time_ms=log_append_time_ms)
-        self._producers.update(self.topic, self.partition, header, result.base_offset)
+        # A LogAppendTime topic's batch carries the broker's stamp as appended (what a replay reads back).
+        self._producers.update(self.topic, self.partition, header, result.base_offset,
+                               result.log_append_time_ms if result.log_append_time_ms >= 0 else None)
         if header.is_transactional:
             self.txns.on_batch(header, result.base_offset)
         self._snapshot_if_rolled()
@@ -377,7 +379,8 @@ class Partition:
                               f"{self.topic}-{self.partition}: coordinator epoch {marker.coordinator_epoch} of "
                               f"producer {header.producer_id}'s marker is older than {newer}")
         result = self.log.append(records, leader_epoch=self.leader_epoch)
-        self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
+        self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch,
+                                      header.max_timestamp)
         aborted = self.txns.on_marker(header.producer_id, result.base_offset, marker.control_type,
                                       self.high_watermark, marker.coordinator_epoch)
         if aborted is not None and self.state_files is not None:
@@ -395,7 +398,8 @@ class Partition:
         if not self.txns.persisted:
             raise BrokerError(ErrorCode.unknown_server_error, "ensure_transactional() first")
         result = self.log.append(records, leader_epoch=self.leader_epoch)
-        self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
+        self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch,
+                                      header.max_timestamp)
         self.txns.on_batch(header, result.base_offset)
         self._snapshot_if_rolled()
         self._notifier.notify(self.follower_key)
@@ -467,6 +471,17 @@ class Partition:
         self._snapshot_offset = self.log.log_end_offset
         return self.state_files.snapshot(
             self.log, capture_snapshot(self.log, self._producers, self.topic, self.partition, self.txns))
+
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget the producers idle past ``producer.id.expiration.ms`` with no transaction open here
+        (``ProducerStateManager.remove_expired``), leader or follower alike, as Kafka's periodic check does;
+        return how many. The next snapshot (a roll, a clean shutdown) is written without them, even at the
+        log end of the last one. Loop thread: O(producers of the partition)."""
+        removed = self._producers.remove_expired(self.topic, self.partition, now_ms, expiration_ms,
+                                                 self.txns.ongoing)
+        if removed:
+            self._snapshot_offset = -1
+        return len(removed)
 
     # --- transactions: the last stable offset ----------------------------------------------------------------
 
@@ -895,7 +910,8 @@ class Partition:
         (so a follower that becomes leader knows the open transactions and the LSO)."""
         if header.is_control:
             if header.producer_id >= 0:
-                self._producers.update_marker(self.topic, self.partition, header.producer_id, header.producer_epoch)
+                self._producers.update_marker(self.topic, self.partition, header.producer_id,
+                                              header.producer_epoch, header.max_timestamp)
                 marker = (control_types or {}).get(base_offset)
                 if marker is not None:
                     aborted = self.txns.on_marker(header.producer_id, base_offset, marker.control_type,

@@ -19,8 +19,10 @@ With no usable snapshot (a data dir written before snapshots existed, or every s
 replay starts at the first segment for a partition that ever held a transactional batch (its
 ``transactional`` file says so: ``broker.txn_partition``) and, for the others, at the second-to-last segment
 (``producer_state_scan_start``: only idempotent producers' recent batches matter there). A torn index file
-below the snapshot (it was fsync'd before the snapshot, so only a disk fault tears it) is not trusted
-either: the replay then starts at the first segment.
+of the snapshot's segment or an earlier one is not trusted either (its entries below the snapshot were
+fsync'd before it, but a tear cannot say which entries it cut: a crash cuts only later ones, a disk fault any):
+the replay then starts at the first segment, as it did before snapshots existed. A torn file of a later
+segment lost only entries the replay reads back.
 
 Writing (``StateFiles``, one thread for the whole broker, so each partition's writes land in the order the
 loop thread asked for them): an ABORT marker's entry is appended to the ``.txnindex`` of the segment holding
@@ -55,7 +57,7 @@ log = logging.getLogger("copyless.producer_state")
 
 
 class LoadedState(NamedTuple):
-    producers: list  # (producer id, epoch, batches): ProducerStateManager.restore's input
+    producers: list  # (producer id, epoch, last timestamp, batches): ProducerStateManager.restore's input
     txns: PartitionTxns
     snapshot_offset: int | None  # the snapshot loaded, None when there was none
     replay_start: int
@@ -86,9 +88,12 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
     files = {base: txn_index.read(txn_index.txn_index_path(directory, base))
              for base in txn_index.index_bases(directory)}
     start = snapshot.offset if snapshot is not None else None
-    if start is not None and any(torn and base < _segment_of(bases, start) for base, (_, torn) in files.items()):
-        log.warning("%s: a .txnindex below producer snapshot %d is torn: replaying from the first segment",
-                    directory, start)
+    # A torn file at or below the snapshot's segment may have lost an entry whose marker is below the snapshot,
+    # which the replay from the snapshot would never see again; a torn file of a later segment lost only
+    # entries the replay reads back.
+    if start is not None and any(torn and base <= _segment_of(bases, start) for base, (_, torn) in files.items()):
+        log.warning("%s: a .txnindex at or below producer snapshot %d's segment is torn: replaying from the "
+                    "first segment", directory, start)
         snapshot = start = None
     if start is None:
         start = first_base if transactional else producer_state_scan_start(partition_log)
@@ -98,7 +103,7 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
     txns.persisted = transactional
     key = ("", 0)
     if snapshot is not None:
-        producers.restore(*key, ((p.producer_id, p.epoch, p.batches) for p in snapshot.producers))
+        producers.restore(*key, ((p.producer_id, p.epoch, p.last_timestamp, p.batches) for p in snapshot.producers))
         txns.ongoing = dict(snapshot.ongoing)
         txns.completing = list(snapshot.completing)
         txns.coordinator_epochs = dict(snapshot.coordinator_epochs)
@@ -114,7 +119,7 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
         if header.producer_id < 0:
             continue
         if header.is_control:
-            producers.update_marker(*key, header.producer_id, header.producer_epoch)
+            producers.update_marker(*key, header.producer_id, header.producer_epoch, header.max_timestamp)
             if marker is not None:
                 txns.on_marker(header.producer_id, header.base_offset, marker.control_type, high_watermark,
                                marker.coordinator_epoch)

@@ -11,7 +11,8 @@ Format (big-endian; ``crc`` is CRC-32C of every byte after it)::
     crc          uint32
     offset       int64   the log end the state is of (also the file's name, 20 digits)
     producers    int32, then per producer:
-        producer id int64, epoch int16, batches int8 (at most 5, oldest first), then per batch:
+        producer id int64, epoch int16, last timestamp int64 (of its last batch or marker: what
+        ``producer.id.expiration.ms`` goes by), batches int8 (at most 5, oldest first), then per batch:
         first sequence int32, last sequence int32, first offset int64, last offset int64
     ongoing      int32, then per open transaction: producer id int64, first offset int64
     completing   int32, then per transaction whose marker may not be replicated yet:
@@ -55,7 +56,7 @@ _VERSION = 1
 _HEAD = struct.Struct(">hI")
 _OFFSET_COUNT = struct.Struct(">qi")
 _COUNT = struct.Struct(">i")
-_PRODUCER = struct.Struct(">qhb")
+_PRODUCER = struct.Struct(">qhqb")
 _BATCH = struct.Struct(">iiqq")
 _PAIR = struct.Struct(">qq")
 
@@ -63,6 +64,7 @@ _PAIR = struct.Struct(">qq")
 class SnapshotProducer(NamedTuple):
     producer_id: int
     epoch: int
+    last_timestamp: int  # ms, of its last batch or marker
     # (first sequence, last sequence, first offset, last offset), oldest first
     batches: tuple[tuple[int, int, int, int], ...]
 
@@ -83,7 +85,8 @@ def encode(snapshot: ProducerSnapshot) -> bytes:
     """The file's bytes. Pure."""
     parts = [_OFFSET_COUNT.pack(snapshot.offset, len(snapshot.producers))]
     for producer in snapshot.producers:
-        parts.append(_PRODUCER.pack(producer.producer_id, producer.epoch, len(producer.batches)))
+        parts.append(_PRODUCER.pack(producer.producer_id, producer.epoch, producer.last_timestamp,
+                                    len(producer.batches)))
         parts.extend(_BATCH.pack(*batch) for batch in producer.batches)
     parts.append(_COUNT.pack(len(snapshot.ongoing)))
     parts.extend(_PAIR.pack(*pair) for pair in snapshot.ongoing)
@@ -112,11 +115,11 @@ def decode(data: bytes) -> ProducerSnapshot:
         at = _OFFSET_COUNT.size
         producers = []
         for _ in range(count):
-            producer_id, epoch, batch_count = _PRODUCER.unpack_from(body, at)
+            producer_id, epoch, last_timestamp, batch_count = _PRODUCER.unpack_from(body, at)
             at += _PRODUCER.size
             batches = tuple(_BATCH.unpack_from(body, at + i * _BATCH.size) for i in range(batch_count))
             at += batch_count * _BATCH.size
-            producers.append(SnapshotProducer(producer_id, epoch, batches))
+            producers.append(SnapshotProducer(producer_id, epoch, last_timestamp, batches))
         pairs = []
         for _ in range(3):
             (count,) = _COUNT.unpack_from(body, at)

@@ -14,6 +14,13 @@ analyzeAndValidateProducerState``), per (producer id, topic, partition):
 Five is ``max.in.flight.requests.per.connection``'s ceiling for idempotent producers: a retried batch is
 always one of the last five its producer sent to that partition.
 
+Expiration (Kafka's ``producer.id.expiration.ms``, ``ProducerStateManager.removeExpiredProducers``): each
+entry keeps its last timestamp, the max timestamp of its last batch (the LogAppendTime stamp for such a
+topic) or the timestamp of its last marker; ``remove_expired`` drops the entries of a partition whose last
+timestamp is at least the expiration old and that have no open transaction there. Like Kafka, the timestamp
+is the record's, not the broker's clock: a producer whose clock runs far behind expires early, and then
+simply starts over with no state, as a producer whose batches retention removed does.
+
 The state is loaded at start-up from the partition's latest producer-state snapshot (``broker.
 producer_snapshot``) and the batch headers after it (producer id, epoch, base sequence, offsets: 61 bytes a
 batch); ``broker.partition_state_files`` does the loading.
@@ -28,7 +35,7 @@ Pure except for ``ProducerIdAllocator.reserve_block`` (blocking file write).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -55,6 +62,7 @@ class BatchMetadata(NamedTuple):
 @dataclass(slots=True)
 class ProducerEntry:
     epoch: int
+    last_timestamp: int = -1  # of its last batch or marker here, ms (what expiration goes by)
     batches: deque = field(default_factory=lambda: deque(maxlen=BATCHES_PER_PRODUCER))
 
     @property
@@ -119,8 +127,10 @@ class ProducerStateManager:
             )
         return _OK
 
-    def update(self, topic: str, partition: int, header: BatchHeader, first_offset: int) -> None:
-        """Record an appended batch (``first_offset`` = its assigned base offset)."""
+    def update(self, topic: str, partition: int, header: BatchHeader, first_offset: int,
+               timestamp: int | None = None) -> None:
+        """Record an appended batch (``first_offset`` = its assigned base offset; ``timestamp`` = its max
+        timestamp as appended, when the append rewrote the header's: LogAppendTime)."""
         if header.producer_id == NO_PRODUCER_ID:
             return
         producers = self._partitions.setdefault((topic, partition), {})
@@ -128,6 +138,7 @@ class ProducerStateManager:
         if entry is None or header.producer_epoch != entry.epoch:
             entry = ProducerEntry(header.producer_epoch)
             producers[header.producer_id] = entry
+        entry.last_timestamp = header.max_timestamp if timestamp is None else timestamp
         entry.batches.append(
             BatchMetadata(
                 header.base_sequence, header.last_sequence, first_offset, first_offset + header.last_offset_delta
@@ -141,7 +152,7 @@ class ProducerStateManager:
             if header.producer_id == NO_PRODUCER_ID:
                 continue
             if header.is_control:
-                self.update_marker(topic, partition, header.producer_id, header.producer_epoch)
+                self.update_marker(topic, partition, header.producer_id, header.producer_epoch, header.max_timestamp)
             else:
                 self.update(topic, partition, header, header.base_offset)
         return len(self._partitions.get((topic, partition), {}))
@@ -157,35 +168,55 @@ class ProducerStateManager:
                                          f"{entry.epoch}")
         return _OK
 
-    def update_marker(self, topic: str, partition: int, producer_id: int, epoch: int) -> None:
-        """Record a marker's epoch: a newer one fences the producer's older epochs on this partition (a
-        zombie's batches then get INVALID_PRODUCER_EPOCH) and its next batch starts at sequence 0."""
+    def update_marker(self, topic: str, partition: int, producer_id: int, epoch: int, timestamp: int) -> None:
+        """Record a marker's epoch and timestamp: a newer epoch fences the producer's older epochs on this
+        partition (a zombie's batches then get INVALID_PRODUCER_EPOCH) and its next batch starts at
+        sequence 0."""
         producers = self._partitions.setdefault((topic, partition), {})
         entry = producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
-            producers[producer_id] = ProducerEntry(epoch)
+            entry = producers[producer_id] = ProducerEntry(epoch)
+        entry.last_timestamp = timestamp
+
+    def remove_expired(self, topic: str, partition: int, now_ms: int, expiration_ms: int,
+                       ongoing: Container[int] = ()) -> list[int]:
+        """Drop the producers of a partition idle for ``expiration_ms`` (last timestamp at or before
+        ``now_ms - expiration_ms``) that have no transaction open there (``ongoing``: producer ids); return
+        the ids removed. O(producers of the partition); loop thread."""
+        producers = self._partitions.get((topic, partition))
+        if not producers:
+            return []
+        expired = [pid for pid, entry in producers.items()
+                   if now_ms - entry.last_timestamp >= expiration_ms and pid not in ongoing]
+        for pid in expired:
+            del producers[pid]
+        return expired
 
     def remove_partition(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)
 
-    def entries_of(self, topic: str, partition: int) -> list[tuple[int, int, tuple]]:
-        """``(producer id, epoch, batches)`` of each producer of a partition, by id: what a snapshot keeps
-        (``broker.producer_snapshot``). O(producers); loop thread."""
+    def entries_of(self, topic: str, partition: int) -> list[tuple[int, int, int, tuple]]:
+        """``(producer id, epoch, last timestamp, batches)`` of each producer of a partition, by id: what a
+        snapshot keeps (``broker.producer_snapshot``). O(producers); loop thread."""
         producers = self._partitions.get((topic, partition), {})
-        return [(pid, entry.epoch, tuple(entry.batches)) for pid, entry in sorted(producers.items())]
+        return [(pid, entry.epoch, entry.last_timestamp, tuple(entry.batches))
+                for pid, entry in sorted(producers.items())]
 
-    def restore(self, topic: str, partition: int, entries: Iterable[tuple[int, int, Iterable]]) -> None:
+    def restore(self, topic: str, partition: int, entries: Iterable[tuple[int, int, int, Iterable]]) -> None:
         """Replace a partition's state by ``entries`` (as ``entries_of`` gives them)."""
         producers: dict[int, ProducerEntry] = {}
-        for producer_id, epoch, batches in entries:
-            entry = producers[producer_id] = ProducerEntry(epoch)
+        for producer_id, epoch, last_timestamp, batches in entries:
+            entry = producers[producer_id] = ProducerEntry(epoch, last_timestamp)
             entry.batches.extend(BatchMetadata(*batch) for batch in batches)
         self._partitions[(topic, partition)] = producers
 
     def max_producer_id(self) -> int:
         return max((pid for producers in self._partitions.values() for pid in producers), default=-1)
 
-    def producer_count(self) -> int:
+    def producer_count(self, topic: str | None = None, partition: int = 0) -> int:
+        """Producers on record: of one partition, or (no ``topic``) of all."""
+        if topic is not None:
+            return len(self._partitions.get((topic, partition), {}))
         return sum(len(producers) for producers in self._partitions.values())
 
 

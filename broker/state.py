@@ -304,6 +304,21 @@ class Broker:
         for partition in list(self.replicas.partitions.values()):
             partition.snapshot_state()
 
+    async def expire_producers(self, now_ms: int) -> int:
+        """Forget, in every hosted partition, the producers idle past ``producer.id.expiration.ms`` with no
+        transaction open there (``Partition.expire_producers``); return how many. Loop thread: O(producers),
+        handing the loop back every few hundred partitions."""
+        expiration_ms = self.config.producer_id_expiration_ms
+        removed = 0
+        for number, (key, partition) in enumerate(list(self.replicas.partitions.items()), 1):
+            if self.replicas.partitions.get(key) is partition:  # still hosted after the last yield
+                removed += partition.expire_producers(now_ms, expiration_ms)
+            if number % 256 == 0:
+                await asyncio.sleep(0)
+        if removed:
+            log.info("%d producer(s) idle for more than %d ms forgotten", removed, expiration_ms)
+        return removed
+
     def shutdown_logs(self) -> None:
         """Finish the producer snapshots queued (``snapshot_producer_state``), flush, checkpoint, write the
         clean-shutdown marker. Blocking: worker thread."""

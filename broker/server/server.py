@@ -135,6 +135,7 @@ class Server:
             self._periodic.append(asyncio.create_task(self._idle_reaper(self.config.connections_max_idle_ms),
                                                       name="copyless-idle-reaper"))
         self._periodic.append(asyncio.create_task(self._lag_probe(), name="copyless-loop-lag"))
+        self._periodic.append(asyncio.create_task(self._producer_expiry(), name="copyless-producer-expiry"))
         self._announce()
 
     async def abandon_start(self) -> None:
@@ -248,6 +249,16 @@ class Server:
             due = time.monotonic() + LAG_PROBE_INTERVAL_S
             await asyncio.sleep(LAG_PROBE_INTERVAL_S)
             lag.record(max(0.0, time.monotonic() - due))
+
+    async def _producer_expiry(self) -> None:
+        """Kafka's producer.id.expiration.check.interval.ms: every interval, forget the producers idle past
+        producer.id.expiration.ms (``Broker.expire_producers``; read each time, so a change applies)."""
+        while True:
+            await asyncio.sleep(self.broker.config.producer_id_expiration_check_interval_ms / 1000)
+            try:
+                await self.broker.expire_producers(int(time.time() * 1000))
+            except Exception:
+                log.exception("expiring producers failed")
 
     async def _idle_reaper(self, max_idle_ms: int) -> None:
         """Close connections without a request for connections.max.idle.ms (Kafka's default: 10 minutes), so

@@ -104,3 +104,31 @@ def test_producer_ids_never_reused_across_restarts(tmp_path):
     floor.load(floor=50)
     floor.reserve_block()
     assert floor.next_id() == 50
+
+
+def test_idle_producers_expire_unless_a_transaction_is_open_or_they_wrote_recently():
+    """Kafka's producer.id.expiration.ms: a producer whose last batch (or marker) timestamp is at least the
+    expiration old is forgotten, unless it has a transaction open in the partition; the others stay."""
+    state = ProducerStateManager()
+    now, expiration = 1_700_000_100_000, 60_000
+
+    def at(pid, timestamp, sequence=0):
+        built = build_batch([b"v"], producer_id=pid, producer_epoch=0, base_sequence=sequence,
+                            base_timestamp_ms=timestamp)
+        return read_header(built)
+
+    state.update("t", 0, at(1, now - expiration), 0)  # idle exactly the expiration: expires (Kafka's >=)
+    state.update("t", 0, at(2, now - 10 * expiration), 1)  # idle, but its transaction is open here
+    state.update("t", 0, at(3, now - expiration + 1), 2)  # recent
+    state.update("t", 0, at(4, now - 10 * expiration), 3)
+    state.update_marker("t", 0, 4, 0, now - 5)  # a marker renews it
+    state.update("t", 1, at(1, now - 10 * expiration), 0)  # another partition's state is its own
+    assert state.remove_expired("t", 0, now, expiration, ongoing={2: 1}) == [1]
+    assert [entry[0] for entry in state.entries_of("t", 0)] == [2, 3, 4]
+    assert state.producer_count("t", 1) == 1
+    # Forgotten: its next batch starts anywhere, as a new producer's would.
+    assert state.check("t", 0, at(1, now, sequence=42)).error == ErrorCode.none
+    # A LogAppendTime append records the broker's stamp, not the batch's.
+    state.update("t", 2, at(5, 0), 0, timestamp=now)
+    assert state.remove_expired("t", 2, now, expiration) == []
+    assert state.remove_expired("t", 2, now + expiration, expiration) == [5]

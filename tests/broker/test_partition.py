@@ -61,7 +61,7 @@ class FakeProducers:
     def check(self, topic, partition, header):
         return SimpleNamespace(error=ErrorCode.none, message=None, duplicate_of=None)
 
-    def update(self, topic, partition, header, base_offset):
+    def update(self, topic, partition, header, base_offset, timestamp=None):
         pass
 
 

@@ -44,7 +44,7 @@ class History:
         if operation in ("commit", "abort"):
             marker = build_marker(producer, epoch, operation == "commit", 0, 1_700_000_000_000)
             result = append_blocking(self.log, marker)
-            self.producers.update_marker("t", 0, producer, epoch)
+            self.producers.update_marker("t", 0, producer, epoch, read_header(marker).max_timestamp)
             aborted = self.txns.on_marker(producer, result.base_offset, COMMIT if operation == "commit" else ABORT,
                                           self.log.high_watermark)
             if aborted is not None and self.state_files is not None:

@@ -83,8 +83,10 @@ def test_loading_from_a_snapshot_and_the_log_after_it_equals_a_full_scan(operati
             path = txn_index.txn_index_path(directory, indexes[-1])
             os.truncate(path, path.stat().st_size - data.draw(st.integers(1, 33), "torn bytes"))
             bases = partition_log.segment_base_offsets()
-            if used is not None and indexes[-1] < max(base for base in bases if base <= used):
-                used = None  # a torn file the snapshot vouched for: not trusted, the whole log is replayed
+            if used is not None and indexes[-1] <= max(base for base in bases if base <= used):
+                # A torn file of the snapshot's segment or before it may have lost an entry below the
+                # snapshot: not trusted, the whole log is replayed.
+                used = None
         loaded = load_partition_state(partition_log, high_watermark)
         assert loaded.snapshot_offset == used
         assert state_of(loaded.producers, loaded.txns, high_watermark) == expected

@@ -15,7 +15,7 @@ i64, i32, i16 = st.integers(-2**63, 2**63 - 1), st.integers(-2**31, 2**31 - 1), 
 
 _snapshots = st.builds(
     ProducerSnapshot, st.integers(0, 2**63 - 1),
-    st.lists(st.builds(SnapshotProducer, i64, i16, st.lists(st.tuples(i32, i32, i64, i64), max_size=5).map(tuple)),
+    st.lists(st.builds(SnapshotProducer, i64, i16, i64, st.lists(st.tuples(i32, i32, i64, i64), max_size=5).map(tuple)),
              max_size=8).map(tuple),
     st.lists(st.tuples(i64, i64), max_size=5).map(tuple), st.lists(st.tuples(i64, i64), max_size=5).map(tuple),
     st.lists(st.tuples(i64, i64), max_size=5).map(tuple))
