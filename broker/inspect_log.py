@@ -45,6 +45,7 @@ from copyless.broker.storage.checkpoint import read_checkpoint, read_entries
 from copyless.broker.storage.cleaner import read_cleaner_checkpoint
 from copyless.broker.storage.compaction import count_tombstones, delete_horizon_of
 from copyless.broker.storage.segment import scan_headers
+from copyless.broker.storage.segment_recovery import offsets_problem
 from copyless.client.protocol.records import BatchHeader, InvalidBatchError, validate_batch
 
 __all__ = ["Finding", "SegmentReport", "inspect_segment", "check_data_dir", "add_parsers", "main"]
@@ -139,8 +140,9 @@ def _read_entries(path: Path, entry, unpack: Callable) -> list[tuple[int, int]] 
         os.close(fd)
 
 
-def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
-    """Read one segment (and with ``indexes`` its .index and .timeindex) and check it. Blocking."""
+def inspect_segment(log_path: Path, *, indexes: bool = False, next_segment_base: int | None = None) -> SegmentReport:
+    """Read one segment (and with ``indexes`` its .index and .timeindex) and check it; ``next_segment_base``,
+    the base offset of the segment after it, bounds its offsets. Blocking."""
     log_path = Path(log_path)
     parsed = filenames.parse_segment_file(log_path.name)
     base_offset = parsed[0] if parsed is not None and parsed[1] == "log" else None
@@ -172,6 +174,13 @@ def inspect_segment(log_path: Path, *, indexes: bool = False) -> SegmentReport:
                 what = "the segment's base offset" if position == 0 else "the previous batch's next offset"
                 report.error(f"batch at position {position} starts at offset {header.base_offset}, not at "
                              f"{expected} ({what})")
+            elif base_offset is not None:
+                # The CRC does not cover the base offset: where the batch sits is the only check of it, the
+                # one start-up's recovery makes (segment_recovery.offsets_problem).
+                misplaced = offsets_problem(header.base_offset, header.last_offset, header.base_offset,
+                                            base_offset, next_segment_base)
+                if misplaced is not None:
+                    report.error(f"batch at position {position}: {misplaced}")
             expected = header.next_offset
             report.end_position = position + header.size
         garbage = _zeros_from(fd, report.end_position, min(size, report.end_position + TAIL_PROBE_BYTES))
@@ -315,8 +324,11 @@ def check_partition(directory: Path, topic: str, partition: int) -> PartitionRep
     _check_producer_state_files(directory, report)
     cleaned_to = read_cleaner_checkpoint(directory) or -1
     previous: SegmentReport | None = None
-    for path in segments:
-        segment = inspect_segment(path, indexes=True)
+    bases = [parsed[0] for parsed in map(filenames.parse_segment_file, (path.name for path in segments))
+             if parsed is not None]
+    for number, path in enumerate(segments):
+        segment = inspect_segment(path, indexes=True,
+                                  next_segment_base=bases[number + 1] if number + 1 < len(bases) else None)
         report.segments.append(segment)
         report.findings.extend(segment.findings)
         # A gap below the cleaner's checkpointed offset is compaction's (a cleaned segment's last records

@@ -173,7 +173,7 @@ class LogLoader:
     def _load_segments(self, *, clean: bool, recovery_point: int) -> LoadedLog:
         directory, config, background = self.directory, self.config, self.background
         started = time.perf_counter()
-        bases = self._clean_directory(directory)
+        bases, adopted = self._clean_directory(directory)
         if not bases:
             # Never restart below the checkpointed recovery point: those offsets were handed out already.
             return self.create_new(recovery_point)._replace(
@@ -192,9 +192,13 @@ class LogLoader:
         for number, segment in enumerate(segments):
             # A segment may start past its predecessor's end where compaction removed that segment's last
             # records (cleaner.py), never before it, and never after a predecessor recovery cut: records
-            # between them may be lost, and a later segment must not pass for their continuation.
+            # between them may be lost, and a later segment must not pass for their continuation. Nor may an
+            # adopted one: a roll names its segment by the log end, and a gap there comes from the first
+            # batch's base offset, which the CRC does not cover (a leader's appends never leave gaps; a
+            # follower fetches what it loses again).
             if truncated or (kept and (segment.base_offset < kept[-1].next_offset
-                                       or (segment.base_offset > kept[-1].next_offset and cut))):
+                                       or (segment.base_offset > kept[-1].next_offset
+                                           and (cut or segment.base_offset in adopted)))):
                 if not truncated:
                     log.warning("%s: segment %d does not follow offset %d: removing it and later segments",
                                 directory, segment.base_offset, kept[-1].next_offset)
@@ -202,11 +206,14 @@ class LogLoader:
                 segment.close(unlink=True)
                 removed += 1
                 continue
-            if number < first_to_recover and segment.load_clean():
+            # A segment's batches lie below the next segment's base offset (its name): a batch past it is one
+            # whose base offset was garbled (the CRC does not cover it), and the segment is cut there.
+            next_base = segments[number + 1].base_offset if number + 1 < len(segments) else None
+            if number < first_to_recover and segment.load_clean(next_base):
                 kept.append(segment)
                 cut = False
                 continue
-            outcome: RecoveryOutcome = segment.recover(config.segment_index_bytes)
+            outcome: RecoveryOutcome = segment.recover(config.segment_index_bytes, next_base)
             recovered += 1
             rescanned += outcome.valid_bytes
             discarded += outcome.discarded_bytes
@@ -255,8 +262,9 @@ class LogLoader:
         return self._loaded(kept, roll_error, stats)
 
     @staticmethod
-    def _clean_directory(directory: Path) -> list[int]:
-        """Remove leftovers of interrupted operations and return the segment base offsets, sorted.
+    def _clean_directory(directory: Path) -> tuple[list[int], set[int]]:
+        """Remove leftovers of interrupted operations and return the segment base offsets, sorted, and those
+        of the segments adopted from prepared files.
 
         Leftovers: a cleaning's swap (finished if committed, else its ``.cleaned`` files removed: cleaner.py);
         ``*.deleted`` (retention was interrupted; the log start already moved past them);
@@ -269,10 +277,12 @@ class LogLoader:
         indexes: list[tuple[int, Path]] = []
         named = [parsed[0] for parsed in map(filenames.parse_segment_file, os.listdir(directory))
                  if parsed is not None and parsed[1] == "log"]
+        adopted_bases: set[int] = set()
         for entry in sorted(os.scandir(directory), key=lambda entry: entry.name):
             if entry.name.startswith(filenames.PREPARED_PREFIX) and entry.name.endswith(filenames.LOG_SUFFIX):
                 adopted = Segment.adopt_prepared(directory, Path(entry.path), max(named, default=-1))
                 if adopted is not None:
+                    adopted_bases.add(adopted)
                     log.info("%s: adopted %s as segment %d (a roll's renames were interrupted)", directory,
                              entry.name, adopted)
         for entry in os.scandir(directory):
@@ -293,4 +303,4 @@ class LogLoader:
         for base_offset, path in indexes:
             if base_offset not in logs:
                 path.unlink(missing_ok=True)
-        return sorted(logs)
+        return sorted(logs), adopted_bases

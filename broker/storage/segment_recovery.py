@@ -1,12 +1,16 @@
 """SegmentRecovery: what start-up does to one segment found on disk (mixed into Segment; file layer, blocking).
 
 A cleanly closed segment is trusted: ``load_clean`` restores its state from the indexes and a scan of the
-tail (O(index_interval_bytes)). Otherwise ``recover`` rescans every batch (framing, magic, CRC-32C, offset
-continuity), truncates at the first bad one and rebuilds both indexes; the file is not mapped then
-(truncating a mapped file and touching the lost pages is SIGBUS). ``make_active`` maps the last segment for
-appends again with a first step of blocks past its data; ``adopt_prepared`` names a roll's segment whose
-renames never ran. Crash story: each of these may be interrupted and rerun; recovery only ever cuts a tail
-that holds no whole valid batch, and rebuilt indexes are derived from the log.
+tail (O(index_interval_bytes)). Otherwise ``recover`` rescans every batch (framing, magic, CRC-32C, and its
+offsets against where it sits: ``offsets_problem``), truncates at the first bad one and rebuilds both
+indexes; the file is not mapped then (truncating a mapped file and touching the lost pages is SIGBUS). The
+CRC does not cover a batch's base offset, so a garbled one is caught only by where the batch sits: not below
+what precedes it, within the index's int32 relative range (Kafka's LogSegmentOffsetOverflowException rule),
+below the next segment's base offset. Those checks are also what makes every index entry recovery writes
+representable. ``make_active`` maps the last segment for appends again with a first step of blocks past its
+data; ``adopt_prepared`` names a roll's segment whose renames never ran. Crash story: each of these may be
+interrupted and rerun; recovery only ever cuts the segment at its first torn, corrupt or misplaced batch, and
+rebuilt indexes are derived from the log.
 """
 
 from __future__ import annotations
@@ -35,12 +39,32 @@ from .prefault import Prefault
 from .prepared_segment import index_allocation_bytes
 from .scan import scan_headers
 
-__all__ = ["SegmentRecovery", "RecoveryOutcome"]
+__all__ = ["SegmentRecovery", "RecoveryOutcome", "offsets_problem"]
 
 log = logging.getLogger("copyless.storage")
 
 # Recovery reads whole batches for their CRC: 8 MiB per pread (GIL released) keeps syscalls rare.
 RECOVERY_CHUNK_BYTES = 8 << 20
+
+# Kafka's bound on ``offset - segment base offset``: an int32 (the .index stores it as u32, the time index too).
+MAX_RELATIVE_OFFSET = 0x7FFFFFFF
+# The .index stores positions as u32: no batch of a segment may start past it.
+MAX_POSITION = 0xFFFFFFFF
+
+
+def offsets_problem(base_offset: int, last_offset: int, expected: int, segment_base: int,
+                    next_segment_base: int | None) -> str | None:
+    """Why a batch with these offsets cannot be the one after ``expected`` (the previous batch's next offset,
+    or the segment's base offset for its first batch) in the segment named ``segment_base`` and followed by
+    ``next_segment_base`` (None: the last segment); None when it can. A batch past ``expected`` follows a gap
+    compaction left (or, on a follower, one the leader's compaction left in what it sent): allowed."""
+    if base_offset < expected:
+        return f"offset {base_offset}, expected {expected}"
+    if last_offset - segment_base > MAX_RELATIVE_OFFSET:
+        return f"offsets {base_offset}..{last_offset} overflow the index range of segment {segment_base}"
+    if next_segment_base is not None and last_offset >= next_segment_base:
+        return f"offsets {base_offset}..{last_offset} reach the next segment's base offset {next_segment_base}"
+    return None
 
 
 @dataclass
@@ -94,17 +118,19 @@ class SegmentRecovery:
         if base_offset <= after or target_log.exists():
             return None
         stem = log_path.name[: -len(filenames.LOG_SUFFIX)]
-        for suffix, target in ((filenames.INDEX_SUFFIX, target_index), (filenames.TIME_INDEX_SUFFIX, target_time_index)):
+        for suffix, target in ((filenames.INDEX_SUFFIX, target_index),
+                               (filenames.TIME_INDEX_SUFFIX, target_time_index)):
             source = directory / f"{stem}{suffix}"
             if source.exists():
                 os.rename(source, target)
         os.rename(log_path, target_log)
         return base_offset
 
-    def load_clean(self) -> bool:
+    def load_clean(self, next_segment_base: int | None = None) -> bool:
         """Restore the in-memory state of a cleanly closed segment from its indexes and a scan of the tail
         after the last index entry (O(index_interval_bytes), not O(segment)). False when the file does not
-        end on a batch boundary or an index is not sane: the caller then recovers the segment instead."""
+        end on a batch boundary, a batch of the tail does not sit where its offsets say (``offsets_problem``)
+        or an index is not sane: the caller then recovers the segment instead."""
         size = self.committed_position
         start = 0
         if not self.offset_index.sane(0x7FFFFFFF, size) or not self.time_index.sane(0x7FFFFFFF):
@@ -113,8 +139,14 @@ class SegmentRecovery:
             _, start = self.offset_index.floor_position(0x7FFFFFFF)
         next_offset = None
         end = start
+        expected = self.base_offset
         for position, header in scan_headers(self.fd, start, size):
-            next_offset = header.next_offset
+            if position == start and start:
+                expected = header.base_offset  # the indexed batch: checked against the index by sane()
+            if offsets_problem(header.base_offset, header.last_offset, expected, self.base_offset,
+                               next_segment_base) is not None or position + header.size > MAX_POSITION:
+                return False
+            expected = next_offset = header.next_offset
             end = position + header.size
         if end != size:
             return False
@@ -133,9 +165,16 @@ class SegmentRecovery:
                     self.offset_of_max_timestamp = header.base_offset
         return True
 
-    def recover(self, index_bytes: int) -> RecoveryOutcome:
-        """Rescan every batch (framing, magic, CRC-32C, offset continuity), truncate at the first bad one and
-        rebuild both indexes. Start-up only, before the segment is mapped. Touches the whole file."""
+    def recover(self, index_bytes: int, next_segment_base: int | None = None) -> RecoveryOutcome:
+        """Rescan every batch (framing, magic, CRC-32C, its offsets against where it sits), truncate at the
+        first bad one and rebuild both indexes. ``next_segment_base``: the base offset of the segment after
+        this one, None for the last. Start-up only, before the segment is mapped. Touches the whole file.
+
+        A batch going back below its predecessor's end means one of the two has a garbled base offset. When
+        it would follow the predecessor's records placed right after what preceded them (its base offset at
+        least that offset plus the predecessor's record span, which the CRC covers), it is the continuation
+        and the predecessor's base offset the outlier: the cut is made at the predecessor. Otherwise at the
+        batch. Each batch is indexed only once its successor agrees with it."""
         file_size = os.fstat(self.fd).st_size
         # The index rule adds at most one entry per index_interval_bytes (or per batch) of log: sizing the
         # rebuilt indexes to that bound, not to segment_index_bytes, keeps a recovery from needing more
@@ -152,6 +191,11 @@ class SegmentRecovery:
         stop_reason = None
         buffer = b""
         buffer_start = 0
+        # The last accepted batch, (position, base offset, max timestamp, size), indexed once the next one
+        # agrees with it; the next offset before it.
+        pending: tuple[int, int, int, int] | None = None
+        before_pending = self.next_offset
+        pending_span = 0
         while position < file_size:
             if file_size - position < RECORD_BATCH_OVERHEAD:
                 stop_reason = "truncated header"
@@ -175,15 +219,30 @@ class SegmentRecovery:
             except InvalidBatchError as exc:
                 stop_reason = exc.reason
                 break
-            # A batch past the expected offset follows a gap compaction left (or, on a follower, a gap the
-            # leader's compaction left in what it sent); one going back is not this log's continuation.
-            if header.base_offset < self.next_offset:
-                stop_reason = f"offset {header.base_offset}, expected {self.next_offset}"
+            problem = offsets_problem(header.base_offset, header.last_offset, self.next_offset, self.base_offset,
+                                      next_segment_base)
+            if problem is None and position + size > MAX_POSITION:
+                problem = f"batch at position {position} is past the index's position range"
+            if problem is not None:
+                if pending is not None and header.base_offset < self.next_offset and offsets_problem(
+                        header.base_offset, header.last_offset, before_pending + pending_span, self.base_offset,
+                        next_segment_base) is None:
+                    problem = (f"offset {pending[1]}, expected {before_pending} (the batch after it, at offset "
+                               f"{header.base_offset}, continues from there): a garbled base offset")
+                    position, pending = pending[0], None
+                    self.next_offset = before_pending
+                    batches -= 1
+                stop_reason = problem
                 break
-            self._index_batch(position, header.base_offset, header.max_timestamp, size)
-            self.next_offset = header.next_offset
+            if pending is not None:
+                self._index_batch(*pending)
+            pending = (position, header.base_offset, header.max_timestamp, size)
+            pending_span = header.last_offset_delta + 1
+            before_pending, self.next_offset = self.next_offset, header.next_offset
             position += size
             batches += 1
+        if pending is not None:
+            self._index_batch(*pending)
         if position < file_size:
             # Unmapped here by construction: truncating a mapped file and touching the cut pages is SIGBUS.
             os.ftruncate(self.fd, position)

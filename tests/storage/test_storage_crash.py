@@ -5,6 +5,7 @@ acknowledged offset. After each kill the log is reopened (recovery runs) and mus
 every acknowledged record is there (kill -9 keeps the page cache, so nothing acknowledged may be lost),
 every record has its expected value and a valid CRC, offsets are contiguous from the log start (a segment
 base), no leftover of an interrupted operation remains, the checkpoint is never torn, and appends continue.
+One test garbles the base offset of an unflushed batch after the kill: the log is cut there.
 The seed is printed; COPYLESS_CRASH_SEED=<seed> replays a run.
 """
 
@@ -166,3 +167,47 @@ def test_kill_between_a_rolled_segments_first_copy_and_its_header_rewrites(tmp_p
         assert status == -signal.SIGKILL, f"roll {skip} was never reached (status {status})"
         start, end = check_log(data_dir, acked, flushed)
         assert start > 0, "retention never removed segment 0: the case under test did not arise"
+
+
+def test_kill_then_a_garbled_base_offset_is_cut_not_trusted(tmp_path):
+    # kill -9 mid-appends, then one byte inside the base offset (which the batch CRC does not cover) of an
+    # unflushed batch that is not the log's last: recovery must cut the log at that batch, never let the log
+    # end jump to the offset it now claims nor crash writing its index entry.
+    print(f"crash test seed={SEED}")
+    rng = random.Random(SEED)
+    data_dir = tmp_path / "data"
+    directory = data_dir / "crash-0"
+    target = None
+    for round_number in range(5):
+        status, acked, flushed = run_appender(data_dir, SEED + round_number, kill_after_s=rng.uniform(0.1, 0.4),
+                                              max_appends=100_000)
+        assert status == -signal.SIGKILL
+        batches = []  # (segment file, position, base offset) in log order
+        for path in sorted(directory.glob("*.log")):
+            data = path.read_bytes()
+            batches.extend((path, position, header.base_offset) for position, header in iter_batches(data))
+        candidates = [batch for batch in batches[:-1] if batch[2] >= flushed]
+        if candidates:
+            target = rng.choice(candidates)
+            break
+        check_log(data_dir, acked, flushed)
+    assert target is not None, "no unflushed batch to garble in five rounds"
+    path, position, base_offset = target
+    with open(path, "r+b") as handle:
+        handle.seek(position + 4)
+        handle.write(b"\x3c")
+    manager = LogManager(data_dir, default_config=CONFIG, background_interval_ms=None)
+    manager.startup()
+    try:
+        partition_log = manager.get_log("crash", 0)
+        assert partition_log.log_end_offset == base_offset
+        offset = partition_log.log_start_offset
+        while offset < base_offset:
+            with partition_log.read(offset, 1 << 20).slice as region:
+                records = [record for record in records_of(region.read_bytes()) if record.offset >= offset]
+            for record in records:
+                assert (record.offset, record.value) == (offset, expected_value(offset))
+                offset += 1
+    finally:
+        manager.shutdown()
+    check_log(data_dir, base_offset - 1, flushed)
