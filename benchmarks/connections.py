@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import Benchmark, cpu_seconds, percentile
-from copyless.client.protocol.records import crc32c, encode_varint
+from copyless.protocol.records import crc32c, encode_varint
 
 WORKLOADS = ("api_versions", "produce")
 LOOPS = ("uvloop", "asyncio")

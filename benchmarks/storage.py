@@ -44,7 +44,7 @@ from pathlib import Path
 from benchmarks._harness import Benchmark, percentile
 from copyless.broker.storage import LogConfig, LogManager
 from copyless.broker.storage.prefault import PREFAULT_STATS
-from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD
+from copyless.protocol.records import RECORD_BATCH_OVERHEAD
 from tests.support.blocking_appends import append_blocking
 
 KIB, MIB = 1 << 10, 1 << 20

@@ -29,7 +29,7 @@ from copyless.broker.partition_state_files import StateFiles, capture_snapshot, 
 from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
 from copyless.broker.storage import LogConfig, LogManager, txn_index
 from copyless.broker.txn_partition import ABORT, COMMIT, TXN_MARKER_FILE, PartitionTxns, build_marker
-from copyless.client.protocol.records import read_header
+from copyless.protocol.records import read_header
 from tests.support.batches import keyed_batch
 from tests.support.blocking_appends import append_blocking
 

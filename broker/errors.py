@@ -99,7 +99,7 @@ def error_for(exc: BaseException) -> tuple[ErrorCode, str]:
     # Imported here: the storage package pulls in mmap and threads, and the wire-level tests import this
     # module without it.
     from copyless.broker.storage.errors import OffsetOutOfRangeError, StorageError
-    from copyless.client.protocol.records import InvalidBatchError
+    from copyless.protocol.records import InvalidBatchError
 
     if isinstance(exc, OffsetOutOfRangeError):
         return ErrorCode.offset_out_of_range, str(exc)

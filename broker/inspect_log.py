@@ -46,7 +46,7 @@ from copyless.broker.storage.cleaner import read_cleaner_checkpoint
 from copyless.broker.storage.compaction import count_tombstones, delete_horizon_of
 from copyless.broker.storage.segment import scan_headers
 from copyless.broker.storage.segment_recovery import offsets_problem
-from copyless.client.protocol.records import BatchHeader, InvalidBatchError, validate_batch
+from copyless.protocol.records import BatchHeader, InvalidBatchError, validate_batch
 
 __all__ = ["Finding", "SegmentReport", "inspect_segment", "check_data_dir", "add_parsers", "main"]
 

@@ -87,7 +87,7 @@ from copyless.broker.errors import (
 )
 from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
 from copyless.broker.txn_partition import TXN_MARKER_FILE, PartitionTxns, build_marker
-from copyless.client.protocol.records import NO_SEQUENCE
+from copyless.protocol.records import NO_SEQUENCE
 
 __all__ = ["Partition", "Role", "PartitionState", "AppendInfo", "ReplicaView", "NO_EPOCH_CHECK"]
 
@@ -418,7 +418,7 @@ class Partition:
         import time as _time
 
         marker = build_marker(producer_id, producer_epoch, commit, coordinator_epoch, int(_time.time() * 1000))
-        from copyless.client.protocol.records import read_header
+        from copyless.protocol.records import read_header
 
         info = await self.append_as_leader(marker, read_header(marker), acks=-1)
         await self.wait_replicated(info.last_offset + 1, timeout_s, info.leader_epoch)
@@ -929,7 +929,7 @@ def _control_types(records) -> dict | None:
     when there are transactional batches but no markers), or None when no batch is transactional. Reads
     headers and markers' keys and values only."""
     from copyless.broker.txn_partition import CONTROL_KEY_READ, read_marker
-    from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, iter_batches
+    from copyless.protocol.records import RECORD_BATCH_OVERHEAD, iter_batches
 
     found = None
     for position, header in iter_batches(records, 0, None):

@@ -46,7 +46,7 @@ from copyless.broker.storage import blocking
 from copyless.broker.storage._failpoints import failpoint
 from copyless.broker.storage.checkpoint import fsync_directory
 from copyless.broker.storage.filenames import prefix_from_offset
-from copyless.client.protocol.records import crc32c
+from copyless.protocol.records import crc32c
 
 __all__ = ["SNAPSHOT_SUFFIX", "ProducerSnapshot", "SnapshotProducer", "CorruptSnapshotError", "encode", "decode",
            "snapshot_path", "snapshot_offsets", "write", "read", "remove_outside"]

@@ -43,7 +43,7 @@ from typing import NamedTuple
 from kio.schema.errors import ErrorCode
 
 from copyless.broker._files import write_atomically
-from copyless.client.protocol.records import NO_PRODUCER_ID, BatchHeader
+from copyless.protocol.records import NO_PRODUCER_ID, BatchHeader
 
 __all__ = ["ProducerStateManager", "SequenceCheck", "ProducerIdAllocator", "BATCHES_PER_PRODUCER",
            "producer_state_scan_start"]

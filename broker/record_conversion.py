@@ -41,8 +41,8 @@ import cramjam
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.errors import BrokerError
-from copyless.client.protocol.batch_builder import BatchBuilder, compress
-from copyless.client.protocol.records import (
+from copyless.protocol.batch_builder import BatchBuilder, compress
+from copyless.protocol.records import (
     ATTRIBUTES_OFFSET,
     CODEC_GZIP,
     CODEC_LZ4,

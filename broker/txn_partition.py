@@ -40,7 +40,7 @@ import bisect
 import struct
 from typing import NamedTuple
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     CONTROL_BIT,
     NO_SEQUENCE,
     RECORD_BATCH_OVERHEAD,

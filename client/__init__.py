@@ -20,7 +20,7 @@ is the admin API and ``blocking`` a one-request-at-a-time client for tools; ``cl
 """
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562): a tool that needs one module
-# (``copyless inspect`` reads client.protocol.records) does not load the producer, consumer and admin client.
+# (``copyless inspect`` reads protocol.records) does not load the producer, consumer and admin client.
 _EXPORTS = {
     "Admin": "admin", "PartitionDescription": "admin", "TopicDescription": "admin",
     "TopicPartition": "assignors",

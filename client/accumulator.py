@@ -31,9 +31,9 @@ import time
 from typing import NamedTuple
 
 from copyless.client.errors import BufferFullError, ClientError, KafkaError, ProducerClosedError
-from copyless.client.protocol.batch_builder import BatchBuilder, BuiltBatch
-from copyless.client.protocol.partitioner import partition_for_key
-from copyless.client.protocol.records import NO_SEQUENCE
+from copyless.protocol.batch_builder import BatchBuilder, BuiltBatch
+from copyless.protocol.partitioner import partition_for_key
+from copyless.protocol.records import NO_SEQUENCE
 
 __all__ = ["RecordAccumulator", "ProducerBatch", "DeliveryFuture", "RecordMetadata", "NoMetadataError",
            "DEFAULT_BATCH_BYTES"]

@@ -453,7 +453,7 @@ class Admin(SecurityAdmin):
         last = None
         for node_id in sorted(self._cluster.metadata.brokers):
             connection = await self._cluster.connection(node_id)
-            from copyless.client.protocol.messages import encode_kio
+            from copyless.protocol.messages import encode_kio
 
             request = dt_rq.DescribeTransactionsRequest(transactional_ids=(TransactionalId(transactional_id),))
             # Decoded by hand: the start time is -1 for an id with no transaction started, as Kafka sends

@@ -166,7 +166,7 @@ class SecurityAdmin:
         Raises KafkaError, ValueError."""
         from kio.schema.alter_user_scram_credentials.v0 import request as rq
 
-        from copyless.client.protocol.scram import MECHANISMS, salted_password
+        from copyless.protocol.scram import MECHANISMS, salted_password
 
         code = _code(SCRAM_MECHANISMS, mechanism, "SCRAM mechanism")
         salt = secrets.token_bytes(32)

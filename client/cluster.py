@@ -38,7 +38,7 @@ from kio.static.primitive import i8, i32, i64
 
 from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS, Connection
 from copyless.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NotKafkaError
-from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from copyless.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
 
 __all__ = ["Cluster", "Metadata", "TopicInfo", "parse_bootstrap", "LEADER_ERRORS", "COORDINATOR_ERRORS",
            "EARLIEST", "LATEST"]

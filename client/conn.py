@@ -15,7 +15,7 @@ itself after the TCP connect; writes then go through ``SSLSocket.send`` (which t
 joins up to ``TLS_WRITE_BYTES`` of the queue, a copy TLS makes anyway) and reads through ``recv_into`` on the
 SSLSocket, draining OpenSSL's buffer (``pending()``) before waiting on the fd again. On SASL_PLAINTEXT and
 SASL_SSL, after ApiVersions: SaslHandshake v1 and SaslAuthenticate v1 with PLAIN or SCRAM-SHA-256/512
-(``client.protocol.scram``); a refusal raises ``KafkaError(SASL_AUTHENTICATION_FAILED)`` and is not
+(``protocol.scram``); a refusal raises ``KafkaError(SASL_AUTHENTICATION_FAILED)`` and is not
 retried. When the broker bounds the session (KIP-368's ``session_lifetime_ms``) the connection
 re-authenticates by itself at 85% of the lifetime, between requests like any other request.
 
@@ -46,12 +46,12 @@ from copyless.client.errors import (
     NotKafkaError,
     UnsupportedVersionError,
 )
-from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
-from copyless.client.protocol.framing import FrameTooLargeError
-from copyless.client.protocol.gather import SendQueue
-from copyless.client.protocol.messages import API_VERSIONS, api_name, encode_request_header, kio_decoder
-from copyless.client.protocol.receive import LeasedFrame, ReceiveBuffer
 from copyless.client.security import PLAINTEXT, ClientSecurity
+from copyless.protocol.batch_builder import GATHER_MIN_VALUE_BYTES
+from copyless.protocol.framing import FrameTooLargeError
+from copyless.protocol.gather import SendQueue
+from copyless.protocol.messages import API_VERSIONS, api_name, encode_request_header, kio_decoder
+from copyless.protocol.receive import LeasedFrame, ReceiveBuffer
 
 __all__ = ["Connection", "DEFAULT_REQUEST_TIMEOUT_MS"]
 
@@ -323,7 +323,7 @@ class Connection:
         if mechanism == "PLAIN":
             response = await step(f"\0{username}\0{password}".encode())
         else:
-            from copyless.client.protocol.scram import ScramClient, ScramError
+            from copyless.protocol.scram import ScramClient, ScramError
 
             client = ScramClient(mechanism, username, password, secrets.token_urlsafe(24))
             server_first = (await step(client.first())).auth_bytes
@@ -489,7 +489,7 @@ class Connection:
 
     async def request_kio(self, request, response_cls, *, check_version: bool = True):
         """Send a kio request entity and await the decoded kio response entity."""
-        from copyless.client.protocol.messages import encode_kio
+        from copyless.protocol.messages import encode_kio
 
         api_key = int(request.__api_key__)
         body = encode_kio(request)

@@ -22,8 +22,8 @@ from copyless.client.conn import DEFAULT_REQUEST_TIMEOUT_MS
 from copyless.client.errors import ClientError
 from copyless.client.fetcher import Fetcher, OffsetOutOfRangeError, RecordTooLargeError
 from copyless.client.group import GroupCoordinator, GroupMembership
-from copyless.client.protocol.fetch_records import ConsumerRecord
 from copyless.client.security import resolve as resolve_security
+from copyless.protocol.fetch_records import ConsumerRecord
 
 __all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "OffsetOutOfRangeError", "RecordTooLargeError"]
 

@@ -31,9 +31,9 @@ import logging
 from copyless.client.assignors import TopicPartition
 from copyless.client.cluster import EARLIEST, LATEST, Cluster
 from copyless.client.errors import ClientError, KafkaConnectionError, KafkaError
-from copyless.client.protocol.fetch_records import ConsumerRecord, PartitionRecords
-from copyless.client.protocol.messages import ApiKey, FetchPartition, decode_fetch_response, encode_fetch_request
-from copyless.client.protocol.receive import LeasedFrame
+from copyless.protocol.fetch_records import ConsumerRecord, PartitionRecords
+from copyless.protocol.messages import ApiKey, FetchPartition, decode_fetch_response, encode_fetch_request
+from copyless.protocol.receive import LeasedFrame
 
 __all__ = ["Fetcher", "OffsetOutOfRangeError", "RecordTooLargeError", "EARLIEST", "LATEST"]
 

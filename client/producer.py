@@ -36,12 +36,12 @@ from copyless.client.errors import (
     ProducerClosedError,
     TransactionStateError,
 )
-from copyless.client.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTES
-from copyless.client.protocol.messages import ApiKey
-from copyless.client.protocol.records import CODEC_ZSTD
 from copyless.client.security import resolve as resolve_security
 from copyless.client.sender import Sender
 from copyless.client.transactions import TransactionManager
+from copyless.protocol.batch_builder import CODECS, GATHER_MIN_VALUE_BYTES
+from copyless.protocol.messages import ApiKey
+from copyless.protocol.records import CODEC_ZSTD
 
 __all__ = ["Producer", "RecordMetadata", "DeliveryFuture", "NoMetadataError"]
 

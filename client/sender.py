@@ -37,8 +37,8 @@ from kio.static.primitive import i32Timedelta
 from copyless.client.accumulator import ProducerBatch, RecordAccumulator
 from copyless.client.cluster import LEADER_ERRORS, Cluster
 from copyless.client.errors import ClientError, KafkaConnectionError, KafkaError, KafkaTimeoutError
-from copyless.client.protocol.messages import ApiKey, decode_produce_response, encode_produce_request
-from copyless.client.protocol.records import NO_PRODUCER_ID
+from copyless.protocol.messages import ApiKey, decode_produce_response, encode_produce_request
+from copyless.protocol.records import NO_PRODUCER_ID
 
 if TYPE_CHECKING:
     from copyless.client.transactions import TransactionManager

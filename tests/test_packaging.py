@@ -8,7 +8,7 @@ from pathlib import Path
 import copyless
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"copyless.broker": "broker", "copyless.client": "client"}
+FOLDERS = {"copyless.broker": "broker", "copyless.client": "client", "copyless.protocol": "protocol"}
 
 
 def test_every_package_folder_is_installed_under_copyless():

@@ -577,7 +577,7 @@ def _consume_raw(bootstrap: str, work: Workload, partitions: list[int], ready, s
     broker's serving cost is what limits it. A trailing partial batch (Kafka cuts at the byte limit) is
     dropped and fetched again, as clients do.
     """
-    from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, read_header
+    from copyless.protocol.records import RECORD_BATCH_OVERHEAD, read_header
 
     host, _, port = bootstrap.rpartition(":")
     max_bytes = 8 << 20

@@ -297,7 +297,7 @@ class ReplicaFetcher:
         """One fetch round. Returns True when a partition got a retriable error."""
         from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
 
-        from copyless.client.protocol.messages import decode_fetch_response, encode_kio
+        from copyless.protocol.messages import decode_fetch_response, encode_kio
 
         config = self.broker.config
         by_topic: dict[str, list[_Follow]] = {}

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from copyless.broker.groups.coordinator import GroupSnapshot, GroupState, MemberSnapshot
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     RECORD_BATCH_OVERHEAD,

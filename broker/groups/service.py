@@ -81,7 +81,7 @@ from copyless.broker.groups.offsets import (
     partition_for,
 )
 from copyless.broker.storage._failpoints import delaypoint
-from copyless.client.protocol.records import read_header as batch_header
+from copyless.protocol.records import read_header as batch_header
 
 __all__ = ["GroupService", "now_ms"]
 

@@ -52,7 +52,7 @@ from copyless.broker.security import checks
 from copyless.broker.security.checks import Operation
 from copyless.broker.storage.compaction import first_keyless_offset_delta
 from copyless.broker.wire.produce_response import encode_produce_response
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     CODEC_ZSTD,
     NO_PRODUCER_ID,
     BatchHeader,

@@ -26,7 +26,7 @@ from copyless.broker.security import checks
 from copyless.broker.security.acl import Operation
 from copyless.broker.security.store import StoreError
 from copyless.broker.wire.codecs import NO_THROTTLE, build, response_module
-from copyless.client.protocol.scram import MAX_ITERATIONS, MIN_ITERATIONS, credential_from_salted_password
+from copyless.protocol.scram import MAX_ITERATIONS, MIN_ITERATIONS, credential_from_salted_password
 
 __all__ = ["HANDLERS", "MECHANISM_CODES"]
 

@@ -1,3 +1,3 @@
 """Authentication and authorization: SASL sessions, ACLs, mTLS principals, TLS contexts and kTLS, the
 credential and ACL store. The pure cores (``acl``, ``sasl``, ``principal``; SCRAM in
-``client.protocol.scram``) know nothing of sockets; ``tls`` and ``store`` are the shell's."""
+``protocol.scram``) know nothing of sockets; ``tls`` and ``store`` are the shell's."""

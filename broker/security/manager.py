@@ -139,7 +139,7 @@ class SecurityManager:
 
     async def start(self) -> None:
         """Create the bootstrap credentials users do not have yet. Loop thread, after the metadata started."""
-        from copyless.client.protocol.scram import credential_from_password, credential_from_salted_password
+        from copyless.protocol.scram import credential_from_password, credential_from_salted_password
 
         for spec in self.settings.bootstrap_credentials():
             fields = parse_add_scram(spec)

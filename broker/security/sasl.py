@@ -14,7 +14,7 @@ States (Kafka's ``SaslServerAuthenticator``)::
 - SaslHandshake names a mechanism; one not enabled on the listener answers UNSUPPORTED_SASL_MECHANISM with
   the enabled list, and the connection closes. A v0 handshake means the client then sends the mechanism's
   tokens as bare size-prefixed frames, not inside SaslAuthenticate (``expects_raw_token``).
-- SCRAM-SHA-256/512 (``client.protocol.scram``): two round trips. An unknown user gets a decoy credential
+- SCRAM-SHA-256/512 (``protocol.scram``): two round trips. An unknown user gets a decoy credential
   derived from a per-process secret, so the server-first message and the work are the same as for a real
   user, and "no such user" and "wrong password" fail identically (Kafka fails unknown users one message
   earlier; not doing so keeps user names from being probed).
@@ -40,10 +40,10 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from copyless.client.protocol.scram import (
+from copyless.protocol.scram import (
     MECHANISMS as SCRAM_MECHANISMS,
 )
-from copyless.client.protocol.scram import (
+from copyless.protocol.scram import (
     MIN_ITERATIONS,
     ScramCredential,
     ScramError,

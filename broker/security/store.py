@@ -27,7 +27,7 @@ Two backends behind one interface (``SecurityStore``), chosen with the metadata 
   created only where the key does not exist (compare create_revision 0), so brokers starting together with
   the same ``--add-scram`` do not overwrite a password changed since.
 
-Only salts, iterations, StoredKey and ServerKey are kept: never a password (``client.protocol.scram``).
+Only salts, iterations, StoredKey and ServerKey are kept: never a password (``protocol.scram``).
 Loop thread; file writes on worker threads.
 """
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from copyless.broker.security.acl import AclBinding, AclError
-from copyless.client.protocol.scram import ScramCredential
+from copyless.protocol.scram import ScramCredential
 
 __all__ = ["SecurityStore", "EmbeddedSecurityStore", "EtcdSecurityStore", "SECURITY_FILE", "encode_credential",
            "decode_credential", "StoreError"]

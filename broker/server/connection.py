@@ -43,7 +43,7 @@ from copyless.broker.stats import response_error_codes
 from copyless.broker.wire.codecs import encode_response
 from copyless.broker.wire.headers import RemoteProtocolError
 from copyless.broker.wire.requests import ApiVersionsFallback, decode_request, encode_api_versions_fallback
-from copyless.client.protocol.framing import FrameBuffer, FrameTooLargeError
+from copyless.protocol.framing import FrameBuffer, FrameTooLargeError
 
 __all__ = ["Connection"]
 

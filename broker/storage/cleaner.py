@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     RECORD_BATCH_OVERHEAD,
     InvalidBatchError,
     batch_size_at,

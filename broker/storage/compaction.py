@@ -45,8 +45,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from copyless.client.protocol.batch_builder import compress
-from copyless.client.protocol.records import (
+from copyless.protocol.batch_builder import compress
+from copyless.protocol.records import (
     ATTRIBUTES_OFFSET,
     CODEC_MASK,
     CODEC_NONE,

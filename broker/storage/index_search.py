@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from copyless.client.protocol.records import Buffer
+    from copyless.protocol.records import Buffer
 
 __all__ = [
     "OFFSET_ENTRY",

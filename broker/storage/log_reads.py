@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
-from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD, BatchHeader, iter_record_timestamps
+from copyless.protocol.records import RECORD_BATCH_OVERHEAD, BatchHeader, iter_record_timestamps
 
 from .file_slice import FileSlice
 from .log_segments import LogSegments

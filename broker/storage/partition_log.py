@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     LOG_OVERHEAD,
     BatchHeader,
     InvalidBatchError,
@@ -96,7 +96,7 @@ class PartitionLog:
         self.topic = topic
         self.partition = partition
         self.directory = directory
-        self.config = config
+        self._config = config
         self._background = background
         self._segments: LogSegments = loaded.segments
         self.log_start_offset = loaded.log_start_offset
@@ -115,6 +115,17 @@ class PartitionLog:
         self._closed = False
         self._preparation = SegmentPreparation(f"{topic}-{partition}", directory, config, background,
                                                self._segments, self.stats, loaded.roll_error)
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: LogConfig) -> None:
+        """A topic's settings changed (AlterConfigs, or the broker's defaults): the next roll, step and
+        retention check use them. The preparation of segments keeps its own reference, so it is told too."""
+        self._config = config
+        self._preparation.config = config
 
     # --- construction (blocking) ----------------------------------------------------------------------------
 

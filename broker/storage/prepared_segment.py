@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from copyless.client.protocol.records import RECORD_BATCH_OVERHEAD
+from copyless.protocol.records import RECORD_BATCH_OVERHEAD
 
 from . import filenames
 from ._fileops import no_readaround, preallocate, remove_file, set_readahead

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from copyless.client.protocol.records import BatchHeader
+from copyless.protocol.records import BatchHeader
 
 from .file_slice import FileSlice
 

@@ -1,6 +1,6 @@
 """Header scans: walking the batch headers of a segment's file with small preads (file layer, any thread).
 
-A scan reads only the 61-byte RecordBatch headers it needs (``client/protocol/records.py``) through
+A scan reads only the 61-byte RecordBatch headers it needs (``protocol/records.py``) through
 ``os.pread`` on the segment's fd, never the map, so it is coherent with the appends (one page cache) and
 costs a syscall per window. It stops at the first torn or nonsensical header; CRCs are the loader's job.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from copyless.client.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD, BatchHeader, read_header
+from copyless.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD, BatchHeader, read_header
 
 __all__ = ["scan_headers", "SCAN_STATS", "SCAN_FIRST_WINDOW_BYTES", "SCAN_MAX_WINDOW_BYTES"]
 

@@ -1,7 +1,7 @@
 """Segment: one ``.log`` file of RecordBatch v2 bytes plus its ``.index`` and ``.timeindex`` (file layer).
 
 On disk the ``.log`` is the concatenation of batches exactly as they travel on the wire (see
-``client/protocol/records.py`` for the 61-byte header), so a fetch can sendfile a byte range of it. The first
+``protocol/records.py`` for the 61-byte header), so a fetch can sendfile a byte range of it. The first
 batch's baseOffset equals the segment's base offset (its file name) and every batch's baseOffset equals the
 previous batch's last offset + 1. A batch never straddles two segments.
 
@@ -45,7 +45,7 @@ import threading
 import time
 from pathlib import Path
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     LOG_OVERHEAD,
     BatchHeader,
     set_base_offset,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     InvalidBatchError,

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from copyless.broker.groups.offsets import partition_for as _java_hash_partition
 from copyless.broker.txn.metadata import TxnMetadata, TxnState
-from copyless.client.protocol.records import InvalidBatchError, decode_records, iter_batches
+from copyless.protocol.records import InvalidBatchError, decode_records, iter_batches
 
 __all__ = ["TXN_TOPIC", "partition_for", "encode_key", "encode_value", "decode", "TxnLogView"]
 

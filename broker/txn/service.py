@@ -62,7 +62,7 @@ from copyless.broker.groups.offsets import OFFSETS_TOPIC, build_batch
 from copyless.broker.storage._failpoints import failpoint
 from copyless.broker.txn import metadata as m
 from copyless.broker.txn.log import TXN_TOPIC, TxnLogView, encode_key, encode_value, partition_for
-from copyless.client.protocol.records import read_header
+from copyless.protocol.records import read_header
 
 __all__ = ["TransactionService"]
 

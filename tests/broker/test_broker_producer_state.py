@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.producer_state import ProducerIdAllocator, ProducerStateManager
-from copyless.client.protocol.records import read_header
+from copyless.protocol.records import read_header
 from tests.support.batches import build_batch
 
 

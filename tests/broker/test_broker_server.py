@@ -22,7 +22,7 @@ from kio.schema.offset_for_leader_epoch.v2 import request as epoch_v2
 from kio.schema.produce.v3 import request as produce_v3
 from kio.schema.produce.v8 import request as produce_v8
 
-from copyless.client.protocol.records import decode_records, iter_batches
+from copyless.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch, frame_batch, values_of
 from tests.support.kio_requests import MS, create_topic, fetch, list_offsets, produce
 from tests.support.polling import wait_until

@@ -24,7 +24,7 @@ from copyless.broker.record_conversion import (
     recompress_batch,
     target_codec,
 )
-from copyless.client.protocol.records import read_header, validate_batch
+from copyless.protocol.records import read_header, validate_batch
 from tests.support import batches
 from tests.support.batches import GZIP, LZ4, NONE, SNAPPY, ZSTD
 

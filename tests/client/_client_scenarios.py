@@ -9,7 +9,7 @@ import asyncio
 import uuid
 
 from copyless.client import Admin, BufferFullError, Consumer, Producer, TopicPartition
-from copyless.client.protocol.partitioner import partition_for_key
+from copyless.protocol.partitioner import partition_for_key
 from tests.support.polling import gather_async, wait_until_async
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
-from copyless.client.protocol import records
-from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES, BatchBuilder, record_size
+from copyless.protocol import records
+from copyless.protocol.batch_builder import GATHER_MIN_VALUE_BYTES, BatchBuilder, record_size
 
 header_lists = st.lists(
     st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=16))), max_size=3
@@ -199,7 +199,7 @@ def test_append_value_copies_mutable_values():
 def test_run_bounds_are_what_time_time_reads_at_the_millisecond_bounds(seconds, offset_ns):
     """The producer tests time.time() against a run's bounds; they must be the floats CPython's time.time()
     returns at those nanoseconds (``_PyTime_AsSecondsDouble``: whole seconds exactly, else ns / 1e9)."""
-    from copyless.client.protocol.batch_builder import _clock_seconds
+    from copyless.protocol.batch_builder import _clock_seconds
 
     for ns in (seconds * 1_000_000_000 + offset_ns, seconds * 1_000_000_000 + 123_000_000 + offset_ns):
         expected = float(ns // 1_000_000_000) if ns % 1_000_000_000 == 0 else float(ns) / 1e9

@@ -10,7 +10,7 @@ import pytest
 
 from copyless.client.conn import Connection
 from copyless.client.errors import KafkaConnectionError
-from copyless.client.protocol.messages import ApiKey
+from copyless.protocol.messages import ApiKey
 
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: bool) -> None:

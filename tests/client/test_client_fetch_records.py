@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copyless.client.protocol import records
-from copyless.client.protocol.batch_builder import BatchBuilder
-from copyless.client.protocol.fetch_records import LOG_APPEND_TIME, PartitionRecords
-from copyless.client.protocol.receive import LeasedFrame, ReceiveBuffer
+from copyless.protocol import records
+from copyless.protocol.batch_builder import BatchBuilder
+from copyless.protocol.fetch_records import LOG_APPEND_TIME, PartitionRecords
+from copyless.protocol.receive import LeasedFrame, ReceiveBuffer
 
 
 def _log(batch_sizes, *, value=b"v", base_offset=0):
@@ -192,7 +192,7 @@ def test_record_that_does_not_fit_leaves_the_batch_untouched():
 # header, one value of another length, a timestamp spread past 1-byte deltas, a non-zero attributes byte,
 # offset gaps as log compaction leaves them).
 def _uniform_batch(count, value_bytes, *, spread_ms=3, odd=None, base_offset=0, log_append_time=False):
-    from copyless.client.protocol.batch_builder import BatchBuilder as Builder
+    from copyless.protocol.batch_builder import BatchBuilder as Builder
 
     builder = Builder(batch_size=1 << 30)
     for i in range(count):
@@ -216,7 +216,7 @@ def _uniform_batch(count, value_bytes, *, spread_ms=3, odd=None, base_offset=0, 
 
 
 def _decoded_both_ways(data, min_offset=0):
-    from copyless.client.protocol.fetch_records import _decode_uniform, decode_batch_records, decode_records_one_by_one
+    from copyless.protocol.fetch_records import _decode_uniform, decode_batch_records, decode_records_one_by_one
 
     header = records.read_header(data, 0)
     body = bytes(data[records.RECORD_BATCH_OVERHEAD :])

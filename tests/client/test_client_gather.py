@@ -8,7 +8,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copyless.client.protocol.gather import IOV_MAX, SendQueue
+from copyless.protocol.gather import IOV_MAX, SendQueue
 
 buffer_lists = st.lists(st.binary(max_size=600), max_size=60)
 

@@ -12,7 +12,7 @@ import pytest
 
 from copyless.client import Consumer, Producer, TopicPartition
 from copyless.client.conn import Connection
-from copyless.client.protocol.messages import ApiKey
+from copyless.protocol.messages import ApiKey
 from tests.client import _client_scenarios as scenarios
 from tests.support.polling import wait_until_async
 

@@ -13,8 +13,8 @@ from kio.schema.produce.v7 import response as produce_response
 from kio.schema.produce.v7.request import ProduceRequest
 from kio.serial import entity_reader, entity_writer
 
-from copyless.client.protocol.batch_builder import BatchBuilder
-from copyless.client.protocol.messages import (
+from copyless.protocol.batch_builder import BatchBuilder
+from copyless.protocol.messages import (
     FetchPartition,
     decode_fetch_response,
     decode_produce_response,

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
-from copyless.client.protocol.partitioner import murmur2, partition_for_key
+from copyless.protocol.partitioner import murmur2, partition_for_key
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2 (Apache Kafka): input -> Utils.murmur2 (signed int).
 JAVA_VECTORS = {

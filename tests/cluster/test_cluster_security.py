@@ -202,8 +202,8 @@ def _fake_follower_fetch(address: str, identity: Identity, topic: str, replica_i
     from kio.schema.types import BrokerId, TopicName
 
     from copyless.client.conn import Connection
-    from copyless.client.protocol.messages import decode_fetch_response, encode_kio
     from copyless.client.security import ClientSecurity
+    from copyless.protocol.messages import decode_fetch_response, encode_kio
 
     async def go():
         host, port = address.rsplit(":", 1)

@@ -22,7 +22,7 @@ from copyless.broker.groups.offsets import (
     offset_commit_value,
     partition_for,
 )
-from copyless.client.protocol.records import decode_records, iter_batches, validate_batch
+from copyless.protocol.records import decode_records, iter_batches, validate_batch
 
 names = st.text(min_size=1, max_size=20)
 committed_offsets = st.builds(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copyless.client.protocol.framing import FrameBuffer, FrameTooLargeError
+from copyless.protocol.framing import FrameBuffer, FrameTooLargeError
 
 
 def encode(frames):

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from copyless.client.protocol import records as R
+from copyless.protocol import records as R
 
 record_st = st.tuples(
     st.integers(min_value=0, max_value=10_000),  # timestamp delta

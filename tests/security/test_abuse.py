@@ -24,7 +24,7 @@ import urllib.request
 import pytest
 
 from copyless.client.admin_security import Acl
-from copyless.client.protocol.scram import ScramClient
+from copyless.protocol.scram import ScramClient
 from tests.security.conftest import ALICE_PASSWORD, FAILED_AUTH_DELAY_MS, start_secure
 from tests.support import wire
 from tests.support.metrics import metrics_address

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from copyless.client.protocol.scram import ScramClient
+from copyless.protocol.scram import ScramClient
 from tests.security.conftest import ALICE_PASSWORD, start_secure
 from tests.support import wire
 

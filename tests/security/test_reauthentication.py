@@ -11,7 +11,7 @@ import time
 import pytest
 
 from copyless.client.admin_security import Acl
-from copyless.client.protocol.scram import ScramClient
+from copyless.protocol.scram import ScramClient
 from tests.security.conftest import ALICE_PASSWORD, start_secure
 from tests.support import wire
 from tests.support.security import unique

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from copyless.broker.security.sasl import SaslSession, SaslState, StepKind, decoy_credential
-from copyless.client.protocol.scram import ScramClient, credential_from_password
+from copyless.protocol.scram import ScramClient, credential_from_password
 
 USERS = {("alice", m): credential_from_password(m, "alice-pw", b"alice-salt-1234", 4096)
          for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")}

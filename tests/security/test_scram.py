@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copyless.client.protocol import scram
-from copyless.client.protocol.scram import (
+from copyless.protocol import scram
+from copyless.protocol.scram import (
     ScramClient,
     ScramCredential,
     ScramError,

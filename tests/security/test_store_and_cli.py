@@ -14,7 +14,7 @@ import pytest
 from copyless.broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from copyless.broker.security.store import EmbeddedSecurityStore
 from copyless.client.admin_security import Acl
-from copyless.client.protocol.scram import credential_from_password
+from copyless.protocol.scram import credential_from_password
 from tests.security.conftest import ALICE_PASSWORD, start_secure
 from tests.support.security import ADMIN_PASSWORD, produce, unique
 

@@ -13,7 +13,7 @@ from copyless.broker.inspect_log import check_partition
 from copyless.broker.storage import LogConfig
 from copyless.broker.storage.cleaner import clean_log, dirty_ratio
 from copyless.broker.storage.compaction import DELETE_HORIZON_BIT
-from copyless.client.protocol.records import decode_records, iter_batches
+from copyless.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking
 from tests.support.subprocesses import python_env

@@ -20,7 +20,7 @@ import pytest
 from copyless.broker.storage import LogManager
 from copyless.broker.storage._failpoints import COMPACTION_POINTS
 from copyless.broker.storage.cleaner import clean_log
-from copyless.client.protocol.records import decode_records, iter_batches, validate_batch
+from copyless.protocol.records import decode_records, iter_batches, validate_batch
 from tests.storage.storage_compaction_scenario import BATCHES, CONFIG, batch_for
 from tests.support.blocking_appends import append_blocking
 

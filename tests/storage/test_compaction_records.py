@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copyless.broker.storage.compaction import first_keyless_offset_delta, parse_records
-from copyless.client.protocol.records import InvalidBatchError, read_header
+from copyless.protocol.records import InvalidBatchError, read_header
 from tests.support.batches import GZIP, NONE, build_batch, encode_record
 
 RECORD = st.tuples(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from copyless.broker.storage import FileSlice, LogConfig, OffsetOutOfRangeError, StorageError
 from copyless.broker.storage import scan as scan_module
-from copyless.client.protocol.records import iter_batches, read_header, validate_batch
+from copyless.protocol.records import iter_batches, read_header, validate_batch
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_blocking
 

@@ -35,7 +35,7 @@ from copyless.broker.storage import LogConfig, LogManager
 from copyless.broker.storage import cleaner as cleaner_module
 from copyless.broker.storage._failpoints import COMPACTION_POINTS
 from copyless.broker.storage.cleaner import clean_log
-from copyless.client.protocol.records import decode_records, iter_batches
+from copyless.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking, roll_blocking
 

@@ -24,7 +24,7 @@ import pytest
 from copyless.broker.storage import LogManager
 from copyless.broker.storage._failpoints import POINTS
 from copyless.broker.storage.checkpoint import read_checkpoint
-from copyless.client.protocol.records import iter_batches, validate_batch
+from copyless.protocol.records import iter_batches, validate_batch
 from tests.storage.storage_crash_appender import CONFIG, expected_value
 from tests.support.batches import records_of
 

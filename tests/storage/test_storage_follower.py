@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from copyless.broker.storage import LogConfig, UnexpectedAppendOffsetError
-from copyless.client.protocol.records import InvalidBatchError, iter_batches, set_base_offset
+from copyless.protocol.records import InvalidBatchError, iter_batches, set_base_offset
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_as_follower_blocking, append_blocking
 

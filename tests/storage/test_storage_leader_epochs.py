@@ -12,7 +12,7 @@ from __future__ import annotations
 from copyless.broker.storage import LogConfig
 from copyless.broker.storage.checkpoint import read_checkpoint
 from copyless.broker.storage.leader_epoch_cache import LeaderEpochCache
-from copyless.client.protocol.records import iter_batches
+from copyless.protocol.records import iter_batches
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_blocking
 from tests.support.polling import wait_until

@@ -28,7 +28,7 @@ from copyless.broker.storage import LogConfig
 from copyless.broker.storage import prefault as prefault_module
 from copyless.broker.storage import preparation as preparation_module
 from copyless.broker.storage._fileops import map_address, preallocate
-from copyless.client.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
+from copyless.protocol.records import LOG_OVERHEAD, decode_records, validate_batch
 from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from copyless.broker.storage import LogConfig, LogManager
-from copyless.client.protocol.records import iter_batches
+from copyless.protocol.records import iter_batches
 from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking
 from tests.support.subprocesses import python_env

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from copyless.broker.storage import LogConfig, LogManager
-from copyless.client.protocol.records import iter_batches, set_base_offset, set_leader_epoch
+from copyless.protocol.records import iter_batches, set_base_offset, set_leader_epoch
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_as_follower_blocking, append_blocking
 

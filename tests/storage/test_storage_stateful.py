@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from copyless.broker.storage import LogConfig, LogManager, OffsetOutOfRangeError
 from copyless.broker.storage import prefault as prefault_module
-from copyless.client.protocol.records import iter_batches, read_header
+from copyless.protocol.records import iter_batches, read_header
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_blocking, roll_blocking
 

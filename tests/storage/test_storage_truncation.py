@@ -13,7 +13,7 @@ import pytest
 
 from copyless.broker.storage import LogConfig, OffsetOutOfRangeError
 from copyless.broker.storage.checkpoint import read_checkpoint
-from copyless.client.protocol.records import iter_batches, set_base_offset, set_leader_epoch
+from copyless.protocol.records import iter_batches, set_base_offset, set_leader_epoch
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_as_follower_blocking, append_blocking
 

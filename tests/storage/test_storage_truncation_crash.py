@@ -20,7 +20,7 @@ import pytest
 
 from copyless.broker.storage import LogManager
 from copyless.broker.storage._failpoints import TRUNCATION_POINTS
-from copyless.client.protocol.records import iter_batches, validate_batch
+from copyless.protocol.records import iter_batches, validate_batch
 from tests.storage.storage_truncation_scenario import BATCHES, CONFIG, FULL_TARGET, batch_for
 from tests.support.batches import records_of
 from tests.support.blocking_appends import append_blocking

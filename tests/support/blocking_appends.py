@@ -15,7 +15,7 @@ from copyless.broker.storage import blocking
 from copyless.broker.storage.errors import AppendNotReady
 from copyless.broker.storage.results import AppendResult, FollowerAppend
 from copyless.broker.storage.segment import Segment
-from copyless.client.protocol.records import BatchHeader
+from copyless.protocol.records import BatchHeader
 
 __all__ = ["append_blocking", "append_as_follower_blocking", "roll_blocking"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from copyless.broker.partition_state_files import StateFiles, capture_snapshot
 from copyless.broker.producer_state import ProducerStateManager
 from copyless.broker.txn_partition import ABORT, COMMIT, TXN_MARKER_FILE, PartitionTxns, build_marker
-from copyless.client.protocol.records import read_header
+from copyless.protocol.records import read_header
 from tests.support.batches import keyed_batch
 from tests.support.blocking_appends import append_blocking
 

@@ -19,7 +19,7 @@ from copyless.broker.txn_partition import (
     control_type_of,
     read_marker,
 )
-from copyless.client.protocol.records import read_header, validate_batch
+from copyless.protocol.records import read_header, validate_batch
 
 NOW = 1_700_000_000_000
 

@@ -1,7 +1,7 @@
 """Building RecordBatch v2 batches as a list of buffers for a gathered write (the producer's hot path).
 
 Owns: record encoding, the batch header, the CRC-32C, compression of the records blob. Pure: bytes in,
-buffers out; no I/O. The header and record layout are documented in ``client.protocol.records``.
+buffers out; no I/O. The header and record layout are documented in ``protocol.records``.
 
 Gathering. A batch is not copied into one contiguous buffer: every value at or above ``gather_min_bytes``
 stays its own buffer (the caller's ``bytes``, referenced, never copied) and everything else - headers,
@@ -43,7 +43,7 @@ from typing import TypeAlias
 
 import crc32c as _crc32c
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     CODEC_GZIP,
     CODEC_LZ4,
     CODEC_NONE,
@@ -55,7 +55,7 @@ from copyless.client.protocol.records import (
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_BIT,
 )
-from copyless.client.protocol.records import encode_varint as _encode_varint_uncached
+from copyless.protocol.records import encode_varint as _encode_varint_uncached
 
 __all__ = [
     "GATHER_MIN_VALUE_BYTES",

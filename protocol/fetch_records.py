@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
-from copyless.client.protocol.records import (
+from copyless.protocol.records import (
     CODEC_MASK,
     CODEC_NONE,
     CONTROL_BIT,

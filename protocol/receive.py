@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 
-from copyless.client.protocol.framing import FrameTooLargeError
+from copyless.protocol.framing import FrameTooLargeError
 
 __all__ = ["BufferPool", "LeasedFrame", "ReceiveBuffer"]
 

@@ -21,7 +21,7 @@ import os
 from collections import deque
 from collections.abc import Iterable
 
-from copyless.client.protocol.batch_builder import GATHER_MIN_VALUE_BYTES, Payload
+from copyless.protocol.batch_builder import GATHER_MIN_VALUE_BYTES, Payload
 
 __all__ = ["IOV_MAX", "SendQueue"]
 
