@@ -85,6 +85,7 @@ from copyless.broker.errors import (
     RequestTimedOut,
     UnknownLeaderEpoch,
 )
+from copyless.broker.partition_interfaces import AppendNotifications, PartitionStore, ProducerStates
 from copyless.broker.storage.errors import AppendNotReady, OffsetOutOfRangeError
 from copyless.broker.txn_partition import TXN_MARKER_FILE, PartitionTxns, build_marker
 from copyless.protocol.records import NO_SEQUENCE
@@ -147,7 +148,8 @@ def _now_ms() -> float:
 class Partition:
     """One partition replica. See the module docstring for the rules; loop thread only."""
 
-    def __init__(self, topic: str, partition: int, log_: Any, *, node_id: int, producers: Any, notifier: Any,
+    def __init__(self, topic: str, partition: int, log_: PartitionStore, *, node_id: int, producers: ProducerStates,
+                 notifier: AppendNotifications,
                  lease_valid: Callable[[], bool] = lambda: True, clock: Callable[[], float] = _now_ms,
                  txns: PartitionTxns | None = None) -> None:
         self.topic = topic

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from copyless.broker import producer_snapshot
+from copyless.broker.partition_interfaces import ProducerStates
 from copyless.broker.producer_snapshot import CorruptSnapshotError, ProducerSnapshot, SnapshotProducer
 from copyless.broker.producer_state import ProducerStateManager, producer_state_scan_start
 from copyless.broker.storage import txn_index
@@ -164,7 +165,7 @@ def _snapshot(offset: int, producers: list, txns: PartitionTxns) -> ProducerSnap
                             tuple(sorted(txns.coordinator_epochs.items())))
 
 
-def capture_snapshot(partition_log: Any, producers: ProducerStateManager, topic: str, partition: int,
+def capture_snapshot(partition_log: Any, producers: ProducerStates, topic: str, partition: int,
                      txns: PartitionTxns) -> ProducerSnapshot:
     """The partition's state at its log end, as a snapshot. Loop thread: O(producers), no I/O."""
     return _snapshot(partition_log.log_end_offset, producers.entries_of(topic, partition), txns)
