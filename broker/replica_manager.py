@@ -49,11 +49,11 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from copyless.broker._files import write_atomically
 from copyless.broker.cluster.image import ClusterImage, TopicInfo
 from copyless.broker.errors import NotLeaderOrFollower, UnknownTopicOrPartition
+from copyless.broker.host_interfaces import ReplicaHost
 from copyless.broker.partition import NO_EPOCH_CHECK, Partition, PartitionState, Role
 
 __all__ = ["ReplicaManager", "PARTITION_METADATA_FILE", "read_topic_id"]
@@ -98,7 +98,7 @@ class ReplicaManager:
     """The hosted partitions. ``broker`` provides ``node_id``, ``log_manager``, ``producers``, ``appends``
     (the long-poll notifier), ``config`` and ``log_config_for(topic_info)``."""
 
-    def __init__(self, broker: Any, *, lease_valid: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, broker: ReplicaHost, *, lease_valid: Callable[[], bool] = lambda: True) -> None:
         self.broker = broker
         self.node_id = broker.node_id
         self.partitions: dict[tuple[str, int], Partition] = {}

@@ -54,6 +54,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from copyless.broker.cluster.backend import replica_client_id
+from copyless.broker.host_interfaces import FetcherHost
 from copyless.broker.partition import Partition, Role
 from copyless.broker.storage.errors import UnexpectedAppendOffsetError
 
@@ -120,7 +121,7 @@ class FetcherManager:
     """The replica fetchers of this broker, one per leader it follows. ``broker`` provides config,
     node_id, metadata (its image names the leaders' endpoints), replicas and stats."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: FetcherHost) -> None:
         self.broker = broker
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self.closing = False
@@ -149,7 +150,7 @@ class FetcherManager:
 class ReplicaFetcher:
     """Fetches from one leader broker for every partition this broker follows there."""
 
-    def __init__(self, broker: Any, leader_id: int) -> None:
+    def __init__(self, broker: FetcherHost, leader_id: int) -> None:
         self.broker = broker
         self.leader_id = leader_id
         self.partitions: dict[tuple[str, int], _Follow] = {}
