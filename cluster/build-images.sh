@@ -135,7 +135,7 @@ BASE_ID=$(docker image inspect --format '{{.Id}}' "$BASE_TAG")
 
 # Exactly what the wheel is built from (pyproject's package-dir folders, the README it names), plus what the
 # image build reads. Bytecode caches are not content.
-SOURCES=(pyproject.toml README.md copyless broker client)
+SOURCES=(pyproject.toml README.md copyless broker client protocol)
 source_files() {
     find "${SOURCES[@]}" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' | LC_ALL=C sort
 }

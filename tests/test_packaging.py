@@ -35,7 +35,7 @@ def test_the_public_client_api_is_importable_from_copyless():
 
 def test_no_module_imports_the_folders_by_their_repository_names():
     offenders = []
-    for folder in ("broker", "client", "benchmarks", "tests"):
+    for folder in ("broker", "client", "protocol", "benchmarks", "tests"):
         for path in (ROOT / folder).rglob("*.py"):
             for number, line in enumerate(path.read_text().splitlines(), start=1):
                 stripped = line.strip()
@@ -44,3 +44,13 @@ def test_no_module_imports_the_folders_by_their_repository_names():
                         stripped.startswith(("from broker.", "import broker.", "from client.", "import client."))):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {stripped}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_image_build_hashes_and_copies_every_package_folder():
+    # cluster/build-images.sh builds the wheel from a listed set of folders: a package-dir folder missing there
+    # fails the image build, and one missing from the key would let a stale image pass for a current one.
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    line = next(line for line in (ROOT / "cluster" / "build-images.sh").read_text().splitlines()
+                if line.startswith("SOURCES=("))
+    sources = set(line[len("SOURCES=("):line.index(")")].split())
+    assert set(setuptools["package-dir"].values()) <= sources, sources

@@ -45,7 +45,7 @@ def test_a_second_build_builds_nothing(copyless_images):
 def test_the_image_key_follows_the_sources(copyless_images, tmp_path):
     checkout = tmp_path / "checkout"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in ("cluster", "copyless", "broker", "client"):
+    for name in ("cluster", "copyless", "broker", "client", "protocol"):
         shutil.copytree(harness.REPO_ROOT / name, checkout / name, ignore=ignore)
     for name in ("Dockerfile", "pyproject.toml", "README.md"):
         shutil.copy2(harness.REPO_ROOT / name, checkout / name)
