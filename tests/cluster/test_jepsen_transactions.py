@@ -475,6 +475,9 @@ def _wait(condition, seconds: float) -> bool:
 # The consume-transform-produce stage once stalled here in 2 of 6 runs: librdkafka's send_offsets_to_transaction
 # blocking for good once the group coordinator's broker handle was decommissioned (``_send_offsets``,
 # docs/transactions.md). 62-115 s a run on the 2-core CI machine.
+# 60-115 s on a 2-core machine: left out of CI's 45 minutes, where the short nemesis run of test_jepsen.py stays;
+# `./tests/run.sh -m slow` runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_transactions_hold_under_overlapping_faults(tmp_path):
     available, why = NetLab.available()

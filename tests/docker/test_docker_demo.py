@@ -95,6 +95,7 @@ def test_verdict_fails_other_bytes_at_an_acknowledged_offset_and_an_empty_run():
     assert not demo.check([], []).ok
 
 
+@pytest.mark.slow  # a compose cluster's whole demo: the cluster tests of test_docker_cluster.py stay in CI
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("cluster_mode")
 def test_demo_ends_with_its_verdict_on_the_compose_cluster(compose_project):

@@ -15,9 +15,12 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.docker import docker_harness as harness
 
 
+@pytest.mark.slow  # a second compose cluster, with TLS and SASL; tests/security covers both in CI
 def test_secure_cluster_runs_the_demo(compose_project):
     project = compose_project("cluster")
     env = dict(project.env, COMPOSE_PROJECT_NAME=project.name, PYTHON=sys.executable)
