@@ -260,7 +260,7 @@ def _kafka_available(bench: Benchmark) -> tuple[bool, str]:
     home = bench.args.kafka_home
     if not (home / "run-kafka.sh").exists() or shutil.which("java") is None:
         return False, f"not found at {home} (or no java): copyless measured alone"
-    return True, f"Apache Kafka from {home}"
+    return True, f"Apache Kafka from {os.path.relpath(home, Path(__file__).resolve().parents[1])}"
 
 
 def main(argv=None) -> dict[str, Any]:

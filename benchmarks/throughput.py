@@ -452,7 +452,7 @@ def _reference_kafka(bench: Benchmark, args) -> tuple[bool, str]:
         return False, "skipped (--no-kafka)"
     if not (args.kafka_home / "run-kafka.sh").exists() or shutil.which("java") is None:
         return False, f"not found at {args.kafka_home} (or no java): copyless measured alone"
-    return True, f"Apache Kafka from {args.kafka_home}"
+    return True, f"Apache Kafka from {os.path.relpath(args.kafka_home, Path(__file__).resolve().parents[1])}"
 
 
 def _measure_external(campaign: Campaign, handle: BrokerHandle, sections: list[str]) -> None:

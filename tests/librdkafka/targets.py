@@ -7,7 +7,7 @@ started once per scenario and each test number then runs alone against it:
 - ``single``: one ``copyless serve --num-partitions 4`` (replication factor 1: there is one node);
 - ``cluster``: three ``copyless serve --metadata etcd://...`` nodes (``tests.support.cluster``) with
   ``--num-partitions 4`` and ``default.replication.factor`` 3, on an etcd the target starts;
-- ``kafka``: Apache Kafka 3.9.1 in KRaft mode from the benchmark anchor (``/work/shared/anchors/kafka`` or
+- ``kafka``: Apache Kafka 3.9.1 in KRaft mode from the benchmark anchor (``../shared/anchors/kafka`` or
   ``$COPYLESS_KAFKA_ANCHOR``), ``num.partitions=4``: the reference that says which tests pass on Kafka
   under this harness. Only ``python -m tests.librdkafka.run --target kafka`` uses it; no test does.
 
@@ -55,7 +55,7 @@ KAFKA_CLUSTER_DEFAULTS = {
 }
 TARGETS = ("single", "cluster", "kafka")
 ANCHOR_ENV = "COPYLESS_KAFKA_ANCHOR"
-DEFAULT_ANCHOR = Path("/work/shared/anchors/kafka")
+DEFAULT_ANCHOR = Path("../shared/anchors/kafka")
 KAFKA_START_TIMEOUT_S = 90.0
 
 
