@@ -43,8 +43,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from copyless.broker.storage import blocking
-from copyless.broker.storage._failpoints import failpoint
-from copyless.broker.storage.checkpoint import fsync_directory
+from copyless.broker.storage.checkpoint import replace_durably
 from copyless.broker.storage.filenames import prefix_from_offset
 from copyless.protocol.records import crc32c
 
@@ -150,21 +149,7 @@ def write(directory: Path, snapshot: ProducerSnapshot) -> Path:
     """Write ``snapshot`` durably: tmp, fsync, rename, directory fsync (module docstring). Blocking."""
     blocking.check("writing a producer snapshot")
     path = snapshot_path(directory, snapshot.offset)
-    tmp = path.with_name(path.name + ".tmp")
-    data = encode(snapshot)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        failpoint("snapshot.after_tmp_write")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    failpoint("snapshot.before_rename")
-    os.replace(tmp, path)
-    failpoint("snapshot.after_rename")
-    fsync_directory(directory)
+    replace_durably(path, encode(snapshot), "snapshot")
     return path
 
 

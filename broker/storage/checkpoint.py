@@ -50,28 +50,38 @@ def write_entries(path: Path, entries: list[tuple]) -> None:
     """Atomically replace ``path`` with a checkpoint of ``entries`` (each a tuple of fields, written
     space-separated). Blocking (fsync x2): worker thread or shutdown only."""
     blocking.check("writing a checkpoint")
-    tmp = path.with_name(path.name + ".tmp")
     lines = [str(_VERSION), str(len(entries))]
     lines += [" ".join(str(field) for field in entry) for entry in entries]
-    data = ("\n".join(lines) + "\n").encode()
+    replace_durably(path, ("\n".join(lines) + "\n").encode(), "checkpoint")
+
+
+def replace_durably(path: Path, data: bytes, failpoints: str | None = None) -> None:
+    """Replace ``path`` by ``data`` so that a crash leaves the old file or the new one, never a torn one:
+    ``<file>.tmp`` written and fsync'd, renamed over ``path``, the directory fsync'd. ``failpoints`` names
+    the ``<name>.after_tmp_write`` / ``before_rename`` / ``after_rename`` steps a crash test can stop at.
+    Blocking (fsync x2): worker thread, start-up or shutdown only."""
+    tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            failpoint("checkpoint.after_tmp_write")
+            if failpoints:
+                failpoint(f"{failpoints}.after_tmp_write")
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:
-        # A full disk: give back what the partial copy took; the old checkpoint stays in force.
+        # A full disk: give back what the partial copy took; the old file stays in force.
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    failpoint("checkpoint.before_rename")
+    if failpoints:
+        failpoint(f"{failpoints}.before_rename")
     os.replace(tmp, path)
-    failpoint("checkpoint.after_rename")
+    if failpoints:
+        failpoint(f"{failpoints}.after_rename")
     fsync_directory(path.parent)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import blocking
-from .checkpoint import fsync_directory
+from .checkpoint import replace_durably
 from .filenames import prefix_from_offset
 
 __all__ = ["TXN_INDEX_SUFFIX", "ENTRY", "IndexEntry", "encode", "decode", "txn_index_path", "read", "append",
@@ -113,15 +113,7 @@ def rewrite(path: Path, entries: Sequence[tuple[int, int, int, int]]) -> None:
     if not entries:
         remove(path)
         return
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, encode(entries))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
+    replace_durably(path, encode(entries))
 
 
 def truncate_to(path: Path, offset: int) -> None:
