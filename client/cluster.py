@@ -14,7 +14,9 @@ different epoch answers FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, and the cal
 
 Failures: every request path treats a lost connection, a timeout and the retriable "leader moved" errors
 (``LEADER_ERRORS``) the same way: refresh metadata (coalesced, after ``retry_backoff_ms``) and retry until
-its own deadline.
+its own deadline. Requests any broker answers go to the least loaded live connection; a broker whose last
+answer named no leader (or no coordinator) is asked only when no other can be reached, so a broker cut off
+from the cluster, still reachable by the client, cannot hold it on a view that no longer changes.
 """
 
 from __future__ import annotations
@@ -202,6 +204,9 @@ class Cluster:
         self._connecting: dict[object, asyncio.Future] = {}
         self._refresh: asyncio.Task | None = None
         self._wanted_topics: set[str] = set()
+        # The broker whose last Metadata answer left a partition asked for without a leader, or was behind
+        # on a leader epoch: the next refresh asks another broker first (see any_connection).
+        self._metadata_behind: int | None = None
         self.closed = False
 
     async def start(self) -> None:
@@ -265,13 +270,23 @@ class Cluster:
         connection = self._connections.get(node_id)
         return connection if connection is not None and not connection.closed else None
 
-    async def any_connection(self) -> Connection:
-        """A live connection to some broker (a known one first, else a bootstrap server)."""
-        for key, connection in self._connections.items():
-            if not connection.closed and isinstance(key, int):
-                return connection
+    async def any_connection(self, *, avoid: int | None = None) -> Connection:
+        """A connection for a request any broker answers (Metadata, FindCoordinator, admin requests).
+
+        The live connection with the fewest requests in flight (the Java client's least loaded node), else a
+        known broker connected now, else a bootstrap server. ``avoid``: a broker whose last answer was of no
+        use (it named no leader, or no coordinator) is taken only when no other broker can be reached. A
+        broker cut off from the rest of the cluster but still reachable by this client answers from a view
+        that no longer changes; asked first every time, it would hold the client there for good.
+        """
+        live = [(connection.in_flight_count, node_id != avoid, connection)
+                for node_id, connection in self._connections.items()
+                if isinstance(node_id, int) and not connection.closed]
+        preferred = [(load, connection) for load, usable, connection in live if usable]
+        if preferred:
+            return min(preferred, key=lambda item: item[0])[1]
         errors = []
-        nodes = list(self.metadata.brokers.items())
+        nodes = [(node_id, address) for node_id, address in self.metadata.brokers.items() if node_id != avoid]
         random.shuffle(nodes)
         tried = set()
         for node_id, address in nodes:
@@ -280,6 +295,8 @@ class Cluster:
                 return await self.connection(node_id)
             except (KafkaConnectionError, OSError) as exc:
                 errors.append(str(exc))
+        if live:
+            return live[0][2]  # only the broker to avoid is reachable: its answer may have changed by now
         not_kafka = True
         for host, port in self.bootstrap:
             if (host, port) in tried:
@@ -289,7 +306,7 @@ class Cluster:
             except (KafkaConnectionError, OSError) as exc:
                 errors.append(str(exc))
                 not_kafka = not_kafka and isinstance(exc, NotKafkaError)
-        if not_kafka and not nodes:
+        if not_kafka and not self.metadata.brokers:
             raise NotKafkaError("; ".join(errors))
         raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
 
@@ -308,7 +325,7 @@ class Cluster:
         last: Exception | None = None
         for _attempt in range(3):
             try:
-                connection = await self.any_connection()
+                connection = await self.any_connection(avoid=self._metadata_behind)
             except KafkaConnectionError as exc:
                 if isinstance(exc, NotKafkaError) and not self.metadata.updated_at:
                     raise  # never reached a broker, and every bootstrap address is something else: a wrong port
@@ -343,6 +360,9 @@ class Cluster:
             if stale:
                 log.debug("metadata from node %s is behind on %s; kept the newer leader epochs",
                           connection.node_id, sorted(stale))
+            leaderless = any(partition.leader_id < 0 for topic in response.topics
+                             if names is None or topic.name in names for partition in topic.partitions)
+            self._metadata_behind = connection.node_id if stale or leaderless else None
             return response
         raise KafkaConnectionError(f"metadata request failed: {last}")
 
@@ -414,13 +434,15 @@ class Cluster:
         """
         deadline = time.monotonic() + timeout_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        unhelpful: int | None = None  # the broker that last answered with a coordinator error: asked last
         while True:
             try:
-                connection = await self.any_connection()
+                connection = await self.any_connection(avoid=unhelpful)
                 response = await connection.request_kio(
                     FindCoordinatorRequest(key=group_id, key_type=i8(key_type)), FindCoordinatorResponse
                 )
                 code = int(response.error_code)
+                unhelpful = connection.node_id if code else None
                 if code == 0:
                     node_id = int(response.node_id)
                     self.metadata.brokers.setdefault(node_id, (response.host, int(response.port)))

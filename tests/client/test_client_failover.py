@@ -1,19 +1,25 @@
 """The client when the network or a broker fails: connections reset mid-request (through a proxy that cuts
-them), and a broker of a real three-broker cluster killed with kill -9 while an idempotent acks=all
-producer writes to it. The invariant throughout: every acknowledged record is read back exactly once, at
-the offset it was acknowledged with; and metadata never goes back to an older leader epoch."""
+them), a broker of a real three-broker cluster killed with kill -9 while an idempotent acks=all
+producer writes to it, and a broker cut off from the cluster that still answers the client (scripted over a
+real socket: its Metadata names no leader, its FindCoordinator no coordinator). The invariants: every
+acknowledged record is read back exactly once, at the offset it was acknowledged with; metadata never goes
+back to an older leader epoch; and a broker whose answer was of no use is not the one asked again."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
+import struct
 import time
 
 import pytest
+from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v8 import response as metadata_v8
 
 from copyless.client import Admin, Consumer, Producer, TopicPartition
-from copyless.client.cluster import Metadata
+from copyless.client.cluster import Cluster, Metadata
+from copyless.protocol.messages import encode_kio
 from tests.support.proxy import CuttingProxy
 from tests.support.read_back import assert_exactly_once, read_back
 from tests.support.topics import unique_topic
@@ -33,12 +39,12 @@ def _metadata_response(leader: int, epoch: int, topic: str = "t") -> metadata_v8
         metadata_v8.MetadataResponseBroker(node_id=n, host="127.0.0.1", port=9000 + n, rack=None) for n in (1, 2, 3)
     )
     partition = metadata_v8.MetadataResponsePartition(
-        error_code=0, partition_index=0, leader_id=leader, leader_epoch=epoch, replica_nodes=(1, 2, 3),
+        error_code=ErrorCode.none, partition_index=0, leader_id=leader, leader_epoch=epoch, replica_nodes=(1, 2, 3),
         isr_nodes=(1, 2, 3), offline_replicas=())
     return metadata_v8.MetadataResponse(
         throttle_time=datetime.timedelta(0),
         brokers=brokers, cluster_id="c", controller_id=1,
-        topics=(metadata_v8.MetadataResponseTopic(error_code=0, name=topic, is_internal=False,
+        topics=(metadata_v8.MetadataResponseTopic(error_code=ErrorCode.none, name=topic, is_internal=False,
                                                   partitions=(partition,), topic_authorized_operations=-2147483648),),
         cluster_authorized_operations=-2147483648)
 
@@ -57,6 +63,101 @@ def test_metadata_keeps_the_newest_leader_epoch_against_a_lagging_broker():
     assert metadata.update(_metadata_response(leader=2, epoch=5)) == set()
     # Brokers and controller still come from the newest answer.
     assert set(metadata.brokers) == {1, 2, 3}
+
+
+# --- a broker cut off from the cluster but still reachable ----------------------------------------------------
+
+
+class _ScriptedBroker:
+    """A real listener that answers as broker ``node_id``: ApiVersions v0, Metadata v8 naming ``leader`` for
+    partition t-0 at ``epoch`` (among the brokers in ``cluster``), FindCoordinator v1 with ``coordinator_error``
+    (0: itself). It stands for a broker whose view stopped changing: cut off from etcd and its peers, it still
+    answers a client that reaches it."""
+
+    def __init__(self, node_id: int, *, leader: int, epoch: int, coordinator_error: int = 0) -> None:
+        self.node_id, self.leader, self.epoch, self.coordinator_error = node_id, leader, epoch, coordinator_error
+        self.cluster: dict[int, int] = {}
+        self.asked: dict[int, int] = {}  # api key -> requests answered
+        self.server: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    async def start(self) -> _ScriptedBroker:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    def _answer(self, api_key: int):
+        from kio.schema.api_versions.v0 import response as api_versions
+        from kio.schema.find_coordinator.v1 import response as find_coordinator
+
+        if api_key == 18:
+            return api_versions.ApiVersionsResponse(error_code=ErrorCode.none, api_keys=tuple(
+                api_versions.ApiVersion(api_key=key, min_version=0, max_version=high)
+                for key, high in ((3, 8), (10, 1), (18, 0))))
+        if api_key == 3:
+            response = _metadata_response(self.leader, self.epoch)
+            brokers = tuple(metadata_v8.MetadataResponseBroker(node_id=n, host="127.0.0.1", port=port, rack=None)
+                            for n, port in self.cluster.items())
+            return dataclasses.replace(response, brokers=brokers)
+        return find_coordinator.FindCoordinatorResponse(
+            throttle_time=datetime.timedelta(0), error_code=ErrorCode(self.coordinator_error), error_message=None,
+            node_id=-1 if self.coordinator_error else self.node_id, host="127.0.0.1", port=self.port)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                api_key, _version, correlation_id = struct.unpack(">hhi", (await reader.readexactly(size))[:8])
+                self.asked[api_key] = self.asked.get(api_key, 0) + 1
+                body = struct.pack(">i", correlation_id) + encode_kio(self._answer(api_key))
+                writer.write(struct.pack(">i", len(body)) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+async def _two_brokers(cut_off: _ScriptedBroker, healthy: _ScriptedBroker) -> Cluster:
+    for broker in (cut_off, healthy):
+        await broker.start()
+    ports = {cut_off.node_id: cut_off.port, healthy.node_id: healthy.port}
+    cut_off.cluster = healthy.cluster = ports
+    cluster = Cluster(f"127.0.0.1:{cut_off.port}", request_timeout_ms=2000, retry_backoff_ms=20)
+    await cluster.start()
+    # The client already holds a connection to the cut-off broker, as a producer writing to the partition it
+    # led does; before, every refresh went to the first live connection, so it asked that broker forever.
+    await cluster.connection(cut_off.node_id)
+    return cluster
+
+
+def test_metadata_is_asked_of_another_broker_when_one_names_no_leader():
+    async def main():
+        cut_off = _ScriptedBroker(1, leader=-1, epoch=5)
+        healthy = _ScriptedBroker(2, leader=2, epoch=6)
+        cluster = await _two_brokers(cut_off, healthy)
+        try:
+            assert await cluster.wait_for_topic("t", timeout_ms=5000) == 1
+            assert (cluster.metadata.leader("t", 0), cluster.metadata.leader_epoch("t", 0)) == (2, 6)
+            assert healthy.asked.get(3, 0) >= 1
+        finally:
+            await cluster.close()
+
+    run(main())
+
+
+def test_find_coordinator_is_asked_of_another_broker_after_a_coordinator_error():
+    async def main():
+        cut_off = _ScriptedBroker(1, leader=1, epoch=5, coordinator_error=15)  # COORDINATOR_NOT_AVAILABLE
+        healthy = _ScriptedBroker(2, leader=1, epoch=5)
+        cluster = await _two_brokers(cut_off, healthy)
+        try:
+            await cluster.connection(2)
+            connection = await cluster.coordinator("g", timeout_ms=5000)
+            assert connection.node_id == 2
+            assert cut_off.asked.get(10, 0) <= 1
+        finally:
+            await cluster.close()
+
+    run(main())
 
 
 # --- connections reset mid-request ---------------------------------------------------------------------------
