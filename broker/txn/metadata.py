@@ -59,7 +59,7 @@ class TxnMetadata:
     producer_epoch: int
     timeout_ms: int
     state: TxnState
-    partitions: frozenset  # of (topic, partition)
+    partitions: frozenset[tuple[str, int]]  # of (topic, partition)
     start_ms: int = -1
     update_ms: int = -1
 
@@ -112,7 +112,7 @@ def _fence_and_abort(metadata: TxnMetadata, now_ms: int) -> TxnMetadata:
 
 
 def on_add_partitions(metadata: TxnMetadata | None, *, producer_id: int, producer_epoch: int,
-                      partitions: frozenset, now_ms: int) -> Decision:
+                      partitions: frozenset[tuple[str, int]], now_ms: int) -> Decision:
     """AddPartitionsToTxn (and AddOffsetsToTxn, with the group's offsets partition)."""
     checked = _current(metadata, producer_id, producer_epoch)
     if isinstance(checked, ErrorCode):
