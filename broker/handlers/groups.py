@@ -58,6 +58,11 @@ async def startup(broker) -> None:
     await broker.groups.start()
 
 
+async def shutdown(broker) -> None:
+    if broker.groups is not None:
+        await broker.groups.stop()
+
+
 def _groups(ctx: RequestContext) -> GroupService:
     """``broker.groups``, for the handlers that need it: this module's startup hook sets it before the
     listener accepts, so a request here finds it set. Not finding it is a start-up bug, said plainly (the
@@ -66,11 +71,6 @@ def _groups(ctx: RequestContext) -> GroupService:
     if groups is None:
         raise RuntimeError("the group coordinator is not running: the groups handlers' startup hook has not run")
     return groups
-
-
-async def shutdown(broker) -> None:
-    if broker.groups is not None:
-        await broker.groups.stop()
 
 
 # --- FindCoordinator ---------------------------------------------------------------------------------------
