@@ -13,7 +13,9 @@ code could hide in the test too: the batch codec and the hand-written protocol i
     kio_requests     KafkaWire (kio entities over a blocking socket) and create_topic / produce / fetch /
                      list_offsets.
     polling          wait_until(condition, what=, timeout_s=): the one polling loop.
-    topics           unique_topic(prefix).
+    topics           unique_topic(prefix); create_topic(bootstrap, topic, partitions, config) through librdkafka.
+    read_back        a topic read back: read_back + assert_exactly_once (copyless's consumer),
+                     read_partition_to_end and read_topic_to_end (librdkafka's, the latter per isolation level).
     broker_process   BrokerProcess (a ``copyless serve`` subprocess), TEST_BROKER_CONFIG, external brokers.
     live_broker      LiveBroker: an in-process broker on its own loop thread, for its counters.
     blocking_appends append_blocking, append_as_follower_blocking, roll_blocking: a PartitionLog's appends
