@@ -20,6 +20,7 @@ code could hide in the test too: the batch codec and the hand-written protocol i
     live_broker      LiveBroker: an in-process broker on its own loop thread, for its counters.
     blocking_appends append_blocking, append_as_follower_blocking, roll_blocking: a PartitionLog's appends
                      and roll, waiting for its worker threads (storage tests, benchmarks).
+    log_reads        read_records(partition_log): a PartitionLog's records through its own reads, start to end.
     log_configs      SMALL: the small-segment LogConfig of the storage and transaction tests (and of the
                      scenario processes they start).
     clients          one driver per real Kafka client (DRIVERS), Rec, make_records, assert_same_records.
