@@ -504,3 +504,71 @@ def test_an_idle_transactional_id_expires_by_a_tombstone(broker_factory):
         assert code == ErrorCode.none and new_epoch == 0
     finally:
         wire.close()
+
+
+def test_read_committed_consumption_over_many_segments_drops_exactly_the_aborted_transactions(wire):
+    """Two producers' overlapping transactions, one in three aborted, over segments of 4 KiB: a read_committed
+    consumer fetching 1 KiB at a time and dropping what each response's aborted list names (as Java's
+    ``CompletedFetch`` does) reads exactly the committed values. The lists come from the sealed segments'
+    .txnindex files and are bounded by the records sent, not by the LSO."""
+    topic = _name("txnseg")
+    assert create_topic(wire, topic, configs=(("segment.bytes", "4096"), ("index.interval.bytes", "256"))
+                        ).error_code == ErrorCode.none
+    producers = []
+    for _ in range(2):
+        tid = _name("tid")
+        code, pid, epoch = _init(wire, tid)
+        assert code == ErrorCode.none
+        producers.append([tid, pid, epoch, 0])
+    committed, aborted_count = [], 0
+    for round_number in range(40):
+        for tid, pid, epoch, _ in producers:
+            assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+        pending: dict[int, list[bytes]] = {}
+        for batch_number in range(3):
+            for producer in producers:
+                tid, pid, epoch, sequence = producer
+                value = f"{round_number}-{pid}-{batch_number}".encode().ljust(200, b".")
+                assert _produce(wire, topic, _txn_batch([value], pid, epoch, sequence), tid)[0] == ErrorCode.none
+                producer[3] += 1
+                pending.setdefault(pid, []).append(value)
+        for number, (tid, pid, epoch, _) in enumerate(producers):
+            abort = (round_number + number) % 3 == 0
+            assert _end(wire, tid, pid, epoch, commit=not abort) == ErrorCode.none
+            aborted_count += abort
+            if not abort:
+                committed.append(pending[pid])
+    expected = sorted(value for values in committed for value in values)
+
+    def fetch(offset):
+        response = wire.request(fetch_v11.FetchRequest(
+            max_wait=0 * MS, min_bytes=1, max_bytes=1 << 20, isolation_level=1, session_id=0, session_epoch=-1,
+            forgotten_topics_data=(), rack_id="", topics=(fetch_v11.FetchTopic(topic=topic, partitions=(
+                fetch_v11.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1024),)),)))
+        return response.responses[0].partitions[0]
+
+    end = 40 * (6 + 2)  # every batch and marker
+    wait_until(lambda: _latest(wire, topic, isolation=1) == end, what="every marker written", timeout_s=10)
+    read, offset, largest_list = [], 0, 0
+    while True:
+        fetched = fetch(offset)
+        if not fetched.records:
+            assert offset == fetched.last_stable_offset == fetched.high_watermark
+            break
+        aborted = sorted((a.first_offset, a.producer_id) for a in fetched.aborted_transactions)
+        largest_list = max(largest_list, len(aborted))
+        skipping: set[int] = set()
+        cursor = 0
+        for header in batches.batch_headers(fetched.records):
+            while aborted and aborted[0][0] <= header.base_offset:
+                skipping.add(aborted.pop(0)[1])
+            data = fetched.records[cursor:cursor + header.size]
+            cursor += header.size
+            producer_id = int.from_bytes(data[43:51], "big", signed=True)  # after the header's timestamps
+            if header.attributes & 0x20:  # a marker ends its producer's transaction
+                skipping.discard(producer_id)
+            elif producer_id not in skipping:
+                read.extend(batches.values_of(data))
+            offset = header.base_offset + header.last_offset_delta + 1
+    assert sorted(read) == expected
+    assert aborted_count >= 20 and largest_list < aborted_count  # per response, not every one from the start
