@@ -462,6 +462,10 @@ class Partition:
         if active != self._snapshot_segment:
             self._snapshot_segment = active
             self.snapshot_state()
+            # The rolled segment's aborted transactions are read from its .txnindex from now on, and the maps
+            # of files retention deleted are let go (each holds a descriptor).
+            self.txns.drop_before(self.log.log_start_offset)
+            self.state_files.seal(self.log, self.txns)
 
     def snapshot_state(self):
         """Queue a snapshot of the producer state at the log end (at a roll, and at a clean shutdown), unless
@@ -505,7 +509,7 @@ class Partition:
     def aborted_transactions(self, fetch_offset: int, upper_offset: int):
         """The aborted transactions a read_committed fetch of [fetch_offset, upper_offset) must carry."""
         txns = self.txns
-        if not txns.aborted:
+        if not txns.has_aborted:
             return []
         txns.drop_before(self.log.log_start_offset)
         return txns.aborted_between(fetch_offset, upper_offset)
