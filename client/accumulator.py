@@ -94,6 +94,8 @@ class ProducerBatch:
     def __init__(self, topic: str, partition: int, builder: BatchBuilder, future, reserved_bytes: int) -> None:
         self.topic = topic
         self.partition = partition
+        # Open until the sender builds the batch; then closed, its records moved to ``built`` (build() empties
+        # it, so keeping it costs only the object).
         self.builder = builder
         self.built: BuiltBatch | None = None
         self.future = future  # resolves to (base_offset, log_append_time_ms, log_start_offset)
@@ -382,7 +384,7 @@ class RecordAccumulator:
 def _record_count(batch: ProducerBatch) -> int:
     if batch.built is not None:
         return batch.built.record_count
-    return batch.builder.record_count if batch.builder is not None else 0
+    return batch.builder.record_count
 
 
 def _next_sticky(topic: str, count: int, previous: int | None) -> int:

@@ -309,7 +309,6 @@ class Sender:
                     batch.built = batch.builder.build(self.producer_id, self.producer_epoch, batch.sequence)
                 else:
                     batch.built = batch.builder.build()
-                batch.builder = None
                 if batch.built.size_bytes > batch.reserved_bytes:
                     acc.reserved_bytes += batch.built.size_bytes - batch.reserved_bytes
                     batch.reserved_bytes = batch.built.size_bytes

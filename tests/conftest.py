@@ -1,4 +1,5 @@
-"""Shared fixtures: a real ``copyless serve`` subprocess on a free port, restartable gracefully or with kill -9.
+"""Shared fixtures: a real ``copyless serve`` subprocess on a free port, restartable gracefully or with kill -9;
+in-process LogManagers on a test's own directory.
 
 Every broker the suite starts is a separate process (``python -m copyless serve``, a
 ``tests.support.broker_process.BrokerProcess``) with its own data dir and a log file that collects its stdout
@@ -15,6 +16,12 @@ collide. Code shared by the test folders lives in ``tests/support``; this file h
                      -> a fresh BrokerProcess owned by one test (stopped at teardown); for restarts and
                      counters. ``config`` is merged over TEST_BROKER_CONFIG and passed as ``--config`` TOML
                      (unless ``extra_args`` brings its own ``--config``, which then wins whole).
+    manager_factory  ``manager_factory(config=SMALL, directory=None, **kwargs)`` -> a started LogManager
+                     (in-process storage, no background thread unless ``background_interval_ms`` is given) on
+                     ``directory`` or tmp_path/"data"; the storage and transaction tests' way to open one, and
+                     to reopen the same directory after ``shutdown()`` or ``abandon()`` (a kill -9). Whatever
+                     is still started at teardown is shut down cleanly.
+    small_config     ``tests.support.log_configs.SMALL``, the small segments manager_factory defaults to.
 
 Blocking storage calls on an event loop's thread raise, in this process and in every broker the suite starts
 (``copyless.broker.storage.blocking``; brokers get ``--check-loop-blocking``).
@@ -31,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from copyless.broker.storage import blocking
+from copyless.broker.storage import LogManager, blocking
 from tests.support.broker_process import (
     EXTERNAL_BOOTSTRAP_ENV,
     TEST_BROKER_CONFIG,
@@ -40,6 +47,7 @@ from tests.support.broker_process import (
     external_bootstrap,
 )
 from tests.support.etcd import EtcdProcess, require_etcd
+from tests.support.log_configs import SMALL
 
 blocking.enable()
 check_loop_blocking()
@@ -131,3 +139,26 @@ def broker_factory(tmp_path):
                 proc.stop()
             except AssertionError:
                 pass
+
+
+@pytest.fixture
+def small_config():
+    return SMALL
+
+
+@pytest.fixture
+def manager_factory(tmp_path):
+    """Start LogManagers (see the module docstring); whatever is still running at the end is shut down cleanly."""
+    started: list[LogManager] = []
+
+    def make(config=SMALL, directory: Path | None = None, **kwargs) -> LogManager:
+        kwargs.setdefault("background_interval_ms", None)
+        manager = LogManager(directory or tmp_path / "data", default_config=config, **kwargs)
+        manager.startup()
+        started.append(manager)
+        return manager
+
+    yield make
+    for manager in started:
+        if manager.started:
+            manager.shutdown()

@@ -48,6 +48,7 @@ import heapq
 import uuid
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -64,6 +65,10 @@ __all__ = [
 ]
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
+
+# The caller's token for a parked request (the asyncio shell's futures; the pure tests' plain values): opaque
+# here, handed back as it came in ``take_completions``.
+W = TypeVar("W", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,7 @@ class GroupSnapshot:
     members: tuple[MemberSnapshot, ...] = ()
 
 
-class _Member:
+class _Member(Generic[W]):
     __slots__ = (
         "member_id",
         "group_instance_id",
@@ -165,8 +170,8 @@ class _Member:
         self.protocol_type: str = protocol_type
         self.protocols: tuple[tuple[str, bytes], ...] = protocols
         self.assignment: bytes = b""
-        self.join_waiter: Hashable | None = None
-        self.sync_waiter: Hashable | None = None
+        self.join_waiter: W | None = None
+        self.sync_waiter: W | None = None
         self.heartbeat_deadline_ms: int = 0
 
     @property
@@ -180,7 +185,7 @@ class _Member:
         return b""
 
 
-class _Group:
+class _Group(Generic[W]):
     __slots__ = (
         "group_id",
         "state",
@@ -210,7 +215,7 @@ class _Group:
         self.protocol_type: str | None = None
         self.protocol_name: str | None = None
         self.leader_id: str | None = None
-        self.members: dict[str, _Member] = {}
+        self.members: dict[str, _Member[W]] = {}
         # member id -> session deadline, for ids handed out with MEMBER_ID_REQUIRED and not yet used.
         self.pending_members: dict[str, int] = {}
         self.static_members: dict[str, str] = {}  # group.instance.id -> member id
@@ -278,7 +283,7 @@ class _Group:
         return max(order, key=lambda name: (votes.get(name, 0), -order.index(name)))
 
 
-def _session_applies(group: _Group, member: _Member) -> bool:
+def _session_applies(group: _Group[W], member: _Member[W]) -> bool:
     # A member waiting in JoinGroup is bounded by the join deadline, one waiting in SyncGroup by the sync
     # deadline or the leader's sync; every other member must heartbeat within its session timeout.
     if member.awaiting_join and group.state is GroupState.PREPARING_REBALANCE:
@@ -305,7 +310,7 @@ def _default_member_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4()}"
 
 
-class GroupCoordinator:
+class GroupCoordinator(Generic[W]):
     """Every group of this broker. Synchronous and single-threaded: call it from the loop thread only.
 
     Args:
@@ -324,8 +329,8 @@ class GroupCoordinator:
         # ``now_ms`` arguments run on a monotonic clock (deadlines); the timestamps a group keeps (persisted,
         # compared across restarts) come from this wall clock when given, else from ``now_ms``.
         self._wall_clock_ms = wall_clock_ms
-        self._groups: dict[str, _Group] = {}
-        self._completions: list[tuple[Hashable, JoinResult | SyncResult]] = []
+        self._groups: dict[str, _Group[W]] = {}
+        self._completions: list[tuple[W, JoinResult | SyncResult]] = []
         self._changed: dict[str, None] = {}  # groups to persist (ordered set)
         self._new_member_id = member_id_factory
         self._heap: list[tuple[int, str]] = []
@@ -335,7 +340,7 @@ class GroupCoordinator:
 
     # --- outputs for the shell -----------------------------------------------------------------------
 
-    def take_completions(self) -> list[tuple[Hashable, JoinResult | SyncResult]]:
+    def take_completions(self) -> list[tuple[W, JoinResult | SyncResult]]:
         """Answers for parked requests, as ``(waiter, result)``, in the order they were decided."""
         completions, self._completions = self._completions, []
         return completions
@@ -359,7 +364,7 @@ class GroupCoordinator:
             heapq.heappop(self._heap)
         return None
 
-    def _schedule(self, group: _Group) -> None:
+    def _schedule(self, group: _Group[W]) -> None:
         """Recompute ``group``'s earliest deadline after a change to it. O(members of the group)."""
         deadline_ms = group.next_deadline_ms() if self._groups.get(group.group_id) is group else None
         if deadline_ms != group.scheduled_ms:
@@ -383,14 +388,14 @@ class GroupCoordinator:
             self._tick_group(group, now_ms)
             self._schedule(group)
 
-    def _tick_group(self, group: _Group, now_ms: int) -> None:
+    def _tick_group(self, group: _Group[W], now_ms: int) -> None:
         for member_id, deadline_ms in list(group.pending_members.items()):
             if deadline_ms <= now_ms:
                 del group.pending_members[member_id]
                 if group.state is GroupState.PREPARING_REBALANCE:
                     self._maybe_complete_join(group, now_ms)
         if group.join_deadline_ms is not None and group.join_deadline_ms <= now_ms:
-            self._on_join_deadline(group, now_ms)
+            self._on_join_deadline(group, group.join_deadline_ms, now_ms)
         if group.sync_deadline_ms is not None and group.sync_deadline_ms <= now_ms:
             group.sync_deadline_ms = None
             late, group.pending_sync = list(group.pending_sync), set()
@@ -410,7 +415,7 @@ class GroupCoordinator:
     @_reschedules
     def join_group(self, now_ms: int, *, group_id: str, member_id: str, group_instance_id: str | None,
                    protocol_type: str, protocols: Iterable[tuple[str, bytes]], session_timeout_ms: int,
-                   rebalance_timeout_ms: int, require_known_member_id: bool, waiter: Hashable,
+                   rebalance_timeout_ms: int, require_known_member_id: bool, waiter: W,
                    client_id: str = "", client_host: str = "") -> JoinResult | None:
         """Handle JoinGroup. Returns the answer now, or None when the request is parked on ``waiter``.
 
@@ -451,15 +456,16 @@ class GroupCoordinator:
             if require_known_member_id and group_instance_id is None:
                 group.pending_members[new_member_id] = now_ms + session_timeout_ms
                 return JoinResult(ErrorCode.member_id_required, new_member_id)
-            return self._add_member_and_rebalance(group, now_ms, new_member_id, group_instance_id,
-                                                  protocol_type, protocols, session_timeout_ms,
-                                                  rebalance_timeout_ms, waiter, client_id, client_host)
+            self._add_member_and_rebalance(group, now_ms, new_member_id, group_instance_id, protocol_type,
+                                           protocols, session_timeout_ms, rebalance_timeout_ms, waiter, client_id,
+                                           client_host)
+            return None  # a new member always waits for the join phase to end
 
         if member_id in group.pending_members:
             del group.pending_members[member_id]
-            return self._add_member_and_rebalance(group, now_ms, member_id, group_instance_id,
-                                                  protocol_type, protocols, session_timeout_ms,
-                                                  rebalance_timeout_ms, waiter, client_id, client_host)
+            self._add_member_and_rebalance(group, now_ms, member_id, group_instance_id, protocol_type, protocols,
+                                           session_timeout_ms, rebalance_timeout_ms, waiter, client_id, client_host)
+            return None
         fenced = self._fencing_error(group, member_id, group_instance_id)
         if fenced is not None:
             return JoinResult(fenced, member_id)
@@ -490,11 +496,13 @@ class GroupCoordinator:
             return self._join_result(group, member)
         return JoinResult(ErrorCode.unknown_member_id, member_id)  # Empty: no member can be known
 
-    def _add_member_and_rebalance(self, group: _Group, now_ms, member_id, group_instance_id, protocol_type,
+    def _add_member_and_rebalance(self, group: _Group[W], now_ms, member_id, group_instance_id, protocol_type,
                                   protocols, session_timeout_ms, rebalance_timeout_ms, waiter, client_id,
                                   client_host) -> None:
-        member = _Member(member_id, group_instance_id, client_id, client_host, session_timeout_ms,
-                         rebalance_timeout_ms, protocol_type, protocols)
+        """A member joins (a new one, or a pending one with its id): parked on ``waiter`` until the join phase
+        of the rebalance it starts (or joins) ends."""
+        member: _Member[W] = _Member(member_id, group_instance_id, client_id, client_host, session_timeout_ms,
+                                     rebalance_timeout_ms, protocol_type, protocols)
         member.join_waiter = waiter
         member.heartbeat_deadline_ms = now_ms + session_timeout_ms
         if not group.members:
@@ -509,9 +517,8 @@ class GroupCoordinator:
             self._maybe_complete_join(group, now_ms)
         else:
             self._prepare_rebalance(group, now_ms)
-        return None
 
-    def _rejoin_static_member(self, group: _Group, now_ms, group_instance_id, protocols, session_timeout_ms,
+    def _rejoin_static_member(self, group: _Group[W], now_ms, group_instance_id, protocols, session_timeout_ms,
                               rebalance_timeout_ms, waiter, client_id, client_host) -> JoinResult | None:
         old_member_id = group.static_members[group_instance_id]
         old = group.members[old_member_id]
@@ -554,7 +561,7 @@ class GroupCoordinator:
             self._prepare_rebalance(group, now_ms)
         return None
 
-    def _update_member(self, group: _Group, member: _Member, protocols, waiter) -> None:
+    def _update_member(self, group: _Group[W], member: _Member[W], protocols, waiter: W) -> None:
         member.protocols = protocols
         if member.join_waiter is not None and member.join_waiter != waiter:
             # The client retried (typically on a new connection after a timeout): the old request is moot.
@@ -562,7 +569,7 @@ class GroupCoordinator:
                                                                      member.member_id)))
         member.join_waiter = waiter
 
-    def _join_result(self, group: _Group, member: _Member) -> JoinResult:
+    def _join_result(self, group: _Group[W], member: _Member[W]) -> JoinResult:
         members: tuple[tuple[str, str | None, bytes], ...] = ()
         if member.member_id == group.leader_id:
             members = tuple((m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name))
@@ -570,7 +577,7 @@ class GroupCoordinator:
         return JoinResult(ErrorCode.none, member.member_id, group.generation_id, group.protocol_type,
                           group.protocol_name, group.leader_id or "", members)
 
-    def _prepare_rebalance(self, group: _Group, now_ms: int) -> None:
+    def _prepare_rebalance(self, group: _Group[W], now_ms: int) -> None:
         if group.state is GroupState.COMPLETING_REBALANCE:
             # The assignment being handed out is void: fail every parked SyncGroup so clients rejoin.
             for member in group.members.values():
@@ -594,21 +601,23 @@ class GroupCoordinator:
         if not group.initial_join:
             self._maybe_complete_join(group, now_ms)
 
-    def _maybe_complete_join(self, group: _Group, now_ms: int) -> None:
+    def _maybe_complete_join(self, group: _Group[W], now_ms: int) -> None:
         if group.state is GroupState.PREPARING_REBALANCE and not group.initial_join and group.all_members_joined():
             self._complete_join(group, now_ms)
 
-    def _on_join_deadline(self, group: _Group, now_ms: int) -> None:
+    def _on_join_deadline(self, group: _Group[W], deadline_ms: int, now_ms: int) -> None:
+        """The join window ending at ``deadline_ms`` (at or before ``now_ms``) closed: extend it for a member
+        that arrived during it (a new group's initial delay), or complete the join phase."""
         delay_ms = min(self.config.initial_rebalance_delay_ms, group.join_remaining_ms)
         if group.initial_join and group.new_member_added and delay_ms > 0:
             group.join_remaining_ms -= delay_ms
             group.new_member_added = False
             # From the window's end, not from when the timer ran, so a late tick does not stretch it.
-            group.join_deadline_ms += delay_ms
+            group.join_deadline_ms = deadline_ms + delay_ms
             return
         self._complete_join(group, now_ms)
 
-    def _complete_join(self, group: _Group, now_ms: int) -> None:
+    def _complete_join(self, group: _Group[W], now_ms: int) -> None:
         group.join_deadline_ms = None
         group.initial_join = False
         for member in [m for m in group.members.values() if not m.awaiting_join]:
@@ -629,6 +638,8 @@ class GroupCoordinator:
         group.transition(GroupState.COMPLETING_REBALANCE, self._stamp(now_ms))
         for member in group.members.values():
             waiter, member.join_waiter = member.join_waiter, None
+            # Every member left is parked in JoinGroup: the silent ones were removed above.
+            assert waiter is not None
             member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
             self._completions.append((waiter, self._join_result(group, member)))
         group.pending_sync = set(group.members)
@@ -639,7 +650,7 @@ class GroupCoordinator:
     @_reschedules
     def sync_group(self, now_ms: int, *, group_id: str, generation_id: int, member_id: str,
                    group_instance_id: str | None, assignments: Iterable[tuple[str, bytes]],
-                   waiter: Hashable, protocol_type: str | None = None,
+                   waiter: W, protocol_type: str | None = None,
                    protocol_name: str | None = None) -> SyncResult | None:
         """Handle SyncGroup. Returns the answer now, or None when parked until the leader's assignment."""
         error = self._status_error()
@@ -685,7 +696,7 @@ class GroupCoordinator:
             self._complete_sync(group, now_ms)
         return None
 
-    def _complete_sync(self, group: _Group, now_ms: int) -> None:
+    def _complete_sync(self, group: _Group[W], now_ms: int) -> None:
         group.transition(GroupState.STABLE, self._stamp(now_ms))
         for m in group.members.values():
             if m.sync_waiter is not None:
@@ -719,7 +730,7 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         return group.storing_generation if group is not None else None
 
-    def _sync_result(self, group: _Group, member: _Member) -> SyncResult:
+    def _sync_result(self, group: _Group[W], member: _Member[W]) -> SyncResult:
         return SyncResult(ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name)
 
     # --- Heartbeat, LeaveGroup, OffsetCommit validation -------------------------------------------------
@@ -893,7 +904,7 @@ class GroupCoordinator:
         A group with members comes back Stable at its generation; each member must heartbeat within its
         session timeout from now, as Kafka does after moving a coordinator.
         """
-        group = _Group(snapshot.group_id, snapshot.state_timestamp_ms)
+        group: _Group[W] = _Group(snapshot.group_id, snapshot.state_timestamp_ms)
         group.generation_id = snapshot.generation_id
         group.protocol_type = snapshot.protocol_type
         group.protocol_name = snapshot.protocol_name
@@ -902,9 +913,9 @@ class GroupCoordinator:
             group.transition(GroupState.STABLE, self._stamp(now_ms))
             for s in snapshot.members:
                 protocols = s.protocols or ((snapshot.protocol_name, s.metadata),)
-                member = _Member(s.member_id, s.group_instance_id, s.client_id, s.client_host,
-                                 s.session_timeout_ms, s.rebalance_timeout_ms, snapshot.protocol_type or "",
-                                 protocols)
+                member: _Member[W] = _Member(s.member_id, s.group_instance_id, s.client_id, s.client_host,
+                                             s.session_timeout_ms, s.rebalance_timeout_ms,
+                                             snapshot.protocol_type or "", protocols)
                 member.assignment = s.assignment
                 member.heartbeat_deadline_ms = now_ms + s.session_timeout_ms
                 group.members[s.member_id] = member
@@ -941,7 +952,7 @@ class GroupCoordinator:
         return None
 
     @staticmethod
-    def _fencing_error(group: _Group, member_id: str, group_instance_id: str | None) -> ErrorCode | None:
+    def _fencing_error(group: _Group[W], member_id: str, group_instance_id: str | None) -> ErrorCode | None:
         """FENCED_INSTANCE_ID when a static member's id is not the one the instance id now maps to."""
         if group_instance_id is None:
             return None
@@ -952,7 +963,7 @@ class GroupCoordinator:
             return ErrorCode.fenced_instance_id
         return None
 
-    def _remove_member(self, group: _Group, member: _Member, now_ms: int) -> None:
+    def _remove_member(self, group: _Group[W], member: _Member[W], now_ms: int) -> None:
         """Take a member out; its parked requests fail with UNKNOWN_MEMBER_ID. Leaves the state alone."""
         if member.join_waiter is not None:
             self._completions.append((member.join_waiter, JoinResult(ErrorCode.unknown_member_id,
@@ -970,7 +981,7 @@ class GroupCoordinator:
             group.leader_id = next((m.member_id for m in group.members.values() if m.awaiting_join),
                                    next(iter(group.members), None))
 
-    def _after_member_removed(self, group: _Group, now_ms: int) -> None:
+    def _after_member_removed(self, group: _Group[W], now_ms: int) -> None:
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(group, now_ms)
         elif group.state is GroupState.PREPARING_REBALANCE:

@@ -38,6 +38,7 @@ from copyless.protocol.records import (
     NO_SEQUENCE,
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_BIT,
+    Buffer,
     InvalidBatchError,
     crc32c,
     decode_records,
@@ -131,13 +132,16 @@ class _Reader:
         return chunk
 
     def i16(self) -> int:
-        return _I16.unpack(self._take(2))[0]
+        value: int = _I16.unpack(self._take(2))[0]
+        return value
 
     def i32(self) -> int:
-        return _I32.unpack(self._take(4))[0]
+        value: int = _I32.unpack(self._take(4))[0]
+        return value
 
     def i64(self) -> int:
-        return _I64.unpack(self._take(8))[0]
+        value: int = _I64.unpack(self._take(8))[0]
+        return value
 
     def string(self) -> str | None:
         length = self.i16()
@@ -333,7 +337,8 @@ class OffsetStore:
     # writing -------------------------------------------------------------------------------------------
 
     @staticmethod
-    def commit_records(group_id: str, commits: dict[tuple[str, int], CommittedOffset]) -> list:
+    def commit_records(group_id: str,
+                       commits: dict[tuple[str, int], CommittedOffset]) -> list[tuple[bytes, bytes | None]]:
         return [(offset_commit_key(group_id, topic, partition), offset_commit_value(committed))
                 for (topic, partition), committed in commits.items()]
 
@@ -401,7 +406,7 @@ class OffsetStore:
                     pass
         return groups
 
-    def replay(self, data, position: int = 0, end: int | None = None) -> int:
+    def replay(self, data: Buffer, position: int = 0, end: int | None = None) -> int:
         """Fold every complete batch in ``data[position:end]`` in; returns the offset after the last one.
 
         Transactional batches (TxnOffsetCommit) are held by producer id until their marker: COMMIT applies

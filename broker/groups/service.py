@@ -134,13 +134,17 @@ def group_config_from(config: Any) -> GroupConfig:
     )
 
 
+# A parked JoinGroup or SyncGroup: the future its handler awaits, the coordinator's waiter token.
+_Waiter = asyncio.Future[JoinResult | SyncResult]
+
+
 @dataclass
 class _Shard:
     """The groups of one offsets partition this broker leads."""
 
     partition: int
     leader_epoch: int
-    coordinator: GroupCoordinator
+    coordinator: GroupCoordinator[_Waiter]
     store: OffsetStore = field(default_factory=OffsetStore)
     load_task: asyncio.Task | None = None
     # (group, topic, partition) -> commits appended but not yet known replicated (Kafka's
@@ -224,7 +228,8 @@ class GroupService:
 
     def _new_shard(self, index: int, leader_epoch: int) -> _Shard:
         """A shard for an offsets partition led here from ``leader_epoch``: its groups load first."""
-        coordinator = GroupCoordinator(self.group_config, store_assignments=True, wall_clock_ms=now_ms)
+        coordinator: GroupCoordinator[_Waiter] = GroupCoordinator(self.group_config, store_assignments=True,
+                                                                  wall_clock_ms=now_ms)
         coordinator.status = "loading"
         return _Shard(index, leader_epoch, coordinator)
 

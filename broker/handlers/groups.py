@@ -63,6 +63,16 @@ async def shutdown(broker) -> None:
         await broker.groups.stop()
 
 
+def _groups(ctx: RequestContext) -> GroupService:
+    """``broker.groups``, for the handlers that need it: this module's startup hook sets it before the
+    listener accepts, so a request here finds it set. Not finding it is a start-up bug, said plainly (the
+    connection closes, as after any failed handler) rather than as an attribute error on None."""
+    groups = ctx.broker.groups
+    if groups is None:
+        raise RuntimeError("the group coordinator is not running: the groups handlers' startup hook has not run")
+    return groups
+
+
 # --- FindCoordinator ---------------------------------------------------------------------------------------
 
 
@@ -105,7 +115,7 @@ async def join_group(ctx: RequestContext, request):
     rebalance_timeout_ms = _ms(getattr(request, "rebalance_timeout", request.session_timeout))
     if ctx.api_version == 0 or rebalance_timeout_ms < 0:
         rebalance_timeout_ms = session_timeout_ms  # v0 has none: Kafka uses the session timeout
-    result = await ctx.broker.groups.join_group(
+    result = await _groups(ctx).join_group(
         group_id=request.group_id,
         member_id=request.member_id,
         group_instance_id=getattr(request, "group_instance_id", None),
@@ -131,7 +141,7 @@ async def sync_group(ctx: RequestContext, request):
     if not checks.group(ctx, Operation.READ, request.group_id):
         return build(module.SyncGroupResponse, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.group_authorization_failed, assignment=b"")
-    result = await ctx.broker.groups.sync_group(
+    result = await _groups(ctx).sync_group(
         group_id=request.group_id,
         generation_id=request.generation_id,
         member_id=request.member_id,
@@ -147,7 +157,7 @@ async def heartbeat(ctx: RequestContext, request):
     if not checks.group(ctx, Operation.READ, request.group_id):
         return build(module.HeartbeatResponse, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.group_authorization_failed)
-    error = ctx.broker.groups.heartbeat(
+    error = _groups(ctx).heartbeat(
         group_id=request.group_id,
         generation_id=request.generation_id,
         member_id=request.member_id,
@@ -165,7 +175,7 @@ async def leave_group(ctx: RequestContext, request):
         leaving = [(m.member_id, m.group_instance_id) for m in request.members]
     else:
         leaving = [(request.member_id, None)]
-    result = ctx.broker.groups.leave_group(group_id=request.group_id, members=leaving)
+    result = _groups(ctx).leave_group(group_id=request.group_id, members=leaving)
     if ctx.api_version >= 3:
         members = tuple(
             build(module.MemberResponse, member_id=member_id, group_instance_id=instance_id, error_code=error)
@@ -195,7 +205,7 @@ _COMMIT_ERRORS = {
 async def offset_commit(ctx: RequestContext, request):
     module = response_module(OFFSET_COMMIT, ctx.api_version)
     broker = ctx.broker
-    groups: GroupService = broker.groups
+    groups = _groups(ctx)
     error = groups.validate_commit(
         group_id=request.group_id,
         generation_id=request.generation_id_or_member_epoch,
@@ -274,7 +284,7 @@ def _fetch_group(ctx: RequestContext, module, group_id: str, requested, require_
 def _fetch_offsets(ctx: RequestContext, module, group_id: str, requested, require_stable: bool):
     """(group error, response topics) for one group; ``requested`` None means every committed partition."""
     v8 = ctx.api_version >= 8
-    groups: GroupService = ctx.broker.groups
+    groups = _groups(ctx)
     committed: dict[tuple[str, int], CommittedOffset]
     if not checks.group(ctx, Operation.DESCRIBE, group_id):
         group_error, committed = ErrorCode.group_authorization_failed, {}
@@ -318,7 +328,7 @@ def _fetch_offsets(ctx: RequestContext, module, group_id: str, requested, requir
 
 async def describe_groups(ctx: RequestContext, request):
     module = response_module(DESCRIBE_GROUPS, ctx.api_version)
-    groups: GroupService = ctx.broker.groups
+    groups = _groups(ctx)
     described = []
     for group_id in request.groups:
         if not checks.group(ctx, Operation.DESCRIBE, group_id):
@@ -350,7 +360,7 @@ async def describe_groups(ctx: RequestContext, request):
 
 async def list_groups(ctx: RequestContext, request):
     module = response_module(LIST_GROUPS, ctx.api_version)
-    code, listed = ctx.broker.groups.list_groups()
+    code, listed = _groups(ctx).list_groups()
     if not checks.cluster(ctx, Operation.DESCRIBE):
         listed = [(group_id, kind) for group_id, kind in listed if checks.group(ctx, Operation.DESCRIBE, group_id)]
     groups = tuple(build(module.ListedGroup, group_id=group_id, protocol_type=protocol_type)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from copyless.broker.groups.offsets import partition_for as _java_hash_partition
 from copyless.broker.txn.metadata import TxnMetadata, TxnState
-from copyless.protocol.records import InvalidBatchError, decode_records, iter_batches
+from copyless.protocol.records import Buffer, InvalidBatchError, decode_records, iter_batches
 
 __all__ = ["TXN_TOPIC", "partition_for", "encode_key", "encode_value", "decode", "TxnLogView"]
 
@@ -111,7 +111,7 @@ class TxnLogView:
             else:
                 self.transactions[transactional_id] = metadata
 
-    def replay(self, data) -> int:
+    def replay(self, data: Buffer) -> int:
         """Fold every complete batch of ``data`` in; the offset after the last one (-1: none)."""
         next_offset = -1
         for position, header in iter_batches(data, 0, None):

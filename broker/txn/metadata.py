@@ -59,7 +59,7 @@ class TxnMetadata:
     producer_epoch: int
     timeout_ms: int
     state: TxnState
-    partitions: frozenset  # of (topic, partition)
+    partitions: frozenset[tuple[str, int]]  # of (topic, partition)
     start_ms: int = -1
     update_ms: int = -1
 
@@ -72,12 +72,14 @@ class Decision(NamedTuple):
     abort_first: bool = False
 
 
-def _fenced_or_unknown(metadata: TxnMetadata | None, producer_id: int, producer_epoch: int) -> ErrorCode | None:
+def _current(metadata: TxnMetadata | None, producer_id: int, producer_epoch: int) -> TxnMetadata | ErrorCode:
+    """The metadata, when the request's producer id and epoch are its current ones; else the error to answer
+    (an unknown id or another producer's: INVALID_PRODUCER_ID_MAPPING; an older epoch: PRODUCER_FENCED)."""
     if metadata is None or metadata.producer_id != producer_id:
         return ErrorCode.invalid_producer_id_mapping
     if metadata.producer_epoch != producer_epoch:
         return ErrorCode.producer_fenced
-    return None
+    return metadata
 
 
 def on_init(metadata: TxnMetadata | None, *, transactional_id: str, timeout_ms: int, new_producer_id: int,
@@ -110,11 +112,12 @@ def _fence_and_abort(metadata: TxnMetadata, now_ms: int) -> TxnMetadata:
 
 
 def on_add_partitions(metadata: TxnMetadata | None, *, producer_id: int, producer_epoch: int,
-                      partitions: frozenset, now_ms: int) -> Decision:
+                      partitions: frozenset[tuple[str, int]], now_ms: int) -> Decision:
     """AddPartitionsToTxn (and AddOffsetsToTxn, with the group's offsets partition)."""
-    error = _fenced_or_unknown(metadata, producer_id, producer_epoch)
-    if error is not None:
-        return Decision(error)
+    checked = _current(metadata, producer_id, producer_epoch)
+    if isinstance(checked, ErrorCode):
+        return Decision(checked)
+    metadata = checked
     if metadata.state in PREPARING or metadata.state is TxnState.PREPARE_EPOCH_FENCE:
         return Decision(ErrorCode.concurrent_transactions)
     if metadata.state is TxnState.ONGOING and partitions <= metadata.partitions:
@@ -130,9 +133,10 @@ def on_add_partitions(metadata: TxnMetadata | None, *, producer_id: int, produce
 def on_end(metadata: TxnMetadata | None, *, producer_id: int, producer_epoch: int, commit: bool,
            now_ms: int) -> Decision:
     """EndTxn: Ongoing moves to PrepareCommit/PrepareAbort; a retry of a completed end succeeds."""
-    error = _fenced_or_unknown(metadata, producer_id, producer_epoch)
-    if error is not None:
-        return Decision(error)
+    checked = _current(metadata, producer_id, producer_epoch)
+    if isinstance(checked, ErrorCode):
+        return Decision(checked)
+    metadata = checked
     state = metadata.state
     if state is TxnState.ONGOING:
         target = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT

@@ -49,12 +49,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.schema.types import ProducerId, TopicName
+from kio.static.primitive import i16, i32
 
 from copyless.broker.coordinator_shards import CoordinatorShards
 from copyless.broker.errors import BrokerError, error_for
@@ -225,12 +228,15 @@ class TransactionService:
                 if stored != ErrorCode.none:
                     return stored, -1, -1
             if decision.abort_first:
+                # on_init aborts first only a known id's Ongoing transaction, and names the PrepareAbort.
+                assert current is not None and decision.metadata is not None
                 log.info("transactional id %r: a new producer fences epoch %d; aborting its open transaction",
                          transactional_id, current.producer_epoch)
                 await self._complete(shard, decision.metadata, holder, wait_s=WRITE_TIMEOUT_S)
                 return ErrorCode.concurrent_transactions, -1, -1
             if decision.error != ErrorCode.none:
                 return decision.error, -1, -1
+            assert decision.metadata is not None  # on_init's every success names the metadata it stored
             return ErrorCode.none, decision.metadata.producer_id, decision.metadata.producer_epoch
 
     async def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -332,8 +338,11 @@ class TransactionService:
         task = asyncio.get_running_loop().create_task(
             self._complete_until_done(shard, metadata, markers_written, holder), name=f"txn-complete-{key}")
         self._completions[key] = task
-        task.add_done_callback(
-            lambda t, k=key: self._completions.pop(k, None) if self._completions.get(k) is t else None)
+        task.add_done_callback(functools.partial(self._completion_done, key))
+
+    def _completion_done(self, key: str, task: asyncio.Task) -> None:
+        if self._completions.get(key) is task:  # not a later completion of the same id
+            del self._completions[key]
 
     async def _complete(self, shard: _Shard, metadata: m.TxnMetadata, holder: _Holder, *, wait_s: float) -> None:
         """Write the markers of a Prepare* transaction, then store Complete* in a task that takes over the
@@ -438,13 +447,15 @@ class TransactionService:
         )
         from kio.schema.write_txn_markers.v1.response import WriteTxnMarkersResponse
 
-        by_topic: dict[str, list[int]] = {}
+        by_topic: dict[str, list[i32]] = {}
         for topic, index in partitions:
-            by_topic.setdefault(topic, []).append(index)
+            by_topic.setdefault(topic, []).append(i32(index))
+        # kio's checked types: once per transaction end and leader, so the checks cost nothing that matters.
+        topics = tuple(WritableTxnMarkerTopic(name=TopicName(topic), partition_indexes=tuple(indexes))
+                       for topic, indexes in by_topic.items())
         request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
-            producer_id=metadata.producer_id, producer_epoch=metadata.producer_epoch, transaction_result=commit,
-            topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in by_topic.items()),
-            coordinator_epoch=coordinator_epoch),))
+            producer_id=ProducerId(metadata.producer_id), producer_epoch=i16(metadata.producer_epoch),
+            transaction_result=commit, topics=topics, coordinator_epoch=i32(coordinator_epoch)),))
         try:
             connection = await self._connection_to(leader)
             response = await connection.request_kio(request, WriteTxnMarkersResponse)
@@ -506,7 +517,9 @@ class TransactionService:
                     continue
                 async with self._holding(transactional_id) as holder:
                     current = shard.transactions.get(transactional_id)
-                    fenced = m.on_timeout(current, now) if current is not None else None
+                    if current is None:
+                        continue
+                    fenced = m.on_timeout(current, now)
                     if fenced is None:
                         continue
                     try:

@@ -10,14 +10,13 @@ committed transactions (never the aborted one) and read_uncommitted ones see eve
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
 
 from copyless.broker.txn.log import TXN_TOPIC, partition_for  # noqa: E402
+from tests.support.read_back import read_topic_to_end  # noqa: E402
 from tests.support.topics import unique_topic  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -26,26 +25,9 @@ PARTITIONS = 3
 TXN_STATE_PARTITIONS = 4
 
 
-def _read(bootstrap: str, topic: str, isolation: str, timeout_s: float = 40) -> list[str]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("reader"),
-                         "isolation.level": isolation, "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        seen, at_end = [], set()
-        deadline = time.monotonic() + timeout_s
-        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(message.partition())
-                continue  # a leader moving: librdkafka retries
-            seen.append(message.value().decode())
-        assert len(at_end) == PARTITIONS, f"no EOF on every partition within {timeout_s} s (saw {sorted(seen)})"
-        return sorted(seen)
-    finally:
-        consumer.close()
+def _read(bootstrap: str, topic: str, isolation: str) -> list[str]:
+    # Leaders move in this test: the consumer's errors are librdkafka's to retry.
+    return read_topic_to_end(bootstrap, topic, isolation, PARTITIONS, timeout_s=40, errors_retried=True)
 
 
 def test_the_coordinator_dies_mid_transaction(cluster_factory):

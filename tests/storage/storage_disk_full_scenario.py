@@ -13,8 +13,9 @@ import sys
 import time
 
 from copyless.broker.storage import LogConfig, LogManager, StorageError
-from tests.support.batches import build_batch, records_of
+from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking
+from tests.support.log_reads import read_records
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=8 << 10, index_interval_bytes=4096, retention_ms=None,
                    file_delete_delay_ms=0)
@@ -97,15 +98,7 @@ def main() -> None:
 
 
 def read_all(partition_log) -> list[bytes]:
-    out = []
-    offset = partition_log.log_start_offset
-    while offset < partition_log.log_end_offset:
-        result = partition_log.read(offset, 1 << 20)
-        with result.slice as region:
-            records = records_of(region.read_bytes())
-        out.extend(record.value for record in records)
-        offset = records[-1].offset + 1
-    return out
+    return [record.value for record in read_records(partition_log)]
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from copyless.broker.storage import LogConfig, LogManager, StorageError
-from tests.support.batches import build_batch, records_of
+from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking
+from tests.support.log_reads import read_records
 from tests.support.tmpfs import take_every_free_byte
 
 CONFIG = LogConfig(segment_bytes=512 << 10, segment_index_bytes=64 << 10, index_interval_bytes=4096,
@@ -105,20 +106,8 @@ def restart(data_dir: Path) -> None:
     print(json.dumps(report))
 
 
-def read_all_records(partition_log) -> list:
-    out = []
-    offset = partition_log.log_start_offset
-    while offset < partition_log.log_end_offset:
-        result = partition_log.read(offset, 1 << 20)
-        with result.slice as region:
-            records = records_of(region.read_bytes())
-        out.extend(records)
-        offset = records[-1].offset + 1
-    return out
-
-
 def read_all(partition_log) -> list[bytes]:
-    return [record.value for record in read_all_records(partition_log)]
+    return [record.value for record in read_records(partition_log)]
 
 
 if __name__ == "__main__":

@@ -10,17 +10,15 @@ import subprocess
 import sys
 
 from copyless.broker.inspect_log import check_partition
-from copyless.broker.storage import LogConfig
 from copyless.broker.storage.cleaner import clean_log, dirty_ratio
 from copyless.broker.storage.compaction import DELETE_HORIZON_BIT
 from copyless.protocol.records import decode_records, iter_batches
 from tests.support.batches import build_batch
 from tests.support.blocking_appends import append_blocking
+from tests.support.log_configs import SMALL
 from tests.support.subprocesses import python_env
 
-# The storage suite's small segments (tests/storage/conftest.py), compacted at any dirty ratio.
-SMALL = LogConfig(segment_bytes=64 << 10, segment_index_bytes=4096, index_interval_bytes=512, retention_ms=None,
-                  preallocate_first_bytes=16 << 10, preallocate_ahead_bytes=48 << 10, prefault_window_bytes=16 << 10)
+# The suite's small segments, compacted at any dirty ratio.
 COMPACT = dataclasses.replace(SMALL, cleanup_policy=("compact",), min_cleanable_dirty_ratio=0.0)
 VALUE_BYTES = 1200
 

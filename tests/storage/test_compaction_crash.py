@@ -96,7 +96,8 @@ CASES = [(point, 0) for point in COMPACTION_POINTS] + [("clean.after_old_renamed
 
 
 @pytest.mark.parametrize("point,skip", CASES, ids=[f"{point}-{skip}" for point, skip in CASES])
-def test_a_kill_at_any_step_leaves_the_old_log_or_the_cleaned_one(tmp_path, point, skip, cleaned_reference):
+def test_a_kill_at_any_step_leaves_the_old_log_or_the_cleaned_one(manager_factory, tmp_path, point, skip,
+                                                                 cleaned_reference):
     code, output = run(tmp_path, point, skip)
     assert code == -9, f"the failpoint {point} (skip {skip}) was never reached: {output}"
     assert "PLAN" in output and "DONE" not in output
@@ -112,14 +113,10 @@ def test_a_kill_at_any_step_leaves_the_old_log_or_the_cleaned_one(tmp_path, poin
                    "clean.before_manifest_removed", "clean.after_checkpoint"):
         assert records == cleaned_reference, "a committed swap must be finished at start-up"
     # The log goes on: appends, then another cleaning over what start-up left.
-    manager = LogManager(tmp_path, default_config=CONFIG, background_interval_ms=None)
-    manager.startup()
-    try:
-        partition_log = manager.get_log("table", 0)
-        for number in range(BATCHES, BATCHES + 60):
-            append_blocking(partition_log, batch_for(number))
-        partition_log.set_high_watermark(partition_log.log_end_offset)
-        manager.wait_for_background()
-        assert clean_log(partition_log, force=True) is not None
-    finally:
-        manager.shutdown()
+    manager = manager_factory(CONFIG, directory=tmp_path)
+    partition_log = manager.get_log("table", 0)
+    for number in range(BATCHES, BATCHES + 60):
+        append_blocking(partition_log, batch_for(number))
+    partition_log.set_high_watermark(partition_log.log_end_offset)
+    manager.wait_for_background()
+    assert clean_log(partition_log, force=True) is not None

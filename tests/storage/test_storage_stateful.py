@@ -32,6 +32,7 @@ from copyless.broker.storage import prefault as prefault_module
 from copyless.protocol.records import iter_batches, read_header
 from tests.support.batches import build_batch, records_of
 from tests.support.blocking_appends import append_blocking, roll_blocking
+from tests.support.log_reads import read_records
 
 record_value = st.binary(min_size=0, max_size=300)
 batch_spec = st.tuples(st.lists(record_value, min_size=1, max_size=5), st.integers(-50, 200),
@@ -303,14 +304,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
     # --- invariants ---------------------------------------------------------------------------------------
 
     def _check_whole_log(self) -> None:
-        got = []
-        offset = self.log.log_start_offset
-        while offset < self.log.log_end_offset:
-            result = self.log.read(offset, 1 << 20)
-            with result.slice as region:
-                records = records_of(region.read_bytes())
-            got.extend((r.offset, r.value, r.timestamp) for r in records)
-            offset = records[-1].offset + 1
+        got = [(r.offset, r.value, r.timestamp) for r in read_records(self.log)]
         assert got == self.records
         headers = list(self.log.batch_headers(self.log.log_start_offset))
         assert [h.base_offset for h in headers[1:]] == [h.next_offset for h in headers[:-1]]

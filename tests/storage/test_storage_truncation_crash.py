@@ -117,16 +117,11 @@ def test_kill_at_each_step_of_a_truncation_recovers_a_prefix(tmp_path, mode, poi
 
 
 @pytest.mark.parametrize("mode", ["to-active", "to-older", "fully"])
-def test_an_uninterrupted_truncation_survives_the_restart(tmp_path, mode):
+def test_an_uninterrupted_truncation_survives_the_restart(manager_factory, tmp_path, mode):
     status, stdout = run(tmp_path / "data", mode, None)
     assert status == 0, stdout
     lines = dict(line.split(" ", 1) for line in stdout.splitlines())
     old_end, target = map(int, lines["PLAN"].split())
     done = int(lines["DONE"])
     check(tmp_path / "data", mode, old_end, target)
-    manager = LogManager(tmp_path / "data", default_config=CONFIG, background_interval_ms=None)
-    manager.startup()
-    try:
-        assert manager.get_log("cut", 0).log_end_offset == done
-    finally:
-        manager.shutdown()
+    assert manager_factory(CONFIG).get_log("cut", 0).log_end_offset == done

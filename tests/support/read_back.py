@@ -1,6 +1,7 @@
 """Reading a topic back and checking it against what was acknowledged: with the project's own consumer, the
 exactly-once check the client's failover tests share (through cut connections, through a leader kill); with
-confluent-kafka, one partition read whole to its end (the compacted-topic tests, which read through gaps)."""
+confluent-kafka, one partition read whole to its end (the compacted-topic tests, which read through gaps) and
+a topic's values read to the end of every partition at an isolation level (the transaction tests)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from confluent_kafka import TopicPartition as ConfluentTopicPartition
 
 from copyless.client import Consumer, TopicPartition
 from tests.support.polling import gather_async
+from tests.support.topics import unique_topic
 
 
 async def read_back(bootstrap: str, topic: str, partitions: int, expected: int, **options) -> list:
@@ -67,3 +69,34 @@ def read_partition_to_end(bootstrap: str, topic: str, partition: int = 0,
     finally:
         consumer.close()
     raise AssertionError(f"confluent-kafka never reached the end of {topic}-{partition}")
+
+
+def read_topic_to_end(bootstrap: str, topic: str, isolation: str, partitions: int = 2, timeout_s: float = 20.0, *,
+                      errors_retried: bool = False) -> list[str]:
+    """The values (decoded, sorted) of every record a fresh confluent-kafka consumer at ``isolation``
+    ("read_committed" or "read_uncommitted") sees from offset 0 until it reports the end of each of the
+    ``partitions``. A consumer error fails the read, unless ``errors_retried`` (leaders that move or a broker
+    that restarts: librdkafka retries); so does an end not reached on every partition within ``timeout_s``."""
+    consumer = ConfluentConsumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("reader"),
+                                  "isolation.level": isolation, "enable.partition.eof": True,
+                                  "enable.auto.commit": False})
+    try:
+        consumer.assign([ConfluentTopicPartition(topic, p, 0) for p in range(partitions)])
+        seen, at_end = [], set()
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                    continue
+                if errors_retried:
+                    continue
+                raise AssertionError(f"consumer error: {message.error()}")
+            seen.append(message.value().decode())
+        assert len(at_end) == partitions, f"no EOF within {timeout_s} s on every partition (saw {sorted(seen)})"
+        return sorted(seen)
+    finally:
+        consumer.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from copyless.broker.partition_state_files import StateFiles
 from copyless.broker.storage import LogManager, _failpoints
-from tests.storage.conftest import SMALL
+from tests.support.log_configs import SMALL
 from tests.support.producer_history import History
 
 

@@ -16,26 +16,21 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from tests.support.polling import wait_until  # noqa: E402
-from tests.support.topics import unique_topic  # noqa: E402
+from tests.support.read_back import read_topic_to_end  # noqa: E402
+from tests.support.topics import create_topic, unique_topic  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
 # The coordinator looks for timed-out transactions this often (Kafka's default: 10 s).
 FAST_TIMEOUTS = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 200}
-
-
-def _create(bootstrap: str, topic: str, partitions: int = 2) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 
 def _producer(bootstrap: str, transactional_id: str, timeout_ms: int = 60_000) -> Producer:
@@ -56,47 +51,24 @@ def _produce_txn(producer: Producer, topic: str, values: list[str], *, commit: b
         producer.abort_transaction(30)
 
 
-def _read_all(bootstrap: str, topic: str, isolation: str, partitions: int = 2, timeout_s: float = 20) -> list[str]:
-    """Every record a fresh consumer sees from offset 0 until the end of each partition (EOF)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("reader"),
-                         "isolation.level": isolation, "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        seen, at_end = [], set()
-        deadline = time.monotonic() + timeout_s
-        while len(at_end) < partitions and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(message.partition())
-                    continue
-                raise AssertionError(f"consumer error: {message.error()}")
-            seen.append(message.value().decode())
-        assert len(at_end) == partitions, f"no EOF within {timeout_s} s on every partition (saw {seen})"
-        return sorted(seen)
-    finally:
-        consumer.close()
-
-
 def test_commit_and_abort_are_seen_as_committed(broker_factory):
     broker = broker_factory()
     topic = unique_topic("txn")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     _produce_txn(producer, topic, [f"c{i}" for i in range(6)], commit=True)
     _produce_txn(producer, topic, [f"a{i}" for i in range(6)], commit=False)
     _produce_txn(producer, topic, [f"d{i}" for i in range(4)], commit=True)
     committed = sorted([f"c{i}" for i in range(6)] + [f"d{i}" for i in range(4)])
-    assert _read_all(broker.bootstrap, topic, "read_committed") == committed
-    assert _read_all(broker.bootstrap, topic, "read_uncommitted") == sorted(committed + [f"a{i}" for i in range(6)])
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == committed
+    assert read_topic_to_end(broker.bootstrap, topic, "read_uncommitted") == sorted(
+        committed + [f"a{i}" for i in range(6)])
 
 
 def test_open_transaction_holds_read_committed_at_its_first_offset(broker_factory):
     broker = broker_factory()
     topic = unique_topic("txn-lso")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     first = _producer(broker.bootstrap, unique_topic("tid"))
     second = _producer(broker.bootstrap, unique_topic("tid"))
     _produce_txn(first, topic, ["before0", "before1"], commit=True)
@@ -106,11 +78,11 @@ def test_open_transaction_holds_read_committed_at_its_first_offset(broker_factor
     first.flush(30)
     # Committed after the open transaction began: behind its first offset, so not yet readable.
     _produce_txn(second, topic, ["after0", "after1"], commit=True)
-    assert _read_all(broker.bootstrap, topic, "read_committed") == ["before0", "before1"]
-    assert _read_all(broker.bootstrap, topic, "read_uncommitted") == sorted(
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["before0", "before1"]
+    assert read_topic_to_end(broker.bootstrap, topic, "read_uncommitted") == sorted(
         ["before0", "before1", "open0", "open1", "after0", "after1"])
     first.commit_transaction(30)
-    assert _read_all(broker.bootstrap, topic, "read_committed") == sorted(
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == sorted(
         ["before0", "before1", "open0", "open1", "after0", "after1"])
 
 
@@ -132,7 +104,7 @@ _CRASHING_PRODUCER = textwrap.dedent("""
 def test_a_killed_producer_is_aborted_by_its_timeout(broker_factory):
     broker = broker_factory(config=FAST_TIMEOUTS)
     topic = unique_topic("txn-crash")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     tid = unique_topic("tid")
     child = subprocess.Popen([sys.executable, "-c", _CRASHING_PRODUCER, broker.bootstrap, topic, tid],
                              stdout=subprocess.PIPE, text=True)
@@ -144,22 +116,22 @@ def test_a_killed_producer_is_aborted_by_its_timeout(broker_factory):
     other = _producer(broker.bootstrap, unique_topic("tid"))
     _produce_txn(other, topic, ["kept0", "kept1"], commit=True)
     # Until its 6 s timeout aborts it, the dead producer's transaction holds the LSO below "kept*".
-    assert _read_all(broker.bootstrap, topic, "read_committed") == []
-    wait_until(lambda: _read_all(broker.bootstrap, topic, "read_committed") == ["kept0", "kept1"], timeout_s=30,
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == []
+    wait_until(lambda: read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["kept0", "kept1"], timeout_s=30,
                interval_s=0.5, what="the killed producer's transaction aborted by its timeout")
-    assert sorted(_read_all(broker.bootstrap, topic, "read_uncommitted")) == sorted(
+    assert sorted(read_topic_to_end(broker.bootstrap, topic, "read_uncommitted")) == sorted(
         ["kept0", "kept1"] + [f"lost{i}" for i in range(4)])
     assert "open for more than 6000 ms aborted" in broker.log_text()
     # The same transactional id starts again (epoch bumped past the fenced one) and commits.
     again = _producer(broker.bootstrap, tid)
     _produce_txn(again, topic, ["again0"], commit=True)
-    assert "again0" in _read_all(broker.bootstrap, topic, "read_committed")
+    assert "again0" in read_topic_to_end(broker.bootstrap, topic, "read_committed")
 
 
 def test_a_second_producer_with_the_same_id_fences_the_first(broker_factory):
     broker = broker_factory()
     topic = unique_topic("txn-zombie")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     tid = unique_topic("tid")
     zombie = _producer(broker.bootstrap, tid)
     zombie.begin_transaction()
@@ -173,8 +145,8 @@ def test_a_second_producer_with_the_same_id_fences_the_first(broker_factory):
     error = raised.value.args[0]
     assert error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                                              KafkaError.INVALID_PRODUCER_EPOCH), error
-    assert _read_all(broker.bootstrap, topic, "read_committed") == ["new0", "new1"]
-    assert "zombie1" not in _read_all(broker.bootstrap, topic, "read_uncommitted")
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["new0", "new1"]
+    assert "zombie1" not in read_topic_to_end(broker.bootstrap, topic, "read_uncommitted")
 
 
 def _committed(bootstrap: str, group: str, topic: str) -> list[int]:
@@ -188,8 +160,8 @@ def _committed(bootstrap: str, group: str, topic: str) -> list[int]:
 def test_offsets_sent_in_a_transaction_show_only_on_commit(broker_factory):
     broker = broker_factory()
     source, sink = unique_topic("src"), unique_topic("sink")
-    _create(broker.bootstrap, source)
-    _create(broker.bootstrap, sink)
+    create_topic(broker.bootstrap, source)
+    create_topic(broker.bootstrap, sink)
     group = unique_topic("ctp")
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
     producer = _producer(broker.bootstrap, unique_topic("tid"))
@@ -210,13 +182,13 @@ def test_offsets_sent_in_a_transaction_show_only_on_commit(broker_factory):
     # The offsets' transaction state survives a restart: rebuilt from __consumer_offsets' log.
     broker.restart("kill")
     assert _committed(broker.bootstrap, group, source) == [3, 4]
-    assert _read_all(broker.bootstrap, sink, "read_committed") == ["out-committed"]
+    assert read_topic_to_end(broker.bootstrap, sink, "read_committed") == ["out-committed"]
 
 
 def test_a_restart_recovers_the_open_and_the_aborted_transactions(broker_factory):
     broker = broker_factory(config=FAST_TIMEOUTS)
     topic = unique_topic("txn-restart")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     _produce_txn(producer, topic, ["c0", "c1"], commit=True)
     _produce_txn(producer, topic, ["a0", "a1"], commit=False)
@@ -229,15 +201,15 @@ def test_a_restart_recovers_the_open_and_the_aborted_transactions(broker_factory
         child.kill()
         child.wait(10)
     _produce_txn(producer, topic, ["d0", "d1"], commit=True)
-    assert _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1"]
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["c0", "c1"]
     broker.restart("kill")
     # After the restart: the aborted transaction is still hidden, the open one still holds the LSO ...
-    assert _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1"]
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["c0", "c1"]
     assert "open transaction(s), last stable offset" in broker.log_text()
     # ... until the coordinator, which recovered it Ongoing, aborts it at its timeout.
-    wait_until(lambda: _read_all(broker.bootstrap, topic, "read_committed") == ["c0", "c1", "d0", "d1"],
+    wait_until(lambda: read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["c0", "c1", "d0", "d1"],
                timeout_s=40, interval_s=0.5, what="the open transaction aborted after the restart")
-    assert len(_read_all(broker.bootstrap, topic, "read_uncommitted")) == 10
+    assert len(read_topic_to_end(broker.bootstrap, topic, "read_uncommitted")) == 10
 
 
 def test_read_committed_records_still_leave_by_sendfile(broker_factory):
@@ -245,13 +217,13 @@ def test_read_committed_records_still_leave_by_sendfile(broker_factory):
     every fetched record byte is counted by the broker as sent with sendfile, none as copied."""
     broker = broker_factory(config={"stats.interval.s": 0.5})
     topic = unique_topic("txn-zero-copy")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     big = [f"{i:04d}" + "x" * 2000 for i in range(100)]
     _produce_txn(producer, topic, big, commit=True)
     _produce_txn(producer, topic, ["aborted"] * 10, commit=False)
     since = broker.log_size()
-    assert _read_all(broker.bootstrap, topic, "read_committed") == sorted(big)
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == sorted(big)
     stats = wait_until(lambda: (lambda s: s if s and s.get("fetch_sendfile_bytes", 0) >= 200_000 else None)(
         broker.stats(since)), what="a stats line counting the fetches", timeout_s=15, interval_s=0.2)
     assert stats["fetch_copied_bytes"] == 0, stats
@@ -263,7 +235,7 @@ def test_metrics_count_transactions_and_show_the_lso(broker_factory):
     broker = broker_factory(extra_args=("--metrics-listen", "127.0.0.1:0"))
     address = metrics_address(broker)
     topic = unique_topic("txn-metrics")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     _produce_txn(producer, topic, ["c0", "c1"], commit=True)
     _produce_txn(producer, topic, ["a0", "a1"], commit=False)
@@ -300,8 +272,8 @@ def test_a_zombie_whose_consumer_left_the_group_cannot_commit_offsets(broker_fac
     left the group, the producer holding its metadata is refused and its transaction must abort."""
     broker = broker_factory()
     source, sink = unique_topic("src"), unique_topic("sink")
-    _create(broker.bootstrap, source)
-    _create(broker.bootstrap, sink)
+    create_topic(broker.bootstrap, source)
+    create_topic(broker.bootstrap, sink)
     group = unique_topic("zombie")
     old = _member(broker.bootstrap, group, source)
     stale = old.consumer_group_metadata()
@@ -325,7 +297,7 @@ def test_a_zombie_whose_consumer_left_the_group_cannot_commit_offsets(broker_fac
     finally:
         new.close()
     assert _committed(broker.bootstrap, group, source) == [5, -1001]
-    assert _read_all(broker.bootstrap, sink, "read_committed") == ["from-the-member"]
+    assert read_topic_to_end(broker.bootstrap, sink, "read_committed") == ["from-the-member"]
 
 
 def test_a_read_committed_member_taking_over_mid_transaction_starts_at_the_pending_offset(broker_factory):
@@ -335,8 +307,8 @@ def test_a_read_committed_member_taking_over_mid_transaction_starts_at_the_pendi
     records in between twice)."""
     broker = broker_factory()
     source, sink = unique_topic("src"), unique_topic("sink")
-    _create(broker.bootstrap, source, partitions=1)
-    _create(broker.bootstrap, sink)
+    create_topic(broker.bootstrap, source, partitions=1)
+    create_topic(broker.bootstrap, sink)
     plain = Producer({"bootstrap.servers": broker.bootstrap})
     for i in range(10):
         plain.produce(source, b"in%d" % i, partition=0)
@@ -371,7 +343,7 @@ def test_records_deleted_past_an_open_transaction_move_the_lso_to_the_log_start(
     read_committed consumers never see a range whose end is before its beginning."""
     broker = broker_factory()
     topic = unique_topic("txn-deleted")
-    _create(broker.bootstrap, topic, partitions=1)
+    create_topic(broker.bootstrap, topic, partitions=1)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     producer.begin_transaction()
     producer.produce(topic, b"t0", partition=0)
@@ -411,8 +383,7 @@ def test_restarts_load_transactions_from_snapshots_and_aborted_transaction_index
     files), and a transaction open across the kill is still open, then committed."""
     broker = broker_factory()
     topic = unique_topic("snapshots")
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": str(64 << 10)})])[topic].result(30)
+    create_topic(broker.bootstrap, topic, config={"segment.bytes": str(64 << 10)})
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     committed = []
     for number in range(100):
@@ -425,7 +396,7 @@ def test_restarts_load_transactions_from_snapshots_and_aborted_transaction_index
 
     broker.restart("graceful")
     assert _replayed(broker.log_text()) == 0
-    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert sorted(read_topic_to_end(broker.bootstrap, topic, "read_committed")) == sorted(committed)
 
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     for number in range(100, 110):
@@ -440,10 +411,10 @@ def test_restarts_load_transactions_from_snapshots_and_aborted_transaction_index
     # A scan of the whole log would read more than the topic's 220 markers alone.
     replayed = _replayed(broker.log_text())
     assert 0 < replayed < 2 * 110, f"replayed {replayed} batches"
-    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert sorted(read_topic_to_end(broker.bootstrap, topic, "read_committed")) == sorted(committed)
     producer.commit_transaction(60)
     committed += [f"open-{i}" for i in range(4)]
-    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert sorted(read_topic_to_end(broker.bootstrap, topic, "read_committed")) == sorted(committed)
 
 
 def test_a_data_dir_written_before_snapshots_loads_by_the_scan_and_then_has_them(broker_factory):
@@ -452,8 +423,7 @@ def test_a_data_dir_written_before_snapshots_loads_by_the_scan_and_then_has_them
     snapshot at the log end to start from."""
     broker = broker_factory()
     topic = unique_topic("upgrade")
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": str(64 << 10)})])[topic].result(30)
+    create_topic(broker.bootstrap, topic, config={"segment.bytes": str(64 << 10)})
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     committed = []
     for number in range(30):
@@ -469,8 +439,8 @@ def test_a_data_dir_written_before_snapshots_loads_by_the_scan_and_then_has_them
     assert (broker.data_dir / f"{topic}-0" / "transactional").exists()
     broker.start(port=port)
     assert _replayed(broker.log_text()) > 2 * 30  # every batch, the topic's 60 markers among them
-    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert sorted(read_topic_to_end(broker.bootstrap, topic, "read_committed")) == sorted(committed)
     assert list((broker.data_dir / f"{topic}-0").glob("*.txnindex"))
     broker.restart("graceful")
     assert _replayed(broker.log_text()) == 0
-    assert sorted(_read_all(broker.bootstrap, topic, "read_committed")) == sorted(committed)
+    assert sorted(read_topic_to_end(broker.bootstrap, topic, "read_committed")) == sorted(committed)

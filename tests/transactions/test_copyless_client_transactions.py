@@ -25,19 +25,12 @@ import pytest
 from copyless.client.consumer import Consumer
 from copyless.client.errors import KafkaError, ProducerFencedError, TransactionAbortableError, TransactionStateError
 from copyless.client.producer import Producer
-from tests.support.topics import unique_topic
+from tests.support.topics import create_topic, unique_topic
 
 pytestmark = pytest.mark.timeout(120)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-
-from tests.transactions.test_confluent_transactions import _read_all  # noqa: E402
-
-
-def _create(bootstrap: str, topic: str, partitions: int = 2, config: dict | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic].result(30)
+from tests.support.read_back import read_topic_to_end  # noqa: E402
 
 
 async def _read(bootstrap: str, topic: str, isolation: str, partitions: int = 2) -> list[str]:
@@ -86,7 +79,7 @@ async def _txn(producer: Producer, topic: str, values: list[str], *, commit: boo
 def test_commit_and_abort_as_read_committed_consumers_see_them(broker_factory):
     broker = broker_factory()
     topic = unique_topic("ctxn")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
 
     async def run():
         async with _transactional(broker.bootstrap, unique_topic("tid")) as first, \
@@ -113,14 +106,14 @@ def test_commit_and_abort_as_read_committed_consumers_see_them(broker_factory):
         return committed
 
     committed = asyncio.run(run())
-    assert _read_all(broker.bootstrap, topic, "read_committed") == committed
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == committed
 
 
 def test_consume_transform_produce_commits_offsets_with_the_output(broker_factory):
     broker = broker_factory()
     source, sink, group = unique_topic("in"), unique_topic("out"), unique_topic("g")
-    _create(broker.bootstrap, source, 1)
-    _create(broker.bootstrap, sink)
+    create_topic(broker.bootstrap, source, 1)
+    create_topic(broker.bootstrap, sink)
 
     async def run():
         async with Producer(broker.bootstrap) as plain:
@@ -161,7 +154,7 @@ def test_consume_transform_produce_commits_offsets_with_the_output(broker_factor
 def test_a_second_producer_fences_the_first(broker_factory):
     broker = broker_factory()
     topic = unique_topic("zombie")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     tid = unique_topic("tid")
 
     async def run():
@@ -183,13 +176,13 @@ def test_a_second_producer_fences_the_first(broker_factory):
         assert await _read(broker.bootstrap, topic, "read_committed") == ["h0", "h1"]
 
     asyncio.run(run())
-    assert _read_all(broker.bootstrap, topic, "read_committed") == ["h0", "h1"]
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["h0", "h1"]
 
 
 def test_a_failed_batch_makes_the_transaction_abortable_and_the_abort_bumps_the_epoch(broker_factory):
     broker = broker_factory()
     topic = unique_topic("abortable")
-    _create(broker.bootstrap, topic, config={"max.message.bytes": "2000"})
+    create_topic(broker.bootstrap, topic, config={"max.message.bytes": "2000"})
 
     async def run():
         async with _transactional(broker.bootstrap, unique_topic("tid")) as producer:
@@ -231,7 +224,7 @@ def test_init_producer_id_with_the_current_id_and_epoch_bumps_the_epoch(broker_f
 def test_cli_produces_one_transaction(broker_factory):
     broker = broker_factory()
     topic = unique_topic("cli")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     lines = "".join(f"line{i}\n" for i in range(5))
     result = subprocess.run(
         [sys.executable, "-m", "copyless", "produce", topic, "-b", broker.bootstrap, "-p", "1",
@@ -250,7 +243,7 @@ def test_cli_produces_one_transaction(broker_factory):
 def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(broker_factory):
     broker = broker_factory(config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": 200})
     topic = unique_topic("late")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
 
     async def run():
         async with _transactional(broker.bootstrap, unique_topic("tid"), transaction_timeout_ms=1000) as producer:
@@ -272,7 +265,7 @@ def test_the_copyless_consumer_reads_librdkafkas_transactions_committed(broker_f
 
     broker = broker_factory()
     topic = unique_topic("rdk")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     producer = _producer(broker.bootstrap, unique_topic("tid"))
     _produce_txn(producer, topic, [f"c{i}" for i in range(4)], commit=True)
     _produce_txn(producer, topic, [f"a{i}" for i in range(4)], commit=False)

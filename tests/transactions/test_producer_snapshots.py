@@ -20,27 +20,12 @@ from copyless.broker.inspect_log import check_partition
 from copyless.broker.partition_state_files import StateFiles, load_partition_state
 from copyless.broker.storage import LogManager, txn_index
 from copyless.broker.storage._failpoints import SNAPSHOT_POINTS
-from tests.storage.conftest import SMALL
+from tests.support.log_configs import SMALL
 from tests.support.producer_history import History, live_state, state_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def manager_factory(tmp_path):
-    """LogManagers on tmp_path with small segments, shut down at the end."""
-    started = []
-
-    def make():
-        manager = LogManager(tmp_path / "data", default_config=SMALL, background_interval_ms=None)
-        manager.startup()
-        started.append(manager)
-        return manager
-
-    yield make
-    for manager in started:
-        if manager.started:
-            manager.shutdown()
 # --- load from a snapshot + replay == a scan of the whole log ---------------------------------------------------
 
 _operations = st.lists(st.tuples(st.sampled_from(["idempotent", "transactional", "transactional", "commit", "abort",
@@ -102,18 +87,15 @@ def test_loading_from_a_snapshot_and_the_log_after_it_equals_a_full_scan(operati
         manager.shutdown()
 
 
-def test_truncation_drops_the_snapshots_and_index_entries_past_the_cut(manager_factory):
-    manager = manager_factory()
-    partition_log = manager.create_log("t", 0)
-    state_files = StateFiles()
-    history = History(partition_log, state_files)
+def test_truncation_drops_the_snapshots_and_index_entries_past_the_cut(history):
+    partition_log = history.log
     for round_number in range(20):
         for producer in (1, 2, 3):
             history.apply("transactional", producer)
         for producer in (1, 2, 3):
             history.apply("abort" if (round_number + producer) % 2 else "commit", producer)
     history.snapshot()
-    state_files.close()
+    history.state_files.close()
     directory = partition_log.directory
     assert len(producer_snapshot.snapshot_offsets(directory)) >= 3 and txn_index.index_bases(directory)
     cut = partition_log.segment_base_offsets()[1] + 7
@@ -129,15 +111,12 @@ def test_truncation_drops_the_snapshots_and_index_entries_past_the_cut(manager_f
     assert _full_scan(partition_log, partition_log.log_end_offset) == expected
 
 
-def test_retention_deletes_a_segments_index_and_the_snapshots_below_the_log(manager_factory):
-    manager = manager_factory()
-    partition_log = manager.create_log("t", 0)
-    state_files = StateFiles()
-    history = History(partition_log, state_files)
+def test_retention_deletes_a_segments_index_and_the_snapshots_below_the_log(history):
+    partition_log = history.log
     for _ in range(40):
         history.apply("transactional", 1)
         history.apply("abort", 1)
-    state_files.close()
+    history.state_files.close()
     directory = partition_log.directory
     first, second = partition_log.segment_base_offsets()[:2]
     assert first in txn_index.index_bases(directory)
@@ -152,17 +131,14 @@ def test_retention_deletes_a_segments_index_and_the_snapshots_below_the_log(mana
     assert all(entry.last_offset >= second for entry in loaded.txns.aborted)
 
 
-def test_a_corrupt_latest_snapshot_is_deleted_and_the_one_before_used(manager_factory):
-    manager = manager_factory()
-    partition_log = manager.create_log("t", 0)
-    state_files = StateFiles()
-    history = History(partition_log, state_files)
+def test_a_corrupt_latest_snapshot_is_deleted_and_the_one_before_used(history):
+    partition_log = history.log
     for _ in range(60):
         history.apply("transactional", 1)
         history.apply("abort", 1)
     history.apply("transactional", 2)
     history.snapshot()
-    state_files.close()
+    history.state_files.close()
     directory = partition_log.directory
     offsets = producer_snapshot.snapshot_offsets(directory)
     path = producer_snapshot.snapshot_path(directory, offsets[-1])
@@ -180,7 +156,7 @@ def test_a_corrupt_latest_snapshot_is_deleted_and_the_one_before_used(manager_fa
 
 
 @pytest.mark.parametrize("point", SNAPSHOT_POINTS)
-def test_a_kill_while_a_snapshot_is_written_leaves_a_loadable_partition(tmp_path, point):
+def test_a_kill_while_a_snapshot_is_written_leaves_a_loadable_partition(manager_factory, tmp_path, point):
     """The scenario process writes a transactional history and is SIGKILLed at ``point`` of its third
     snapshot write; a load then finds exactly what a full scan finds, and no .tmp is left."""
     env = dict(os.environ, COPYLESS_FAILPOINT=point, COPYLESS_FAILPOINT_SKIP="2", PYTHONPATH=str(ROOT))
@@ -189,34 +165,26 @@ def test_a_kill_while_a_snapshot_is_written_leaves_a_loadable_partition(tmp_path
     assert process.returncode == -9, process.stderr.decode()[-2000:]
     directory = tmp_path / "t-0"
     assert len(list(directory.glob("*.snapshot"))) == (3 if point == "snapshot.after_rename" else 2)
-    manager = LogManager(tmp_path, default_config=SMALL, background_interval_ms=None)
-    manager.startup()
-    try:
-        partition_log = manager.get_log("t", 0)
-        high_watermark = partition_log.log_end_offset
-        loaded = load_partition_state(partition_log, high_watermark)
-        assert loaded.snapshot_offset is not None and loaded.snapshot_offset > 0
-        assert not list(directory.glob("*.tmp"))
-        assert loaded.txns.aborted and loaded.txns.ongoing
-        expected = state_of(loaded.producers, loaded.txns, high_watermark)
-        assert _full_scan(partition_log, high_watermark) == expected
-    finally:
-        manager.shutdown()
+    partition_log = manager_factory(directory=tmp_path).get_log("t", 0)
+    high_watermark = partition_log.log_end_offset
+    loaded = load_partition_state(partition_log, high_watermark)
+    assert loaded.snapshot_offset is not None and loaded.snapshot_offset > 0
+    assert not list(directory.glob("*.tmp"))
+    assert loaded.txns.aborted and loaded.txns.ongoing
+    expected = state_of(loaded.producers, loaded.txns, high_watermark)
+    assert _full_scan(partition_log, high_watermark) == expected
 
 
 def test_index_entries_in_the_file_of_no_segment_are_refiled_under_the_segment_holding_their_marker(
-        manager_factory):
+        history):
     """A cleaning that merges segments leaves the later segments' .txnindex under their old names: loading
     files those entries under the merged segment, once."""
-    manager = manager_factory()
-    partition_log = manager.create_log("t", 0)
-    state_files = StateFiles()
-    history = History(partition_log, state_files)
+    partition_log = history.log
     for _ in range(60):
         history.apply("transactional", 1)
         history.apply("abort", 1)
     history.snapshot()
-    state_files.close()
+    history.state_files.close()
     directory = partition_log.directory
     first, second = partition_log.segment_base_offsets()[:2]
     # The entries of the first segment as if a cleaning had merged it into a segment at `first` from

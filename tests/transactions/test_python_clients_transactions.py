@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tests.support.topics import unique_topic
-from tests.transactions.test_confluent_transactions import _create, _read_all
+from tests.support.read_back import read_topic_to_end
+from tests.support.topics import create_topic, unique_topic
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -73,8 +73,8 @@ def _kafka_python(bootstrap: str, topic: str) -> list[bytes]:
 def test_transactional_producer_and_read_committed_consumer(broker_factory, client):
     broker = broker_factory()
     topic = unique_topic(f"txn-{client}")
-    _create(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic)
     seen = (_aiokafka if client == "aiokafka" else _kafka_python)(broker.bootstrap, topic)
     assert seen == [b"committed"]
-    assert _read_all(broker.bootstrap, topic, "read_committed") == ["committed"]
-    assert _read_all(broker.bootstrap, topic, "read_uncommitted") == ["aborted", "committed"]
+    assert read_topic_to_end(broker.bootstrap, topic, "read_committed") == ["committed"]
+    assert read_topic_to_end(broker.bootstrap, topic, "read_uncommitted") == ["aborted", "committed"]

@@ -19,11 +19,11 @@ from collections import defaultdict
 import pytest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import KafkaException, Producer  # noqa: E402
 
 from tests.support.polling import wait_until  # noqa: E402
-from tests.support.topics import unique_topic  # noqa: E402
-from tests.transactions.test_confluent_transactions import _create  # noqa: E402
+from tests.support.read_back import read_topic_to_end  # noqa: E402
+from tests.support.topics import create_topic, unique_topic  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -79,7 +79,7 @@ def _run_producer(bootstrap: str, topic: str, name: str, seed: int, outcomes: di
 def test_transactions_stay_atomic_through_a_broker_kill(broker_factory):
     broker = broker_factory()
     topic = unique_topic("atomic")
-    _create(broker.bootstrap, topic, PARTITIONS)
+    create_topic(broker.bootstrap, topic, PARTITIONS)
     outcomes: dict[str, str] = {}
     killed = threading.Event()
     threads = [threading.Thread(target=_run_producer, args=(broker.bootstrap, topic, name, seed, outcomes, killed),
@@ -95,27 +95,11 @@ def test_transactions_stay_atomic_through_a_broker_kill(broker_factory):
         thread.join(180)
         assert not thread.is_alive(), "a producer did not finish"
 
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("check"),
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False})
     read: dict[str, list[int]] = defaultdict(list)
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        at_end: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(message.partition())
-                continue
-            txn, _, partition = message.value().decode().rpartition("-p")
-            read[txn].append(int(partition))
-        assert len(at_end) == PARTITIONS
-    finally:
-        consumer.close()
+    for value in read_topic_to_end(broker.bootstrap, topic, "read_committed", PARTITIONS, timeout_s=60,
+                                   errors_retried=True):
+        txn, _, partition = value.rpartition("-p")
+        read[txn].append(int(partition))
 
     assert set(outcomes) == {f"{n}-{i}" for n in ("alpha", "beta") for i in range(TRANSACTIONS)}
     for txn, partitions in read.items():
