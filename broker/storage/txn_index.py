@@ -20,7 +20,9 @@ is never written in place again (a rewrite replaces it by rename, a removal unli
 read-only, off the loop (``open_sealed``, which first checks it holds exactly the entries the partition
 expects), and a read_committed fetch reads the entries it overlaps from the map on the loop thread, as
 storage's sealed offset indexes are read: a binary search on the marker offsets, then a walk. The map
-outlives a rename or an unlink of its file (retention), and its pages are the page cache's, not the heap's.
+outlives a rename or an unlink of its file (retention), its pages are the page cache's, not the heap's, and
+it holds a file descriptor until its holder lets it go. Nothing here truncates a file in place, which would
+fault a reader of its map.
 
 The crash story: entries are appended without fsync when a marker is appended (``append``); the file of a
 segment below a producer-state snapshot was fsync'd before that snapshot was written
