@@ -572,3 +572,56 @@ def test_read_committed_consumption_over_many_segments_drops_exactly_the_aborted
             offset = header.base_offset + header.last_offset_delta + 1
     assert sorted(read) == expected
     assert aborted_count >= 20 and largest_list < aborted_count  # per response, not every one from the start
+
+
+def test_a_partition_keeps_only_its_active_segments_aborted_transactions_live_and_after_a_restart(tmp_path):
+    """A broker of its own (in this process, so its state can be read on its loop): 60 aborted transactions
+    over segments of 4 KiB. After the rolls, the partition's heap holds the active segment's entries only and
+    the rest are read from the mapped .txnindex files; a restart loads them the same way; read_committed
+    fetches list the same aborted transactions before and after."""
+    from tests.support.live_broker import LiveBroker
+
+    topic, tid = _name("txnmem"), _name("tid")
+
+    async def held(live):
+        txns = live.broker.txn_partitions.peek(topic, 0)
+        active = live.broker.replicas.leader(topic, 0, -1).log.segment_base_offsets()[-1]
+        txns.drop_before(0)  # takes the maps the worker thread handed back
+        return (len(txns.unsealed), len(txns.sealed), len(txns.aborted),
+                sum(1 for entry in txns.aborted if entry.last_offset >= active))
+
+    def listed(wire):
+        return [[(a.producer_id, a.first_offset) for a in _fetch(wire, topic, offset, isolation=1).aborted_transactions]
+                for offset in range(0, 120, 7)]
+
+    live = LiveBroker(tmp_path / "data", "uvloop")
+    try:
+        wire = live.client()
+        assert create_topic(wire, topic, configs=(("segment.bytes", "4096"),)).error_code == ErrorCode.none
+        code, pid, epoch = _init(wire, tid)
+        assert code == ErrorCode.none
+        for number in range(60):
+            assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+            value = str(number).encode().ljust(300, b".")
+            assert _produce(wire, topic, _txn_batch([value], pid, epoch, number), tid)[0] == ErrorCode.none
+            assert _end(wire, tid, pid, epoch, commit=False) == ErrorCode.none
+        wait_until(lambda: _latest(wire, topic, isolation=1) == 120, what="every marker written", timeout_s=10)
+        before = listed(wire)
+        unsealed, sealed, total, active = wait_until(
+            lambda: (lambda h: h if h[0] == h[3] else None)(live.call(held, live)),
+            what="the rolled segments' files mapped", timeout_s=10)
+        assert total == 60 and sealed >= 5 and unsealed == active < 60
+        wire.close()
+    finally:
+        live.stop()
+    live = LiveBroker(tmp_path / "data", "uvloop")
+    try:
+        wire = live.client()
+        unsealed, sealed, total, active = live.call(held, live)
+        assert total == 60 and sealed >= 5 and unsealed == active < 60
+        assert listed(wire) == before
+        # From 0: those of the first segment's records (the fetch reads one segment), not all 60.
+        assert before[0] == [(pid, 2 * number) for number in range(len(before[0]))] and 0 < len(before[0]) < 60
+        wire.close()
+    finally:
+        live.stop()
