@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tests.support.polling import wait_until
+from tests.support.subprocesses import as_from_a_terminal
 from tests.support.topics import unique_topic
 
 COPYLESS = str(Path(sys.executable).parent / "copyless")
@@ -80,7 +81,7 @@ def test_stdin_lines_are_sent_as_they_arrive_and_ctrl_c_on_a_pipe_stops_at_once(
     topic = unique_topic("lines")
     ok("topics", "create", topic, *("-b", broker.bootstrap))
     producer = subprocess.Popen([COPYLESS, "produce", topic, "-b", broker.bootstrap, "-H", "origin=pipe"],
-                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
     try:
         producer.stdin.write(b"first\n")
         producer.stdin.flush()
@@ -208,7 +209,7 @@ def test_consume_ctrl_c_prints_what_was_read_and_exits_within_a_second(broker):
     topic = unique_topic("tail")
     ok("produce", topic, "-b", broker.bootstrap, input=b"one\ntwo\n")
     tail = subprocess.Popen([COPYLESS, "consume", topic, "-o", "beginning", "-b", broker.bootstrap],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
     printed: list[bytes] = []
     reader = threading.Thread(target=lambda: printed.extend(iter(tail.stdout.readline, b"")), daemon=True)
     reader.start()
@@ -263,8 +264,10 @@ def test_ctrl_c_while_connecting_exits_130():
     silent.settimeout(30)
     try:
         command = subprocess.Popen([COPYLESS, "topics", "list", "-b", f"127.0.0.1:{silent.getsockname()[1]}"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        connection, _peer = silent.accept()  # the client is in its handshake now (kept open: a close would end it)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
+        connection, _peer = silent.accept()  # kept open: a close would end the handshake
+        connection.settimeout(30)
+        assert connection.recv(4)  # the ApiVersions request's first bytes: the client waits for its answer now
         command.send_signal(signal.SIGINT)
         _out, err = command.communicate(timeout=10)
         assert command.returncode == 130, err

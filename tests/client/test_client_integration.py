@@ -15,6 +15,7 @@ from copyless.client.conn import Connection
 from copyless.protocol.messages import ApiKey
 from tests.client import _client_scenarios as scenarios
 from tests.support.polling import wait_until_async
+from tests.support.subprocesses import as_from_a_terminal
 
 
 def run(coroutine, loop: str = "uvloop"):
@@ -164,6 +165,7 @@ def test_cli_consume_prints_its_summary_on_ctrl_c(broker):
          "--from-beginning", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=as_from_a_terminal,
     )
     try:
         records = [json.loads(consumer.stdout.readline()) for _ in range(300)]  # all consumed; now it idles

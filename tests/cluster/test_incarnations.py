@@ -32,10 +32,21 @@ LEASE_S = 2.0
 
 
 def kill_all(cluster) -> None:
+    """kill -9 every broker, then wait for etcd to end their leases (registrations and the controller key).
+
+    Broker 2 starts only after that, so the controller it becomes sees 1 and 3 gone in one image. Started
+    while one of them still held its lease, it would elect that one (dead, but not yet known to be, as Kafka's
+    controller would) and leave the ISR naming it alone, and broker 1 could no longer lead on its return."""
+    def registered() -> list[str]:
+        keys = cluster.etcd.etcdctl("get", "--prefix", "--keys-only", f"/{cluster.root}/").split()
+        return [key for key in keys if "/brokers/" in key or key.endswith("/controller")]
+
+    assert len(registered()) == len(cluster.brokers) + 1, registered()  # each broker, and the controller
     for broker in cluster.brokers.values():
         os.kill(broker.pid, signal.SIGKILL)
     for broker in cluster.brokers.values():
         broker.kill()
+    wait_until(lambda: not registered(), what="the killed brokers' leases to end", timeout_s=LEASE_S + 30)
 
 
 @pytest.mark.parametrize("fault", ["wiped disk", "power loss", pytest.param("kill -9 only", marks=pytest.mark.slow)])
