@@ -462,6 +462,10 @@ class Partition:
         if active != self._snapshot_segment:
             self._snapshot_segment = active
             self.snapshot_state()
+            # The rolled segment's aborted transactions are read from its .txnindex from now on, and the maps
+            # of files retention deleted are let go (each holds a descriptor).
+            self.txns.drop_before(self.log.log_start_offset)
+            self.state_files.seal(self.log, self.txns)
 
     def snapshot_state(self):
         """Queue a snapshot of the producer state at the log end (at a roll, and at a clean shutdown), unless
@@ -502,13 +506,16 @@ class Partition:
         """Records from ``offset`` below the last stable offset (read_committed consumers)."""
         return self._read(offset, max_bytes, min_one_message, self.last_stable_offset)
 
-    def aborted_transactions(self, fetch_offset: int, upper_offset: int):
-        """The aborted transactions a read_committed fetch of [fetch_offset, upper_offset) must carry."""
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int, records=None):
+        """The aborted transactions a read_committed fetch of [fetch_offset, upper_offset) must carry; with
+        ``records`` (the FileSlice it sends), only those its records overlap, as Kafka bounds them
+        (``FileSlice.upper_bound_offset``)."""
         txns = self.txns
-        if not txns.aborted:
+        if not txns.has_aborted:
             return []
         txns.drop_before(self.log.log_start_offset)
-        return txns.aborted_between(fetch_offset, upper_offset)
+        bound = None if records is None else records.upper_bound_offset()
+        return txns.aborted_between(fetch_offset, upper_offset if bound is None else min(upper_offset, bound))
 
     async def wait_replicated(self, required_offset: int, timeout_s: float, leader_epoch: int | None = None) -> None:
         """Wait until the high watermark reaches ``required_offset`` (acks=all; Kafka's DelayedProduce).

@@ -13,7 +13,9 @@ Loading (``load_partition_state``; start-up, and a follower's truncation), as Ka
 3. the log is replayed from the snapshot's offset: its headers, and the key of each control batch;
 4. the ``.txnindex`` files from the segment holding that offset on are rewritten from the result (a torn
    tail, entries past a truncation, entries in the file of a segment a cleaning merged away), and a
-   snapshot at the log end is written when the replay read anything, so the next load starts there.
+   snapshot at the log end is written when the replay read anything, so the next load starts there;
+5. the sealed segments' files are mapped (``txn_index.open_sealed``) and their entries leave the heap: the
+   loaded state holds the active segment's aborted transactions only (``broker.txn_partition``).
 
 With no usable snapshot (a data dir written before snapshots existed, or every snapshot was past a cut) the
 replay starts at the first segment for a partition that ever held a transactional batch (its
@@ -28,9 +30,11 @@ Writing (``StateFiles``, one thread for the whole broker, so each partition's wr
 loop thread asked for them): an ABORT marker's entry is appended to the ``.txnindex`` of the segment holding
 it; at each roll (the partition sees a new active segment after an append) and at a clean shutdown a
 snapshot at the log end is captured on the loop thread (O(producers)) and written there, after the
-partition's index files written since the last snapshot are fsync'd. A write that fails is logged; after a
-failed index append no snapshot of that partition is written until it is loaded again (one would vouch for
-an entry that is not on disk). The loop thread never waits for any of it.
+partition's index files written since the last snapshot are fsync'd; then the rolled segment's file is
+mapped and handed to the partition's state (``seal``), which drops those entries from the heap. A write that
+fails is logged; after a failed index append no snapshot of that partition is written until it is loaded
+again (one would vouch for an entry that is not on disk), and no file of it is mapped (the heap keeps the
+entries). The loop thread never waits for any of it.
 """
 
 from __future__ import annotations
@@ -133,12 +137,25 @@ def load_partition_state(partition_log: Any, high_watermark: int) -> LoadedState
         # A file of no segment (a cleaning merged its segment into an earlier one): refile from there.
         orphans = [_segment_of(bases, base) for base in files if base not in bases and base >= first_base]
         _rewrite_indexes(directory, bases, files, txns.aborted, min([from_base, *orphans]))
+    for base, expected in _by_segment(bases, txns.unsealed_below(bases[-1])).items():
+        index = txn_index.open_sealed(txn_index.txn_index_path(directory, base), base, expected)
+        if index is not None:
+            txns.install_sealed(index)
+    txns.sealing_from = bases[-1]
     entries = producers.entries_of(*key)
     at_end = snapshot is not None and start == end
     if replayed and end > start:
         _write_snapshot(directory, _snapshot(end, entries, txns), first_base)
         at_end = True
     return LoadedState(entries, txns, None if snapshot is None else snapshot.offset, start, replayed, at_end)
+
+
+def _by_segment(bases: list[int], entries: list) -> dict[int, list]:
+    """``entries`` by the base of the segment holding their marker (marker order kept)."""
+    grouped: dict[int, list] = defaultdict(list)
+    for entry in entries:
+        grouped[_segment_of(bases, entry.last_offset)].append(tuple(entry))
+    return grouped
 
 
 def _rewrite_indexes(directory: Path, bases: list[int], files: dict, aborted: list, from_base: int) -> None:
@@ -185,7 +202,7 @@ class StateFiles:
         self._closed = False
         self._unsynced: dict[Path, set[Path]] = defaultdict(set)  # directory -> index files to fsync (thread)
         self._broken: set[Path] = set()  # directories whose index missed an entry (thread)
-        self.stats = {"snapshots": 0, "index_entries": 0, "errors": 0}
+        self.stats = {"snapshots": 0, "index_entries": 0, "sealed": 0, "errors": 0}
 
     def _submit(self, function: Callable, *args) -> Future | None:
         with self._lock:
@@ -197,6 +214,16 @@ class StateFiles:
         """Queue ``entry`` for the ``.txnindex`` of the segment holding its marker. Loop thread."""
         base = _segment_of(partition_log.segment_base_offsets(), entry.last_offset)
         self._submit(self._append, Path(partition_log.directory), base, tuple(entry))
+
+    def seal(self, partition_log: Any, txns: PartitionTxns) -> None:
+        """A roll: map the files of the segments below the active one, once the entries queued for them are
+        written, and hand them to ``txns`` (``PartitionTxns.adopt``). Loop thread: O(their entries)."""
+        bases = partition_log.segment_base_offsets()
+        active = bases[-1]
+        entries = [entry for entry in txns.unsealed_below(active) if entry.last_offset >= txns.sealing_from]
+        txns.sealing_from = max(txns.sealing_from, active)
+        if entries:
+            self._submit(self._seal, Path(partition_log.directory), _by_segment(bases, entries), txns)
 
     def snapshot(self, partition_log: Any, snapshot: ProducerSnapshot) -> Future | None:
         """Queue the write of ``snapshot`` (``capture_snapshot``). Loop thread."""
@@ -241,6 +268,23 @@ class StateFiles:
             self.stats["errors"] += 1
             self._broken.add(directory)
             log.warning("%s: writing producer snapshot %d failed (%s)", directory, snapshot.offset, exc)
+
+    def _seal(self, directory: Path, segments: dict[int, list], txns: PartitionTxns) -> None:
+        if directory in self._broken or not os.path.isdir(directory):
+            return
+        for base, expected in segments.items():
+            try:
+                index = txn_index.open_sealed(txn_index.txn_index_path(directory, base), base, expected)
+            except (OSError, ValueError) as exc:
+                log.warning("%s: mapping the .txnindex of segment %d failed (%s): its aborted transactions "
+                            "stay in memory", directory, base, exc)
+                continue
+            if index is None:
+                log.warning("%s: the .txnindex of segment %d does not hold the %d aborted transaction(s) "
+                            "recorded for it: they stay in memory", directory, base, len(expected))
+            else:
+                txns.adopt(index)
+                self.stats["sealed"] += 1
 
     def _reload(self, partition_log: Any, high_watermark: int) -> LoadedState:
         directory = Path(partition_log.directory)

@@ -8,8 +8,16 @@ Owns, per (topic, partition):
 - ``completing``: transactions whose marker is appended but not yet below the high watermark (a follower
   may still lack it: until it is replicated the transaction still bounds the LSO, as Kafka's
   ``ProducerStateManager.unreplicatedTxns``);
-- ``aborted``: ``AbortedTxn(producer_id, first_offset, last_offset, last_stable_offset)`` in marker order,
-  Kafka's ``.txnindex`` entry (``last_offset`` is the ABORT marker's offset);
+- the aborted transactions, ``AbortedTxn(producer_id, first_offset, last_offset, last_stable_offset)`` in
+  marker order, Kafka's ``.txnindex`` entry (``last_offset`` is the ABORT marker's offset). As in Kafka, the
+  heap holds only the active segment's (``unsealed``); a sealed segment's are read from its ``.txnindex``,
+  mapped read-only (``sealed``: ``broker.storage.txn_index.SealedIndex``), when a read_committed fetch asks
+  (``aborted_between``, Kafka's ``collectAbortedTransactions``). At a roll the partition hands the rolled
+  segment's entries to the thread that appends them (``broker.partition_state_files.StateFiles.seal``); once
+  they are in the file, it maps the file and, if the file holds exactly them, passes the map back through
+  ``adopt`` (the one thing another thread hands this object: a deque, taken on the loop thread at the next
+  read), and only then are they dropped from the heap. A file that does not match (an append that failed)
+  leaves them on the heap. Memory is thus O(active segment's aborted transactions + sealed files);
 - ``coordinator_epochs``: producer id -> the coordinator epoch of its last marker here. A marker written
   as leader with an older coordinator epoch comes from a deposed coordinator and is refused with
   TRANSACTION_COORDINATOR_FENCED (Kafka's ``ProducerAppendInfo.checkCoordinatorEpoch``); replicated markers
@@ -31,15 +39,17 @@ partition's first transactional batch) now only matters when no snapshot can be 
 before snapshots, or every snapshot past a cut): the log is then scanned from its first segment for a
 partition that has it, from its second-to-last segment for any other.
 
-Pure (the loop thread owns it).
+Pure but for the maps it reads (the loop thread owns it).
 """
 
 from __future__ import annotations
 
 import bisect
 import struct
+from collections import deque
 from typing import NamedTuple
 
+from copyless.broker.storage.txn_index import IndexEntry, SealedIndex, search_done
 from copyless.protocol.records import (
     CONTROL_BIT,
     NO_SEQUENCE,
@@ -73,11 +83,8 @@ class Marker(NamedTuple):
     coordinator_epoch: int
 
 
-class AbortedTxn(NamedTuple):
-    producer_id: int
-    first_offset: int
-    last_offset: int
-    last_stable_offset: int
+# An aborted transaction is its .txnindex entry: the heap's and the mapped files' are one type.
+AbortedTxn = IndexEntry
 
 
 def build_marker(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
@@ -127,17 +134,26 @@ def control_type_of(data, position: int = 0) -> int | None:
 
 
 class PartitionTxns:
-    """One partition's transactions (module docstring). Loop thread only."""
+    """One partition's transactions (module docstring). Loop thread only, but for ``adopt``."""
 
-    __slots__ = ("ongoing", "completing", "aborted", "_aborted_last", "persisted", "coordinator_epochs")
+    __slots__ = ("ongoing", "completing", "unsealed", "_unsealed_last", "sealed", "_sealed_last", "_adopted",
+                 "sealing_from", "persisted", "coordinator_epochs")
 
     def __init__(self) -> None:
         # The partition's directory has TXN_MARKER_FILE (set by rebuild at load, or once created).
         self.persisted = False
         self.ongoing: dict[int, int] = {}
         self.completing: list[tuple[int, int]] = []  # (marker offset, first offset)
-        self.aborted: list[AbortedTxn] = []
-        self._aborted_last: list[int] = []  # last_offset of each aborted entry (bisect)
+        # Aborted transactions not in a mapped sealed file (the active segment's), in marker order, and their
+        # markers (bisect).
+        self.unsealed: list[AbortedTxn] = []
+        self._unsealed_last: list[int] = []
+        # Mapped sealed files, in marker order, and the last marker of each (bisect).
+        self.sealed: list[SealedIndex] = []
+        self._sealed_last: list[int] = []
+        self._adopted: deque[SealedIndex] = deque()  # mapped by the state files' thread, not taken yet
+        # Entries whose marker is below this were handed to the state files' thread for sealing.
+        self.sealing_from = 0
         self.coordinator_epochs: dict[int, int] = {}
 
     def on_batch(self, header: BatchHeader, base_offset: int) -> None:
@@ -173,8 +189,36 @@ class PartitionTxns:
 
     def add_aborted(self, entry: AbortedTxn) -> None:
         """Record an aborted transaction (marker order: loading adds the ``.txnindex`` entries first)."""
-        self.aborted.append(entry)
-        self._aborted_last.append(entry.last_offset)
+        self.unsealed.append(entry)
+        self._unsealed_last.append(entry.last_offset)
+
+    def unsealed_below(self, offset: int) -> list[AbortedTxn]:
+        """The heap's entries whose marker is below ``offset`` (a rolled segment's, to be sealed)."""
+        return self.unsealed[:bisect.bisect_left(self._unsealed_last, offset)]
+
+    def adopt(self, index: SealedIndex) -> None:
+        """Hand over a mapped sealed file; taken on the loop thread at the next read. Any thread."""
+        self._adopted.append(index)
+
+    def install_sealed(self, index: SealedIndex) -> bool:
+        """Read the entries of ``index`` from it from now on, and drop them from the heap, if the heap still
+        holds them all (else the map is not used: the heap's copy is what the partition recorded). The map was
+        checked against the heap's entries of its segment when it was opened; since then that range of the
+        heap can only have lost entries (``drop_before``), never gained or changed one, so the count says it."""
+        start = bisect.bisect_left(self._unsealed_last, index.first_marker)
+        end = bisect.bisect_right(self._unsealed_last, index.last_marker)
+        if end - start != index.count:
+            return False
+        del self.unsealed[start:end]
+        del self._unsealed_last[start:end]
+        at = bisect.bisect_left(self._sealed_last, index.last_marker)
+        self.sealed.insert(at, index)
+        self._sealed_last.insert(at, index.last_marker)
+        return True
+
+    def _take_adopted(self) -> None:
+        while self._adopted:
+            self.install_sealed(self._adopted.popleft())
 
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         if self.completing:
@@ -191,20 +235,58 @@ class PartitionTxns:
     def aborted_between(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
         """Aborted transactions a fetch of [fetch_offset, upper_offset) overlaps (Kafka's
         ``collectAbortedTransactions``): their marker is at or after the fetch offset and their first batch
-        before the upper bound."""
-        start = bisect.bisect_left(self._aborted_last, fetch_offset)
-        return [entry for entry in self.aborted[start:] if entry.first_offset < upper_offset]
+        before the upper bound, in marker order. The sealed files from the one holding the first such marker
+        on, then the heap's entries, each walked until ``search_done``."""
+        self._take_adopted()
+        found: list = []
+        done_at = None  # the marker after which no entry overlaps the fetch
+        for index in self.sealed[bisect.bisect_left(self._sealed_last, fetch_offset):]:
+            done_at = index.collect(fetch_offset, upper_offset, found)
+            if done_at is not None:
+                break
+        from_files = len(found)
+        for entry in self.unsealed[bisect.bisect_left(self._unsealed_last, fetch_offset):]:
+            if done_at is not None and entry.last_offset > done_at:
+                break
+            if entry.first_offset < upper_offset:
+                found.append(entry)
+            if search_done(entry, upper_offset):
+                break
+        if 0 < from_files < len(found):
+            found.sort(key=lambda entry: entry.last_offset)  # a file left on the heap between mapped ones
+        return found
 
     def drop_before(self, log_start_offset: int) -> None:
-        """Forget aborted transactions wholly below the log start (retention removed their records)."""
-        cut = bisect.bisect_left(self._aborted_last, log_start_offset)
+        """Forget aborted transactions wholly below the log start (retention removed their records): the
+        heap's, and the maps of files whose every marker is below it."""
+        self._take_adopted()
+        cut = bisect.bisect_left(self._unsealed_last, log_start_offset)
         if cut:
-            del self.aborted[:cut]
-            del self._aborted_last[:cut]
+            del self.unsealed[:cut]
+            del self._unsealed_last[:cut]
+        cut = bisect.bisect_left(self._sealed_last, log_start_offset)
+        if cut:
+            # Dropped, not closed: a map of a small read-only file has nothing to write back.
+            del self.sealed[:cut]
+            del self._sealed_last[:cut]
+
+    @property
+    def aborted(self) -> list[AbortedTxn]:
+        """Every aborted transaction held, in marker order, read whole from the maps: for loading and
+        inspection, never a fetch (which reads only the range it overlaps)."""
+        self._take_adopted()
+        entries = [entry for index in self.sealed for entry in index.entries()] + self.unsealed
+        if self.sealed and self.unsealed:
+            entries.sort(key=lambda entry: entry.last_offset)
+        return entries
+
+    @property
+    def has_aborted(self) -> bool:
+        return bool(self.unsealed or self.sealed or self._adopted)
 
     @property
     def has_transactions(self) -> bool:
-        return bool(self.ongoing or self.aborted or self.completing)
+        return bool(self.ongoing or self.completing or self.has_aborted)
 
 
 class TxnPartitions:

@@ -23,9 +23,10 @@ Per request (``ReplicaManager.fetchMessages`` / ``readFromLog``, KIP-74):
   (29) without being read or moving any follower state;
 - ``isolation_level`` 1 (read_committed, KIP-98): the consumer reads below the partition's last stable
   offset (its first open transaction, or the high watermark), and the response carries the aborted
-  transactions (producer id, first offset) that begin below it and end at or after the fetch offset, so the
-  client drops their records; the records still go out by sendfile. The response's ``last_stable_offset``
-  is the LSO for every consumer (librdkafka computes read_committed lag from it);
+  transactions (producer id, first offset) that begin below the end of the records sent (the LSO, or
+  Kafka's ``fetchUpperBoundOffset``: the first indexed offset past them) and end at or after the fetch
+  offset, so the client drops their records; the records still go out by sendfile. The response's
+  ``last_stable_offset`` is the LSO for every consumer (librdkafka computes read_committed lag from it);
 - ``session_id`` is always 0 (no fetch sessions): kafka-python's "create session" request gets a full
   response and it stays on full fetches.
 
@@ -101,7 +102,7 @@ def read_partitions(broker, request, response_max_bytes: int, replica_epoch: int
                 elif read_committed:
                     read = partition.read_committed(offset, limit, min_one_message=min_one_message)
                     if read.slice is not None and read.slice.length > 0:
-                        aborted = partition.aborted_transactions(offset, partition.last_stable_offset)
+                        aborted = partition.aborted_transactions(offset, partition.last_stable_offset, read.slice)
                         result.aborted = [(a.producer_id, a.first_offset) for a in aborted]
                 else:
                     read = partition.read_for_consumer(offset, limit, min_one_message=min_one_message)

@@ -52,6 +52,11 @@ class FileSlice:
         """Whether the region runs to its segment's committed end (a read never spans two segments)."""
         return self._segment is not None and self.position + self.length == self._segment.committed_position
 
+    def upper_bound_offset(self) -> int | None:
+        """An offset above every record in the region (``Segment.fetch_upper_bound``); None once released."""
+        segment = self._segment
+        return None if segment is None else segment.fetch_upper_bound(self.position + self.length)
+
     def read_bytes(self) -> bytes:
         """COPY the region into Python memory (pread). Only for the --no-sendfile comparison path and tests."""
         if self._segment is None:

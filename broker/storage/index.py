@@ -287,6 +287,15 @@ class OffsetIndex(SparseIndex):
 
         return self._search(lookup, relative_offset)
 
+    def ceiling_position(self, position: int) -> tuple[int, int] | None:
+        """``(relative_offset, position)`` of the first entry at or after file ``position``; None if none."""
+
+        def lookup(data, entries, target):
+            slot = index_search.floor_position_slot(data, entries, target - 1) + 1
+            return index_search.offset_entry(data, slot) if slot < entries else None
+
+        return self._search(lookup, position)
+
     def floor_batch_start(self, position: int) -> int:
         """File position of the last indexed batch start <= ``position``; 0 (the first batch) if none."""
 

@@ -390,6 +390,14 @@ class Segment(SegmentRecovery):
                 return position, header
         return None
 
+    def fetch_upper_bound(self, position: int) -> int:
+        """An offset above every record of the batches below file ``position`` (a batch start): the base
+        offset of the first indexed batch at or after it, else the segment's next offset (Kafka
+        ``LogSegment.fetchUpperBoundOffset``, whose caller falls back to the next segment's base). What a
+        read_committed fetch's aborted-transaction list is bounded by. Loop thread; reads the index only."""
+        entry = self.offset_index.ceiling_position(position) if position > 0 else None
+        return self.next_offset if entry is None else self.base_offset + entry[0]
+
     def whole_batches_end(self, start: int, limit: int) -> int:
         """End of the last batch lying wholly in [start, limit), ``start`` being a batch start; ``start`` if
         none does. The index gives the last indexed batch start below ``limit`` and a header scan walks the

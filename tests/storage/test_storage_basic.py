@@ -583,3 +583,45 @@ def test_stepped_allocation_keeps_writes_inside_the_allocated_prefix(manager_fac
     with partition_log.read(59, 1 << 20).slice as region:
         assert records_of(region.read_bytes())[-1].value == bytes([59]) * 3000
     assert append_blocking(partition_log, build_batch([b"after"], [2])).base_offset == 60
+
+
+def test_a_slices_upper_bound_offset_lies_past_its_records_and_within_an_index_interval_of_them(manager_factory):
+    """``FileSlice.upper_bound_offset`` (Kafka's ``fetchUpperBoundOffset``, what bounds a read_committed
+    fetch's aborted-transaction list): above every record the slice holds, and the batches between the
+    slice's end and it span at most an index interval plus one batch (or run to the segment's end)."""
+    import random
+
+    rng = random.Random(7)
+    partition_log = manager_factory().create_log("t", 0)
+    for number in range(400):
+        per_batch = rng.choice([1, 1, 2, 5])
+        size = rng.choice([20, 150, 700, 1500])
+        append_blocking(partition_log, build_batch([f"{number}-{i}".encode().ljust(size, b".")
+                                                    for i in range(per_batch)], [1_000 + number] * per_batch))
+    partition_log.set_high_watermark(partition_log.log_end_offset)
+    assert len(partition_log.segment_base_offsets()) >= 3
+    interval = partition_log.config.index_interval_bytes
+    # Every batch: (base offset, last offset, size), by segment.
+    whole = b""
+    for base in partition_log.segment_base_offsets():
+        with partition_log.read(base, 1 << 30).slice as region:
+            whole += region.read_bytes()
+    batches = [(header.base_offset, header.last_offset, header.size)
+               for header in (read_header(whole, position) for position, _ in iter_batches(whole))]
+    bases = partition_log.segment_base_offsets() + [partition_log.log_end_offset]
+    checked = 0
+    for fetch_offset in range(0, partition_log.log_end_offset, 3):
+        for max_bytes in (1, 900, 4000, 20_000):
+            result = partition_log.read(fetch_offset, max_bytes, min_one_message=True)
+            with result.slice as region:
+                data = region.read_bytes()
+                upper = region.upper_bound_offset()
+            sent = [read_header(data, position) for position, _ in iter_batches(data)]
+            assert upper is not None and upper > sent[-1].last_offset
+            segment_end = min(base for base in bases if base > sent[-1].last_offset)
+            assert upper <= segment_end
+            after = [size for base, _last, size in batches if sent[-1].last_offset < base < upper]
+            assert upper == segment_end or sum(after) <= interval + max(size for *_, size in batches), \
+                (fetch_offset, max_bytes, upper)
+            checked += 1
+    assert checked > 400

@@ -60,9 +60,11 @@ class History:
             if header.is_transactional:
                 self.txns.on_batch(header, result.base_offset)
         active = self.log.segments[-1].base_offset
-        if active != self._active:  # a roll: the partition layer snapshots
+        if active != self._active:  # a roll: the partition layer snapshots and seals
             self._active = active
             self.snapshot()
+            if self.state_files is not None:
+                self.state_files.seal(self.log, self.txns)
 
     def snapshot(self):
         if self.state_files is not None:

@@ -4,6 +4,7 @@ truncations, retention, and a kill -9 at each step of a snapshot's write."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -196,3 +197,52 @@ def test_index_entries_in_the_file_of_no_segment_are_refiled_under_the_segment_h
     assert state_of(loaded.producers, loaded.txns, partition_log.high_watermark) == live_state(history)
     assert first + 1 not in txn_index.index_bases(directory)
     assert txn_index.read(txn_index.txn_index_path(directory, first))[0] == entries
+
+
+# --- the aborted transactions held in memory ------------------------------------------------------------------
+
+def _aborted_entries_held(txns) -> int:
+    """How many aborted-transaction entries (``AbortedTxn`` or ``txn_index.IndexEntry`` objects) are reachable
+    from ``txns``: what the partition's state keeps on the heap, whatever attribute holds it."""
+    from copyless.broker.txn_partition import AbortedTxn
+
+    seen: set[int] = set()
+    stack = [txns]
+    held = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, type(os), type(_aborted_entries_held))):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (AbortedTxn, txn_index.IndexEntry)):
+            held += 1
+            continue
+        stack.extend(gc.get_referents(obj))
+    return held
+
+
+def _active_segment_entries(partition_log, txns) -> int:
+    active = partition_log.segment_base_offsets()[-1]
+    return sum(1 for entry in txns.aborted if entry.last_offset >= active)
+
+
+def test_the_aborted_transactions_held_in_memory_are_bounded_by_the_active_segments(manager_factory):
+    """Kafka keeps only open transactions in memory and reads the aborted ones of sealed segments from their
+    .txnindex at fetch time: here too, the live state and a loaded one hold the active segment's entries
+    only, however many segments rolled with aborted transactions in them."""
+    manager = manager_factory()
+    partition_log = manager.create_log("t", 0)
+    state_files = StateFiles()
+    history = History(partition_log, state_files)
+    for _ in range(200):
+        history.apply("transactional", 1)
+        history.apply("abort", 1)
+    history.snapshot()
+    state_files.close()
+    assert len(partition_log.segment_base_offsets()) >= 10 and len(history.txns.aborted) == 200
+    live_bound = _active_segment_entries(partition_log, history.txns)
+    history.txns.aborted_between(0, partition_log.log_end_offset)  # the loop thread takes the sealed files
+    assert _aborted_entries_held(history.txns) <= live_bound
+    loaded = load_partition_state(partition_log, partition_log.high_watermark)
+    assert _aborted_entries_held(loaded.txns) <= _active_segment_entries(partition_log, loaded.txns)
+    assert state_of(loaded.producers, loaded.txns, partition_log.high_watermark) == live_state(history)

@@ -504,3 +504,124 @@ def test_an_idle_transactional_id_expires_by_a_tombstone(broker_factory):
         assert code == ErrorCode.none and new_epoch == 0
     finally:
         wire.close()
+
+
+def test_read_committed_consumption_over_many_segments_drops_exactly_the_aborted_transactions(wire):
+    """Two producers' overlapping transactions, one in three aborted, over segments of 4 KiB: a read_committed
+    consumer fetching 1 KiB at a time and dropping what each response's aborted list names (as Java's
+    ``CompletedFetch`` does) reads exactly the committed values. The lists come from the sealed segments'
+    .txnindex files and are bounded by the records sent, not by the LSO."""
+    topic = _name("txnseg")
+    assert create_topic(wire, topic, configs=(("segment.bytes", "4096"), ("index.interval.bytes", "256"))
+                        ).error_code == ErrorCode.none
+    producers = []
+    for _ in range(2):
+        tid = _name("tid")
+        code, pid, epoch = _init(wire, tid)
+        assert code == ErrorCode.none
+        producers.append([tid, pid, epoch, 0])
+    committed, aborted_count = [], 0
+    for round_number in range(40):
+        for tid, pid, epoch, _ in producers:
+            assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+        pending: dict[int, list[bytes]] = {}
+        for batch_number in range(3):
+            for producer in producers:
+                tid, pid, epoch, sequence = producer
+                value = f"{round_number}-{pid}-{batch_number}".encode().ljust(200, b".")
+                assert _produce(wire, topic, _txn_batch([value], pid, epoch, sequence), tid)[0] == ErrorCode.none
+                producer[3] += 1
+                pending.setdefault(pid, []).append(value)
+        for number, (tid, pid, epoch, _) in enumerate(producers):
+            abort = (round_number + number) % 3 == 0
+            assert _end(wire, tid, pid, epoch, commit=not abort) == ErrorCode.none
+            aborted_count += abort
+            if not abort:
+                committed.append(pending[pid])
+    expected = sorted(value for values in committed for value in values)
+
+    def fetch(offset):
+        response = wire.request(fetch_v11.FetchRequest(
+            max_wait=0 * MS, min_bytes=1, max_bytes=1 << 20, isolation_level=1, session_id=0, session_epoch=-1,
+            forgotten_topics_data=(), rack_id="", topics=(fetch_v11.FetchTopic(topic=topic, partitions=(
+                fetch_v11.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1024),)),)))
+        return response.responses[0].partitions[0]
+
+    end = 40 * (6 + 2)  # every batch and marker
+    wait_until(lambda: _latest(wire, topic, isolation=1) == end, what="every marker written", timeout_s=10)
+    read, offset, largest_list = [], 0, 0
+    while True:
+        fetched = fetch(offset)
+        if not fetched.records:
+            assert offset == fetched.last_stable_offset == fetched.high_watermark
+            break
+        aborted = sorted((a.first_offset, a.producer_id) for a in fetched.aborted_transactions)
+        largest_list = max(largest_list, len(aborted))
+        skipping: set[int] = set()
+        cursor = 0
+        for header in batches.batch_headers(fetched.records):
+            while aborted and aborted[0][0] <= header.base_offset:
+                skipping.add(aborted.pop(0)[1])
+            data = fetched.records[cursor:cursor + header.size]
+            cursor += header.size
+            producer_id = int.from_bytes(data[43:51], "big", signed=True)  # after the header's timestamps
+            if header.attributes & 0x20:  # a marker ends its producer's transaction
+                skipping.discard(producer_id)
+            elif producer_id not in skipping:
+                read.extend(batches.values_of(data))
+            offset = header.base_offset + header.last_offset_delta + 1
+    assert sorted(read) == expected
+    assert aborted_count >= 20 and largest_list < aborted_count  # per response, not every one from the start
+
+
+def test_a_partition_keeps_only_its_active_segments_aborted_transactions_live_and_after_a_restart(tmp_path):
+    """A broker of its own (in this process, so its state can be read on its loop): 60 aborted transactions
+    over segments of 4 KiB. After the rolls, the partition's heap holds the active segment's entries only and
+    the rest are read from the mapped .txnindex files; a restart loads them the same way; read_committed
+    fetches list the same aborted transactions before and after."""
+    from tests.support.live_broker import LiveBroker
+
+    topic, tid = _name("txnmem"), _name("tid")
+
+    async def held(live):
+        txns = live.broker.txn_partitions.peek(topic, 0)
+        active = live.broker.replicas.leader(topic, 0, -1).log.segment_base_offsets()[-1]
+        txns.drop_before(0)  # takes the maps the worker thread handed back
+        return (len(txns.unsealed), len(txns.sealed), len(txns.aborted),
+                sum(1 for entry in txns.aborted if entry.last_offset >= active))
+
+    def listed(wire):
+        return [[(a.producer_id, a.first_offset) for a in _fetch(wire, topic, offset, isolation=1).aborted_transactions]
+                for offset in range(0, 120, 7)]
+
+    live = LiveBroker(tmp_path / "data", "uvloop")
+    try:
+        wire = live.client()
+        assert create_topic(wire, topic, configs=(("segment.bytes", "4096"),)).error_code == ErrorCode.none
+        code, pid, epoch = _init(wire, tid)
+        assert code == ErrorCode.none
+        for number in range(60):
+            assert _add(wire, tid, pid, epoch, topic, [0]) == {(topic, 0): ErrorCode.none}
+            value = str(number).encode().ljust(300, b".")
+            assert _produce(wire, topic, _txn_batch([value], pid, epoch, number), tid)[0] == ErrorCode.none
+            assert _end(wire, tid, pid, epoch, commit=False) == ErrorCode.none
+        wait_until(lambda: _latest(wire, topic, isolation=1) == 120, what="every marker written", timeout_s=10)
+        before = listed(wire)
+        unsealed, sealed, total, active = wait_until(
+            lambda: (lambda h: h if h[0] == h[3] else None)(live.call(held, live)),
+            what="the rolled segments' files mapped", timeout_s=10)
+        assert total == 60 and sealed >= 5 and unsealed == active < 60
+        wire.close()
+    finally:
+        live.stop()
+    live = LiveBroker(tmp_path / "data", "uvloop")
+    try:
+        wire = live.client()
+        unsealed, sealed, total, active = live.call(held, live)
+        assert total == 60 and sealed >= 5 and unsealed == active < 60
+        assert listed(wire) == before
+        # From 0: those of the first segment's records (the fetch reads one segment), not all 60.
+        assert before[0] == [(pid, 2 * number) for number in range(len(before[0]))] and 0 < len(before[0]) < 60
+        wire.close()
+    finally:
+        live.stop()

@@ -172,3 +172,68 @@ def _txn_batch(producer: int) -> bytes:
 
     return batches.keyed_batch([b"v"], producer_id=producer, producer_epoch=0, base_sequence=0,
                                attributes_extra=0x10)
+
+
+# --- the aborted transactions read from sealed segments' .txnindex files, against the same model -----------------
+
+_sealed_events = st.lists(st.tuples(st.sampled_from(["batch"] * 3 + ["abort"] * 3 + ["commit", "replicate"]
+                                                    + ["roll"] * 2 + ["roll-torn", "log-start"]), st.integers(0, 2)),
+                          max_size=70)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_sealed_events, st.data())
+def test_aborted_transactions_read_from_sealed_index_files_match_a_model(events, data):
+    """Rolls hand the segment's entries to a real, mapped .txnindex (or, when the file does not hold them,
+    leave them on the heap, between mapped files); retention drops what lies below the log start. For random
+    fetch ranges, the list equals the model's: every aborted transaction whose marker is at or after the fetch
+    offset and whose first batch is below the upper bound, in marker order (a walk that stops early must
+    not lose one)."""
+    import tempfile
+    from pathlib import Path
+
+    from copyless.broker.storage import txn_index
+
+    txns = PartitionTxns()
+    offset = high_watermark = log_start = segment_base = 0
+    open_first: dict[int, int] = {}
+    closed: list[tuple[int, int, int]] = []  # aborted: (producer, first, marker offset)
+    with tempfile.TemporaryDirectory() as directory:
+        for kind, producer in events:
+            if kind == "batch":
+                txns.on_batch(read_header(_txn_batch(producer)), offset)
+                open_first.setdefault(producer, offset)
+                offset += 1
+            elif kind in ("commit", "abort"):
+                txns.on_marker(producer, offset, COMMIT if kind == "commit" else ABORT, high_watermark)
+                if producer in open_first:
+                    first = open_first.pop(producer)
+                    if kind == "abort":
+                        closed.append((producer, first, offset))
+                offset += 1
+            elif kind == "replicate":
+                high_watermark = offset
+            elif kind == "log-start":
+                log_start = min(log_start + producer, high_watermark)
+                txns.drop_before(log_start)
+            elif offset > segment_base:  # a roll at the log end
+                entries = [tuple(entry) for entry in txns.unsealed_below(offset) if entry.last_offset >= segment_base]
+                path = txn_index.txn_index_path(Path(directory), segment_base)
+                # A torn roll: the file lost its last entry (an append that failed), and stays unused.
+                txn_index.append(path, entries[:-1] if kind == "roll-torn" else entries)
+                index = txn_index.open_sealed(path, segment_base, entries)
+                assert (index is None) == (not entries or kind == "roll-torn")
+                if index is not None:
+                    txns.adopt(index)
+                segment_base = offset
+        held = [(a.producer_id, a.first_offset, a.last_offset) for a in txns.aborted]
+        # Below the log start, a map may keep the rest of its file: only what is above it must be exact.
+        assert [entry for entry in held if entry[2] >= log_start] == \
+            [entry for entry in closed if entry[2] >= log_start]
+        assert set(held) <= set(closed)
+        for _ in range(4):
+            fetch_offset = data.draw(st.integers(log_start, offset), "fetch offset")
+            for upper in range(fetch_offset, offset + 2):  # every upper bound: a walk's stop lies between two
+                expected = [(p, first) for p, first, marker in closed if marker >= fetch_offset and first < upper]
+                got = [(a.producer_id, a.first_offset) for a in txns.aborted_between(fetch_offset, upper)]
+                assert got == expected, (fetch_offset, upper)
