@@ -490,14 +490,23 @@ def test_the_group_coordinator_moves_with_its_offsets_partition_and_no_acknowled
                             last[int(p)] = max(last.get(int(p), 0), o)
                 return all(last.get(p) == end for p in range(3))
 
+            def progress() -> str:
+                history = read_events([events])
+                kinds = defaultdict(int)
+                for event in history:
+                    kinds[event["event"]] += 1
+                last = [e for e in history if e["event"] == "committed"][-3:]
+                return (f"member events {dict(kinds)}, last commits {last}, exit code {member.process.poll()}\n"
+                        + member.log_text())
+
             wait_until(lambda: committed_up_to(per_partition), what="the group's first commits", timeout_s=60,
-                       detail=member.log_text)
+                       detail=progress)
             killed_at = time.monotonic()
             cluster.brokers[old].kill()
             produce_round("second")
             # The group goes on with another coordinator: its commits after the kill reach the end.
             wait_until(lambda: committed_up_to(2 * per_partition, since=killed_at),
-                       what="commits acknowledged by the new coordinator", timeout_s=90, detail=member.log_text)
+                       what="commits acknowledged by the new coordinator", timeout_s=90, detail=progress)
             new = wait_until(coordinator, what="the new coordinator", timeout_s=10)
             assert new != old
 
