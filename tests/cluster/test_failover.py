@@ -300,6 +300,10 @@ def test_a_killed_leader_moves_to_the_first_live_isr_replica_and_gets_its_partit
             timeout_s=30)
         assert back.leader_epoch == after[0].leader_epoch + 1
         assert read_values(cluster.bootstrap, topic, 0, 300) == list(enumerate(committed + new_records))
+        # The watcher asks each broker in turn, up to 2 s an answer on a loaded machine: it may not have asked 2
+        # and 3 since the hand-back yet.
+        wait_until(lambda: all(back.leader_epoch in watcher.seen(n, topic, 0) for n in (2, 3)),
+                   what="brokers 2 and 3 answering the hand-back's epoch", timeout_s=20)
 
     # 5. Every broker's answers, all along, never went back to an older epoch; and the watcher did see the
     #    epochs move on each broker that was up throughout.
