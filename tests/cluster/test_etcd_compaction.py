@@ -35,7 +35,10 @@ def test_a_broker_whose_watch_was_compacted_away_reloads_everything(net_cluster_
     admin.create_topics([NewTopic(doomed, 3, 3)], operation_timeout=20)[doomed].result(30)
     cluster.wait_for_isr(doomed, 3, 3)
     three = cluster.brokers[3]
-    assert (three.data_dir / f"{doomed}-0").is_dir()
+    # A new partition's ISR is all its replicas from the start (as in Kafka), so the wait above can end before
+    # broker 3 has applied the creation and made the log.
+    wait_until(lambda: (three.data_dir / f"{doomed}-0").is_dir(), what="broker 3 holding the topic's log",
+               timeout_s=20)
     metadata_before = three.stats_json()["cluster"]["metadata"]
 
     lab.cut(cluster.hosts[3], etcd_host)

@@ -116,7 +116,8 @@ def run(stage: Stage, steps: Iterator[Step], seconds: float, *, seed: int, workd
         if not _wait(replicas_agree, 60):
             notes.append("the replicas did not converge to the same bytes within 60 s")
         if not _wait(lambda: poller.caught_up(final), 60):
-            notes.append("the poller did not read up to the final high watermarks within 60 s")
+            notes.append("the poller did not read up to the final high watermarks within 60 s "
+                         f"({poller.progress(final)})")
         poller.stop()
         poller_errors = sorted(set(poller.errors))
         if poller_errors:

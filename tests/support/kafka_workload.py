@@ -156,11 +156,22 @@ class Poller:
         self._stop.set()
         self._thread.join(timeout=30)
 
-    def caught_up(self, final: dict[int, list]) -> bool:
+    def _reached(self) -> dict[int, int]:
         reached: dict[int, int] = {}
-        for poll in self.polls:
+        for poll in list(self.polls):
             reached[poll.partition] = max(reached.get(poll.partition, -1), poll.offset)
+        return reached
+
+    def caught_up(self, final: dict[int, list]) -> bool:
+        reached = self._reached()
         return all(reached.get(p, -1) >= len(records) - 1 for p, records in final.items())
+
+    def progress(self, final: dict[int, list]) -> str:
+        """Where the poller is against the final logs, per partition: for a note when it did not catch up."""
+        reached = self._reached()
+        last = self.polls[-1:]
+        return ", ".join(f"p{p} polled to {reached.get(p, -1)} of {len(records) - 1}" for p, records in final.items()) \
+            + (f"; last poll at index {last[0].index}" if last else "; nothing polled")
 
     def _run(self) -> None:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"{self.name}-{self.topic}",
